@@ -1,0 +1,66 @@
+# Attention from Scratch: every target bootstraps .venv from requirements.lock when needed.
+#   make lab       open the course in JupyterLab
+#   make test      run the whole test suite (the same command CI runs)
+#   make release   regenerate notebooks/ (student versions) from solutions/
+#   make grade     autograde everything under submitted/ and export grades.csv
+#   make bench     print the benchmark figures
+#   make lock      re-resolve requirements.lock and environment.yml (maintainers)
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Extra pip arguments, e.g. a CPU-only PyTorch index on a Linux laptop (see README).
+PIP_ARGS ?=
+# Running as root (a container) needs --allow-root for JupyterLab.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+PYTEST_ARGS ?=
+ASSIGNMENTS ?=
+
+export PATH := $(abspath $(BIN)):$(PATH)
+export PYTHONHASHSEED := 0
+
+.PHONY: lab test release grade bench lint format lock venv clean
+
+venv: $(STAMP)
+
+# Re-runs only when the lock or the package metadata changed.
+$(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(PIP_ARGS) -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(ROOT_FLAG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+release: $(STAMP)
+	$(BIN)/python -m attention_ref.course release
+
+grade: $(STAMP)
+	$(BIN)/python -m attention_ref.course grade $(ASSIGNMENTS)
+
+bench: $(STAMP)
+	$(BIN)/python -m attention_ref.bench all
+
+lint: $(STAMP)
+	$(BIN)/ruff check attention_ref tests
+	$(BIN)/ruff format --check attention_ref tests
+
+format: $(STAMP)
+	$(BIN)/ruff format attention_ref tests
+	$(BIN)/ruff check --fix attention_ref tests
+
+# Maintainers: resolve the newest versions the pyproject ranges allow and write the lock.
+lock:
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet $(PIP_ARGS) -e '.[dev]'
+	.lock-venv/bin/python -m attention_ref.lockfile .lock-venv requirements.lock environment.yml
+	rm -rf .lock-venv
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache gradebook.db autograded feedback grades.csv

@@ -1,0 +1,48 @@
+"""Self-checks and autograded checks for every exercise of the course.
+
+Use it in a notebook after writing an exercise::
+
+    from attention_ref.checks import check
+    check("sdpa", sdpa)          # returns quietly with a ✓ line, or raises with feedback
+
+``check`` compares your code with the reference on seeded random inputs of several
+shapes (edge cases included) and checks the properties the exercise must have. On failure
+it raises ``AssertionError`` saying what failed, on which input, and the likely mistake.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+from ._core import REGISTRY, CheckFailure, run_check
+
+# Each notebook's checks live in nbNN.py and register themselves on import.
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _info.name.startswith("nb"):
+        importlib.import_module(f"{__name__}.{_info.name}")
+
+__all__ = ["check", "exercise_ids", "CheckFailure"]
+
+
+def check(exercise_id: str, candidate: Any, *, seed: int = 0, thorough: bool = False) -> None:
+    """Check ``candidate`` (your function, or your ``nn.Module`` class) for ``exercise_id``.
+
+    Args:
+        exercise_id: the id shown in the notebook, e.g. ``"sdpa"``.
+        candidate: your function (for a module exercise: the class itself).
+        seed: which random inputs to use; the hidden tests use other seeds.
+        thorough: more and larger cases (used by the graders' hidden tests).
+
+    Raises:
+        AssertionError: with feedback naming what failed and the likely mistake.
+        ValueError: if ``exercise_id`` is unknown.
+    """
+    n = run_check(exercise_id, candidate, seed=seed, thorough=thorough)
+    print(f"✓ {exercise_id}: passed ({n} cases)")
+
+
+def exercise_ids() -> list[str]:
+    """All exercise ids that have a check, in course order."""
+    return list(REGISTRY)

@@ -1,0 +1,484 @@
+"""The machinery every exercise check uses.
+
+A check calls the learner's code on seeded random inputs, compares with the reference and
+checks properties. When something is wrong it raises :class:`CheckFailure` (an
+``AssertionError``) whose message says what failed, on which input, expected vs got, the
+likely mistake by name and a hint. The learner's own exceptions come back as feedback that
+quotes their line, not as a traceback into the checker.
+
+Writing a check for a new exercise (see ``nb01.py`` for examples)::
+
+    @exercise("my_id", forbidden=[reference_fn])
+    def check_my_id(candidate, ctx: Context) -> None:
+        for case in ...:
+            got = ctx.call(candidate, *case.args)          # learner's code, guarded
+            ctx.expect_close(got, expected, what="out", case=case.label,
+                             mistakes=[Mistake(...), ...], inputs=case.args)
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class CheckFailure(AssertionError):
+    """Raised by a check with feedback for the learner; ``str(err)`` is the whole message."""
+
+
+class ReferenceUsed(Exception):  # noqa: N818 - an event, not an error of the learner's code
+    """Raised inside the learner's call when it reaches a forbidden built-in or reference."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A named, realistic mistake: ``model`` computes what the buggy code would return.
+
+    ``model`` takes the same arguments as the exercise and returns what the mistaken
+    implementation returns for the value being compared (e.g. the weights). ``applies``
+    is used instead when the mistake is recognised by a predicate on (got, expected).
+    """
+
+    name: str
+    hint: str
+    model: Callable[..., Any] | None = None
+    applies: Callable[[Any, Any], bool] | None = None
+
+
+@dataclass
+class Exercise:
+    id: str
+    kind: str  # "function" or "module"
+    run: Callable[[Any, Context], None]
+    forbidden: Callable[[], list[tuple[Any, str]]] = field(default=lambda: [])
+    summary: str = ""
+
+
+REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(
+    exercise_id: str,
+    *,
+    kind: str = "function",
+    forbidden: Callable[[], list[tuple[Any, str]]] | None = None,
+    summary: str = "",
+) -> Callable[[Callable[[Any, Context], None]], Callable[[Any, Context], None]]:
+    """Register ``fn(candidate, ctx)`` as the check of ``exercise_id``.
+
+    ``forbidden`` returns ``(callable, description)`` pairs the learner's code must not
+    call in place of writing the exercise (the reference itself, PyTorch's built-in
+    attention, ...).
+    """
+
+    def register(fn: Callable[[Any, Context], None]) -> Callable[[Any, Context], None]:
+        if exercise_id in REGISTRY:
+            raise RuntimeError(f"exercise id {exercise_id!r} is registered twice")
+        REGISTRY[exercise_id] = Exercise(
+            exercise_id, kind, fn, forbidden or (lambda: []), summary or (fn.__doc__ or "")
+        )
+        return fn
+
+    return register
+
+
+# ----------------------------------------------------------------------------- reporting
+def fmt_shape(x: Any) -> str:
+    if isinstance(x, torch.Tensor | np.ndarray):
+        return str(tuple(x.shape))
+    return type(x).__name__
+
+
+def describe_inputs(names: Sequence[str], values: Sequence[Any]) -> str:
+    parts = []
+    for n, v in zip(names, values, strict=False):
+        if isinstance(v, torch.Tensor):
+            parts.append(f"{n} {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}")
+        elif isinstance(v, np.ndarray):
+            parts.append(f"{n} {v.shape} {v.dtype}")
+        else:
+            parts.append(f"{n}={v!r}")
+    return ", ".join(parts)
+
+
+def _student_frame(tb) -> traceback.FrameSummary | None:
+    """The deepest frame of the traceback that is the learner's code (not the checker,
+    not an installed library)."""
+    best = None
+    for fs in traceback.extract_tb(tb):
+        fname = os.path.abspath(fs.filename) if not fs.filename.startswith("<") else fs.filename
+        if fname.startswith(_PACKAGE_DIR) and "/tests/" not in fname:
+            continue
+        if "site-packages" in fname or fname.startswith(sys.prefix) or "/lib/python" in fname:
+            continue
+        best = fs
+    return best
+
+
+def _student_line(tb) -> tuple[str, str]:
+    """``(where, source line)`` of the learner's frame in the traceback, or empty strings."""
+    fs = _student_frame(tb)
+    if fs is None:
+        return "", ""
+    line = fs.line or linecache.getline(fs.filename, fs.lineno).strip()
+    where = f"line {fs.lineno}" + (f" of {fs.name}()" if fs.name not in ("<module>",) else "")
+    return where, line
+
+
+# Mistakes recognised from the line that raised and the error message:
+# (pattern in the line, pattern in the error, likely mistake, hint).
+ERROR_PATTERNS = [
+    (
+        r"\b[A-Za-z_]\w*\.T\b",
+        r"mismatch|shape|size|dimension|match",
+        "K.T reverses all axes of a batched array, not just the last two.",
+        "swap only the last two axes: np.swapaxes(K, -1, -2) in NumPy, k.transpose(-2, -1) "
+        "(or k.mT) in PyTorch.",
+    ),
+    (
+        r"\.view\(",
+        r"view size is not compatible|contiguous",
+        "view() on a transposed (non-contiguous) tensor.",
+        "use .reshape(...) or .contiguous().view(...) after a transpose.",
+    ),
+    (
+        r"",
+        r"expected .*(Float|Double).* but found .*(Double|Float)|same dtype",
+        "tensors of different dtypes are mixed (float32 with float64).",
+        "create new tensors with dtype=x.dtype (and device=x.device), e.g. "
+        "torch.zeros_like(x) or x.new_zeros(...).",
+    ),
+]
+
+
+def explain_error(err: BaseException, line: str) -> tuple[str, str]:
+    import re
+
+    text = f"{type(err).__name__}: {err}"
+    for line_pat, err_pat, likely, hint in ERROR_PATTERNS:
+        if re.search(line_pat, line or "") and re.search(err_pat, text, re.IGNORECASE):
+            return likely, hint
+    return "", ""
+
+
+# ----------------------------------------------------------------------------- tripwire
+class _Tripwire:
+    """Watches the learner's call with ``sys.setprofile`` and stops it when it reaches a
+    forbidden function, however it was imported or aliased."""
+
+    def __init__(self, forbidden: list[tuple[Any, str]]) -> None:
+        self.codes: dict[Any, str] = {}
+        self.builtins: dict[int, str] = {}
+        for fn, desc in forbidden:
+            code = getattr(fn, "__code__", None)
+            if code is None and hasattr(fn, "__func__"):
+                code = getattr(fn.__func__, "__code__", None)
+            if code is not None:
+                self.codes[code] = desc
+            else:
+                self.builtins[id(fn)] = desc
+        self._old = None
+
+    def _profile(self, frame, event, arg):
+        if event == "call":
+            desc = self.codes.get(frame.f_code)
+            if desc is not None:
+                sys.setprofile(None)
+                raise ReferenceUsed(desc)
+        elif event == "c_call":
+            desc = self.builtins.get(id(arg))
+            if desc is not None:
+                sys.setprofile(None)
+                raise ReferenceUsed(desc)
+
+    def __enter__(self):
+        self._old = sys.getprofile()
+        if self.codes or self.builtins:
+            sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._old)
+        return False
+
+
+# ----------------------------------------------------------------------------- context
+def _clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return x
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray):
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return True
+
+
+class Context:
+    """Passed to each check: calls the learner's code safely and reports failures."""
+
+    def __init__(self, exercise: Exercise, seed: int, thorough: bool) -> None:
+        self.exercise = exercise
+        self.seed = seed
+        self.thorough = thorough
+        self.cases_run = 0
+        self._forbidden = exercise.forbidden()
+
+    # -- randomness
+    def rng(self, salt: int = 0) -> np.random.Generator:
+        return np.random.default_rng([self.seed, salt])
+
+    def torch_gen(self, salt: int = 0) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 100_003 + salt)
+
+    # -- failure
+    def fail(self, what: str, *, case: str = "", likely: str = "", hint: str = "") -> None:
+        msg = f"{self.exercise.id}: {what}"
+        if case:
+            msg += f"\n  Input: {case}"
+        if likely:
+            msg += f"\n  Likely mistake: {likely}"
+        if hint:
+            msg += f"\n  Hint: {hint}"
+        raise CheckFailure(msg)
+
+    # -- calling the learner
+    def call(self, fn: Callable, *args: Any, case: str = "", **kwargs: Any) -> Any:
+        """Call the learner's ``fn`` on copies of the inputs, under the tripwire.
+
+        Exceptions raised by the learner's code become a CheckFailure that quotes their
+        line; a forbidden call becomes a CheckFailure that says what was called; an input
+        modified in place is reported.
+        """
+        self.cases_run += 1
+        copies = [_clone(a) for a in args]
+        kw_copies = {k: _clone(v) for k, v in kwargs.items()}
+        try:
+            with _Tripwire(self._forbidden):
+                result = fn(*copies, **kw_copies)
+        except ReferenceUsed as used:
+            self.fail(
+                f"your code calls {used.name} instead of implementing the exercise.",
+                case=case,
+                hint="write the computation yourself; the point of the exercise is to see "
+                "every step. (Calling your own earlier functions is fine.)",
+            )
+        except NotImplementedError:
+            self.fail(
+                "not implemented yet: the function still raises NotImplementedError.",
+                hint="replace `raise NotImplementedError()` with your code.",
+            )
+        except CheckFailure:
+            raise
+        except Exception as err:  # the learner's bug, reported as feedback
+            where, line = _student_line(err.__traceback__)
+            at = f"\n  Your code raised it at {where}:\n      {line}" if where else ""
+            likely, hint = explain_error(err, line)
+            self.fail(
+                f"your code raised {type(err).__name__}: {err}{at}",
+                case=case,
+                likely=likely,
+                hint=hint,
+            )
+        for i, (orig, cp) in enumerate(zip(args, copies, strict=True)):
+            if not _same(orig, cp):
+                self.fail(
+                    f"your code modified its input argument #{i + 1} in place.",
+                    case=case,
+                    hint="use out-of-place operations (x = x - m, masked_fill rather than "
+                    "masked_fill_) so the caller's tensors are left untouched.",
+                )
+        return result
+
+    # -- checking what came back
+    def expect_tuple(self, got: Any, names: Sequence[str], *, case: str = "") -> tuple:
+        n = len(names)
+        if not isinstance(got, tuple | list) or len(got) != n:
+            kind = (
+                f"a {type(got).__name__} of length {len(got)}"
+                if isinstance(got, tuple | list)
+                else f"a single {type(got).__name__}"
+            )
+            self.fail(
+                f"must return a tuple ({', '.join(names)}); got {kind}.",
+                case=case,
+                hint=f"end with `return {', '.join(names)}`.",
+            )
+        return tuple(got)
+
+    def expect_array(
+        self,
+        got: Any,
+        like: Any,
+        *,
+        what: str,
+        case: str = "",
+        swapped: Any = None,
+        swapped_msg: str = "",
+        check_dtype: bool = True,
+    ) -> None:
+        """Type, shape, dtype, device and finiteness of ``got`` against ``like``."""
+        want_torch = isinstance(like, torch.Tensor)
+        kind = "torch.Tensor" if want_torch else "numpy.ndarray"
+        if want_torch and not isinstance(got, torch.Tensor):
+            self.fail(f"{what} must be a torch.Tensor; got {type(got).__name__}.", case=case)
+        if not want_torch and not isinstance(got, np.ndarray):
+            hint = "convert with .numpy() or use NumPy operations" if isinstance(
+                got, torch.Tensor
+            ) else ""
+            self.fail(f"{what} must be a {kind}; got {type(got).__name__}.", case=case, hint=hint)
+        if tuple(got.shape) != tuple(like.shape):
+            if swapped is not None and tuple(got.shape) == tuple(swapped.shape):
+                self.fail(
+                    f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.",
+                    case=case,
+                    likely=swapped_msg,
+                )
+            self.fail(
+                f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.", case=case
+            )
+        if want_torch:
+            if got.dtype != like.dtype and check_dtype:
+                self.fail(
+                    f"{what} has dtype {got.dtype}, expected {like.dtype} (the dtype of the "
+                    "inputs).",
+                    case=case,
+                    hint="keep the computation in the input's dtype; if you work in float64, "
+                    "cast back with .to(q.dtype).",
+                )
+            if got.device != like.device:
+                self.fail(
+                    f"{what} is on {got.device}, expected {like.device} (the inputs' device).",
+                    case=case,
+                )
+        if got.dtype == torch.bool or (isinstance(got, np.ndarray) and got.dtype == np.bool_):
+            return
+        values = got.detach().cpu().double().numpy() if want_torch else np.asarray(got)
+        if np.issubdtype(values.dtype, np.number) and not np.all(np.isfinite(values)):
+            bad = np.argwhere(~np.isfinite(values))[0]
+            self.fail(
+                f"{what} contains NaN or inf (first at index {tuple(int(i) for i in bad)}).",
+                case=case,
+                likely="an exponential overflowed, or a row with no allowed position divided "
+                "0 by 0.",
+                hint="subtract the row maximum before exp; give fully masked rows zero "
+                "weights explicitly.",
+            )
+
+    def expect_close(
+        self,
+        got: Any,
+        expected: Any,
+        *,
+        what: str,
+        case: str = "",
+        rtol: float,
+        atol: float,
+        mistakes: Iterable[Mistake] = (),
+        model_args: tuple = (),
+        model_kwargs: dict | None = None,
+        fallback: Callable[[np.ndarray, np.ndarray], str] | None = None,
+        hint: str = "",
+    ) -> None:
+        """Compare values; on a mismatch, name the mistake whose model reproduces ``got``."""
+        g = _as_np(got)
+        e = _as_np(expected)
+        if g.dtype == np.bool_ or e.dtype == np.bool_:
+            ok = np.array_equal(g, e)
+            err = np.argwhere(g != e)
+        else:
+            ok = np.allclose(g, e, rtol=rtol, atol=atol)
+            err = np.argwhere(~np.isclose(g, e, rtol=rtol, atol=atol))
+        if ok:
+            return
+        idx = tuple(int(i) for i in err[0])
+        if g.dtype == np.bool_:
+            detail = f"first difference at index {idx}: expected {e[idx]}, got {g[idx]}"
+        else:
+            diff = float(np.max(np.abs(g - e)))
+            detail = (
+                f"first difference at index {idx}: expected {e[idx]:.6g}, got {g[idx]:.6g} "
+                f"(max abs difference {diff:.3g}; tolerance rtol={rtol:g}, atol={atol:g})"
+            )
+        likely, mhint = self.diagnose(got, expected, mistakes, model_args, model_kwargs or {})
+        if not likely and fallback is not None:
+            likely = fallback(g, e)
+        self.fail(f"{what} is wrong; {detail}.", case=case, likely=likely, hint=mhint or hint)
+
+    def diagnose(
+        self,
+        got: Any,
+        expected: Any,
+        mistakes: Iterable[Mistake],
+        model_args: tuple,
+        model_kwargs: dict,
+    ) -> tuple[str, str]:
+        g = _as_np(got)
+        for m in mistakes:
+            try:
+                if m.applies is not None:
+                    if m.applies(g, _as_np(expected)):
+                        return m.name, m.hint
+                    continue
+                if m.model is None:
+                    continue
+                pred = _as_np(m.model(*model_args, **model_kwargs))
+            except Exception:
+                continue
+            if pred.shape != g.shape:
+                continue
+            if pred.dtype == np.bool_ or g.dtype == np.bool_:
+                if np.array_equal(pred, g):
+                    return m.name, m.hint
+            elif np.allclose(pred, g, rtol=1e-3, atol=1e-4, equal_nan=True):
+                return m.name, m.hint
+        return "", ""
+
+
+def _as_np(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return x.numpy() if x.dtype == torch.bool else x.double().numpy()
+    arr = np.asarray(x)
+    return arr if arr.dtype == np.bool_ else arr.astype(np.float64)
+
+
+# ----------------------------------------------------------------------------- entry point
+def run_check(exercise_id: str, candidate: Any, *, seed: int = 0, thorough: bool = False) -> int:
+    """Run the check of ``exercise_id`` on ``candidate``; return the number of cases run."""
+    if not isinstance(exercise_id, str) or exercise_id not in REGISTRY:
+        known = ", ".join(sorted(REGISTRY))
+        raise ValueError(f"unknown exercise id {exercise_id!r}; known ids: {known}")
+    ex = REGISTRY[exercise_id]
+    if ex.kind == "module":
+        if not isinstance(candidate, type) or not issubclass(candidate, torch.nn.Module):
+            raise CheckFailure(
+                f"{exercise_id}: pass your class itself (a subclass of torch.nn.Module), not "
+                f"an instance or anything else; got {type(candidate).__name__}."
+            )
+    elif not callable(candidate):
+        raise CheckFailure(
+            f"{exercise_id}: pass your function itself; got {type(candidate).__name__}."
+        )
+    ctx = Context(ex, seed, thorough)
+    ex.run(candidate, ctx)
+    return ctx.cases_run

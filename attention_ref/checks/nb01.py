@@ -1,0 +1,346 @@
+"""Checks for notebook 01: ``softmax_np``, ``sdpa_np``, ``sdpa``."""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .. import attention as ref
+from . import _models as M
+from ._core import Context, Mistake, exercise
+
+# Tolerances: the reference is computed in float64 from the same inputs, so the allowed
+# error is that of a correct computation in the candidate's dtype.
+TOL = {
+    np.float32: dict(rtol=1e-4, atol=1e-5),
+    np.float64: dict(rtol=1e-7, atol=1e-10),
+    torch.float32: dict(rtol=1e-4, atol=1e-5),
+    torch.float64: dict(rtol=1e-7, atol=1e-10),
+}
+
+BUILTIN_ATTENTION = [
+    (torch.nn.functional.scaled_dot_product_attention,
+     "torch.nn.functional.scaled_dot_product_attention"),
+    (torch.nn.functional.multi_head_attention_forward,
+     "torch.nn.functional.multi_head_attention_forward"),
+    (torch.nn.MultiheadAttention.forward, "torch.nn.MultiheadAttention"),
+]
+
+
+def _forbidden_attention():
+    return [
+        (ref.sdpa, "the reference attention_ref.sdpa"),
+        (ref.sdpa_np, "the reference attention_ref.sdpa_np"),
+        *BUILTIN_ATTENTION,
+    ]
+
+
+def _forbidden_softmax():
+    out = [
+        (ref.softmax_np, "the reference attention_ref.softmax_np"),
+        (torch.softmax, "torch.softmax"),
+        (torch.nn.functional.softmax, "torch.nn.functional.softmax"),
+    ]
+    special = sys.modules.get("scipy.special")
+    if special is not None:
+        out.append((special.softmax, "scipy.special.softmax"))
+    return out
+
+
+# ----------------------------------------------------------------------------- softmax_np
+SOFTMAX_MISTAKES_FOR = {
+    "ignores_axis": lambda x, axis: Mistake(
+        "the axis argument is ignored: the softmax is always taken over the last axis.",
+        "pass axis=axis to np.max and np.sum.",
+        model=lambda: M.softmax(x, -1),
+    ),
+    "axis0": lambda x, axis: Mistake(
+        "softmax over the wrong axis (axis 0).",
+        "normalise along the given axis: np.max(x, axis=axis, keepdims=True), and the same "
+        "for np.sum.",
+        model=lambda: M.softmax(x, 0),
+    ),
+    "global_sum": lambda x, axis: Mistake(
+        "the sum is taken over the whole array rather than along axis, so the entries of "
+        "each slice do not sum to 1.",
+        "np.sum(e, axis=axis, keepdims=True).",
+        model=lambda: _global_sum_softmax(x, axis),
+    ),
+    "no_keepdims": lambda x, axis: Mistake(
+        "keepdims=True is missing, so the max or the sum broadcasts along the wrong axis.",
+        "np.max(x, axis=axis, keepdims=True) keeps a size-1 axis that broadcasts correctly.",
+        model=lambda: _no_keepdims_softmax(x, axis),
+    ),
+}
+
+
+def _global_sum_softmax(x, axis):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / e.sum()
+
+
+def _no_keepdims_softmax(x, axis):
+    e = np.exp(x - np.max(x, axis=axis))
+    return e / np.sum(e, axis=axis)
+
+
+@exercise("softmax_np", forbidden=_forbidden_softmax, summary="stable softmax in NumPy")
+def check_softmax_np(candidate, ctx: Context) -> None:
+    rng = ctx.rng(1)
+    cases = [
+        ("a vector of 5 logits, axis=-1", rng.normal(size=5), -1),
+        ("a single logit (one element)", rng.normal(size=1), -1),
+        ("a (4, 4) matrix, axis=-1", rng.normal(size=(4, 4)), -1),
+        ("a (4, 4) matrix, axis=0", rng.normal(size=(4, 4)), 0),
+        ("a (2, 3, 5) array, axis=1", rng.normal(size=(2, 3, 5)), 1),
+        ("a (3, 6) float32 matrix, axis=-1", rng.normal(size=(3, 6)).astype(np.float32), -1),
+        ("large logits around +1000 (overflow test)", 1000 + 5 * rng.normal(size=(2, 6)), -1),
+        (
+            "rows at very different scales (+1000 and -1000)",
+            np.stack([1000 + rng.normal(size=4), -1000 + rng.normal(size=4)]),
+            -1,
+        ),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("a (3, 4, 5, 2) array, axis=2", rng.normal(size=(3, 4, 5, 2)), 2),
+            ("a (5, 3) matrix, axis=-2", 3 * rng.normal(size=(5, 3)), -2),
+            ("large negative logits around -1000", -1000 + rng.normal(size=(3, 7)), -1),
+        ]
+    for label, x, axis in cases:
+        case = f"{label}; x {x.shape} {x.dtype}"
+        got = ctx.call(candidate, x, axis=axis, case=case)
+        expected = ref.softmax_np(x.astype(np.float64), axis=axis)
+        overflow = abs(x).max() > 500
+        if overflow and isinstance(got, np.ndarray) and not np.all(np.isfinite(got)):
+            ctx.fail(
+                "the result contains NaN or inf for large logits.",
+                case=case,
+                likely="softmax is not numerically stable: np.exp overflows for large inputs "
+                "(or underflows to 0/0 when the maximum is taken over the whole array).",
+                hint="subtract np.max(x, axis=axis, keepdims=True) before np.exp; the "
+                "result is unchanged mathematically.",
+            )
+        ctx.expect_array(got, expected, what="the result", case=case)
+        tol = TOL[np.float32] if x.dtype == np.float32 else TOL[np.float64]
+        mistakes = [make(x.astype(np.float64), axis) for make in SOFTMAX_MISTAKES_FOR.values()]
+        ctx.expect_close(got, expected, what="the result", case=case, mistakes=mistakes, **tol)
+
+
+# ----------------------------------------------------------------------------- sdpa
+@dataclass
+class AttnCase:
+    label: str
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    mask: np.ndarray | None = None
+
+
+def attention_cases(ctx: Context, dtype=np.float64) -> list[AttnCase]:
+    """Shapes and edge cases shared by sdpa_np and sdpa (and later attention exercises)."""
+    rng = ctx.rng(2)
+
+    def r(*shape, scale=1.0):
+        return (scale * rng.normal(size=shape)).astype(dtype)
+
+    fully = rng.random((3, 5)) < 0.6
+    fully[:, 0] = True  # every row but the next one has a key
+    fully[1, :] = False  # query 1 may attend to nothing
+    pad = np.ones((2, 1, 5), dtype=bool)
+    pad[1, :, 3:] = False  # second sequence has 3 real keys
+    causal = np.tril(np.ones((4, 4), dtype=bool))
+    cases = [
+        AttnCase("one query and one key", r(1, 4), r(1, 4), r(1, 3)),
+        AttnCase("n_q=3 != n_k=5, d_k=4 != d_v=6", r(3, 4), r(5, 4), r(5, 6)),
+        AttnCase("a batch of 2, d_k=8, d_v=4", r(2, 3, 8), r(2, 5, 8), r(2, 5, 4)),
+        AttnCase("two batch dims (2, 2)", r(2, 2, 3, 8), r(2, 2, 4, 8), r(2, 2, 4, 5)),
+        AttnCase("a batch of one, d_k=16", r(1, 6, 16), r(1, 6, 16), r(1, 6, 16)),
+        AttnCase("a causal mask (4, 4)", r(4, 8), r(4, 8), r(4, 3), causal),
+        AttnCase("a padding mask (2, 1, 5) broadcast over queries",
+                 r(2, 3, 4), r(2, 5, 4), r(2, 5, 3), pad),
+        AttnCase("a mask (3, 5) with a fully masked row (query 1)",
+                 r(3, 4), r(5, 4), r(5, 2), fully),
+        AttnCase("large logits (scores around 1000)", r(2, 64, scale=32.0),
+                 r(3, 64, scale=32.0), r(3, 4)),
+    ]
+    if ctx.thorough:
+        m = rng.random((2, 4, 6)) < 0.5
+        m[:, :, 2] = True
+        cases += [
+            AttnCase("a batch of 3, n_q=7, n_k=2, d_k=5, d_v=9", r(3, 7, 5), r(3, 2, 5),
+                     r(3, 2, 9)),
+            AttnCase("a random mask (2, 4, 6)", r(2, 4, 3), r(2, 6, 3), r(2, 6, 4), m),
+            AttnCase("one key only", r(2, 3, 4), r(2, 1, 4), r(2, 1, 6)),
+        ]
+    return cases
+
+
+def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
+    """The catalogued attention mistakes; ``which`` 0 = out, 1 = weights."""
+    q, k, v = (_np(a) for a in (c.q, c.k, c.v))
+    mask = c.mask
+    d_k, d_v, n_k = q.shape[-1], v.shape[-1], k.shape[-2]
+
+    def m(name, hint, **kw):
+        return Mistake(name, hint, model=lambda: M.attention(q, k, v, mask, **kw)[which])
+
+    out = [
+        m("the scores are not scaled by 1/sqrt(d_k).",
+          "divide q @ k^T by math.sqrt(d_k), where d_k = q.shape[-1].", scale=1.0),
+        m("the scores are divided by d_k instead of sqrt(d_k).",
+          "the scale is 1/sqrt(d_k): math.sqrt(q.shape[-1]).", scale=float(d_k)),
+    ]
+    if d_v != d_k:
+        out.append(m("the scores are scaled by the wrong dimension (sqrt(d_v), from v).",
+                     "d_k is the last dimension of q and k, not of v.",
+                     scale=math.sqrt(d_v)))
+    if n_k != d_k:
+        out.append(m("the scores are scaled by the wrong dimension (sqrt(n_k), the number of "
+                     "keys).", "use d_k = q.shape[-1], the size of each query vector.",
+                     scale=math.sqrt(n_k)))
+    if q.shape[-2] > 1:
+        out.append(m("softmax over the wrong axis: the weights are normalised over the "
+                     "queries (axis -2) instead of the keys (axis -1).",
+                     "each query's weights over the keys must sum to 1: softmax along the "
+                     "last axis.", axis=-2))
+    if mask is not None:
+        out += [
+            m("the mask is inverted: True must mean 'may attend'.",
+              "keep the scores where mask is True and fill where it is False (~mask).",
+              mask_mode="inverted"),
+            m("the mask is applied after the softmax, so the weights no longer sum to 1.",
+              "fill the masked scores with -inf before the softmax.",
+              mask_mode="after_softmax"),
+            m("the scores are multiplied by the mask instead of being filled, so masked "
+              "positions still get weight.",
+              "masked_fill(~mask, float('-inf')) (or np.where) before the softmax.",
+              mask_mode="multiply"),
+            m("the mask is ignored.", "apply the mask to the scores before the softmax.",
+              mask_mode="ignored"),
+        ]
+        if (~mask).all(axis=-1).any():
+            out.append(m(
+                "a fully masked row gets uniform weights: filling with a large negative "
+                "number (-1e9) makes every masked score equal, so softmax spreads the weight "
+                "evenly instead of giving zeros.",
+                "after the softmax, set the weights of rows with no allowed key to 0 "
+                "(e.g. torch.where(mask.any(-1, keepdim=True), w, 0)).",
+                mask_mode="fill"))
+    return out
+
+
+def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:
+    """Recognise an inverted mask from where the weight went, whatever the fill value:
+    no weight on any allowed key, all of it on masked ones."""
+
+    def applies(got: np.ndarray, expected: np.ndarray) -> bool:
+        m = np.broadcast_to(mask, got.shape)
+        rows = (~m).any(axis=axis, keepdims=True) & m.any(axis=axis, keepdims=True)
+        rows = np.broadcast_to(rows, got.shape)
+        return bool(np.all(np.abs(got[rows & m]) < 1e-6) and np.any(got[rows & ~m] > 0))
+
+    return Mistake("the mask is inverted: True must mean 'may attend'.",
+                   "keep the scores where the mask is True and fill where it is False "
+                   "(~mask).", applies=applies)
+
+
+def _to(x: np.ndarray | None, torch_dtype=None):
+    if x is None:
+        return None
+    if torch_dtype is None:
+        return x.copy()
+    return torch.from_numpy(x).to(torch_dtype if x.dtype != np.bool_ else torch.bool)
+
+
+def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
+    """Shared by sdpa_np (torch_dtype None) and sdpa (torch dtypes)."""
+    for c in attention_cases(ctx):
+        args = [_to(a, torch_dtype) for a in (c.q, c.k, c.v)]
+        mask = _to(c.mask, torch_dtype)
+        names = ("q", "k", "v", "mask") if torch_dtype is not None else ("Q", "K", "V", "mask")
+        case = c.label + ": " + ", ".join(
+            f"{n} {tuple(a.shape)}" for n, a in zip(names, [*args, mask], strict=True)
+            if a is not None
+        )
+        if torch_dtype is not None:
+            case += f", {str(torch_dtype).replace('torch.', '')}"
+        call_args = args if mask is None else [*args, mask]
+        got = ctx.call(candidate, *call_args, case=case)
+        got = ctx.expect_tuple(got, ("out", "weights"), case=case)
+        # Reference in float64 from exactly the values the candidate received.
+        out64, w64 = M.attention(*(_np(a) for a in args), c.mask)
+        like = (args[0].new_zeros(out64.shape), args[0].new_zeros(w64.shape)) if (
+            torch_dtype is not None) else (out64.astype(c.q.dtype), w64.astype(c.q.dtype))
+        # (weights, out) returned in the wrong order?
+        if (tuple(got[0].shape) == tuple(w64.shape) and tuple(got[1].shape) == tuple(out64.shape)
+                and w64.shape != out64.shape):
+            ctx.fail("the outputs come back in the wrong order.", case=case,
+                     likely="returned (weights, out) instead of (out, weights).",
+                     hint="end with `return out, weights`.")
+        swap_msg = "returned (weights, out) instead of (out, weights)."
+        ctx.expect_array(got[1], like[1], what="weights", case=case)
+        ctx.expect_array(got[0], like[0], what="out", case=case)
+        if w64.shape == out64.shape and np.allclose(_np(got[0]), w64, atol=1e-5) and not \
+                np.allclose(w64, out64, atol=1e-5):
+            ctx.fail("out holds the attention weights.", case=case, likely=swap_msg)
+        tol = TOL[torch_dtype] if torch_dtype is not None else TOL[np.float64]
+        if c.mask is not None:
+            w = _np(got[1])
+            masked = ~np.broadcast_to(c.mask, w.shape)
+            if np.any(w[masked] != 0):
+                idx = tuple(int(i) for i in np.argwhere(masked & (w != 0))[0])
+                mistakes = [inverted_mask_mistake(c.mask), *attention_mistakes(c, 1)]
+                likely, hint = ctx.diagnose(got[1], w64, mistakes, (), {})
+                ctx.fail(
+                    f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
+                    "(masked weights must be exactly 0).",
+                    case=case, likely=likely or "the mask is not applied before the softmax.",
+                    hint=hint or "fill masked scores with -inf before the softmax.")
+        ctx.expect_close(got[1], w64, what="weights", case=case,
+                         mistakes=attention_mistakes(c, 1), **tol)
+        ctx.expect_close(got[0], out64, what="out", case=case,
+                         mistakes=attention_mistakes(c, 0), **tol,
+                         hint="the weights are right: out = weights @ v.")
+    if torch_dtype is not None and ctx.thorough:
+        _check_causal_leak(candidate, ctx, torch_dtype)
+
+
+def _np(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _check_causal_leak(candidate, ctx: Context, dtype) -> None:
+    """Changing a future key and value must not change an earlier output."""
+    g = ctx.torch_gen(7)
+    n, d = 6, 4
+    q, k, v = (torch.randn(1, n, d, generator=g, dtype=dtype) for _ in range(3))
+    mask = torch.ones(n, n, dtype=torch.bool).tril()
+    out1, _ = ctx.call(candidate, q, k, v, mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, -1] += 5.0
+    v2[:, -1] += 5.0
+    out2, _ = ctx.call(candidate, q, k2, v2, mask)
+    changed = (out1[0, :-1] - out2[0, :-1]).abs().amax(-1) > 1e-6
+    if changed.any():
+        i = int(changed.nonzero()[0])
+        ctx.fail(f"future attention not masked: changing token {n - 1} changed the output of "
+                 f"earlier query {i}.", case="causal mask (6, 6)",
+                 likely="the mask is not applied, or applied with the wrong convention.")
+
+
+@exercise("sdpa_np", forbidden=_forbidden_attention, summary="attention in NumPy")
+def check_sdpa_np(candidate, ctx: Context) -> None:
+    check_attention(candidate, ctx, torch_dtype=None)
+
+
+@exercise("sdpa", forbidden=_forbidden_attention, summary="batched attention in PyTorch")
+def check_sdpa(candidate, ctx: Context) -> None:
+    check_attention(candidate, ctx, torch_dtype=torch.float64)
+    check_attention(candidate, ctx, torch_dtype=torch.float32)

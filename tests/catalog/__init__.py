@@ -1,0 +1,58 @@
+"""The mistake catalog and the correct-alternatives catalog.
+
+Each ``nbNN.py`` module here registers, for the exercises of notebook NN:
+
+- realistic buggy implementations with ``@mistake(exercise_id, expect="...")``: the check
+  must reject each one with a message containing ``expect`` (the mistake's name);
+- correct implementations written differently with ``@alternative(exercise_id)``: the
+  check must accept each one, on the visible and on the hidden (thorough) inputs.
+
+``tests/test_catalog.py`` runs them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    exercise: str
+    name: str
+    impl: Callable
+    expect: str = ""  # for mistakes: words the feedback must contain
+
+    @property
+    def id(self) -> str:
+        return f"{self.exercise}-{self.name}"
+
+
+MISTAKES: list[Entry] = []
+ALTERNATIVES: list[Entry] = []
+
+
+def mistake(exercise: str, expect: str):
+    def register(fn):
+        MISTAKES.append(Entry(exercise, fn.__name__, fn, expect))
+        return fn
+
+    return register
+
+
+def alternative(exercise: str):
+    def register(fn):
+        ALTERNATIVES.append(Entry(exercise, fn.__name__, fn))
+        return fn
+
+    return register
+
+
+def load_all() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+load_all()

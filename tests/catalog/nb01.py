@@ -1,0 +1,281 @@
+"""Catalog for notebook 01: softmax_np, sdpa_np, sdpa."""
+
+import math
+
+import numpy as np
+import torch
+
+from . import alternative, mistake
+
+# ----------------------------------------------------------------------------- softmax_np
+
+
+@mistake("softmax_np", expect="not numerically stable")
+def softmax_unstable(x, axis=-1):
+    e = np.exp(x)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@mistake("softmax_np", expect="axis argument is ignored")
+def softmax_ignores_axis(x, axis=-1):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@mistake("softmax_np", expect="sum is taken over the whole array")
+def softmax_global_sum(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum()
+
+
+@mistake("softmax_np", expect="keepdims")
+def softmax_no_keepdims(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis))
+    return e / np.sum(e, axis=axis)
+
+
+@mistake("softmax_np", expect="not numerically stable")
+def softmax_global_max(x, axis=-1):
+    e = np.exp(x - x.max())
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@mistake("softmax_np", expect="must be a numpy.ndarray")
+def softmax_returns_list(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return (e / e.sum(axis=axis, keepdims=True)).tolist()
+
+
+@alternative("softmax_np")
+def softmax_logsumexp(x, axis=-1):
+    m = np.max(x, axis=axis, keepdims=True)
+    lse = m + np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+    return np.exp(x - lse)
+
+
+@alternative("softmax_np")
+def softmax_moveaxis_loop(x, axis=-1):
+    moved = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
+    out = np.empty_like(moved)
+    for idx in np.ndindex(moved.shape[:-1]):
+        row = moved[idx]
+        e = np.exp(row - row.max())
+        out[idx] = e / e.sum()
+    return np.moveaxis(out, -1, axis).astype(np.asarray(x).dtype)
+
+
+# ----------------------------------------------------------------------------- sdpa_np
+
+
+def _np_softmax(s):
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@mistake("sdpa_np", expect="not scaled by 1/sqrt(d_k)")
+def sdpa_np_no_scale(Q, K, V, mask=None):
+    s = Q @ np.swapaxes(K, -1, -2)
+    if mask is not None:
+        s = np.where(mask, s, -1e9)
+    w = _np_softmax(s)
+    return w @ V, w
+
+
+@mistake("sdpa_np", expect="divided by d_k instead of sqrt(d_k)")
+def sdpa_np_scale_dk(Q, K, V, mask=None):
+    s = Q @ np.swapaxes(K, -1, -2) / Q.shape[-1]
+    w = _np_softmax(np.where(mask, s, -np.inf) if mask is not None else s)
+    return w @ V, w
+
+
+@mistake("sdpa_np", expect="K.T reverses all axes")
+def sdpa_np_batched_transpose(Q, K, V, mask=None):
+    s = Q @ K.T / math.sqrt(Q.shape[-1])
+    w = _np_softmax(s)
+    return w @ V, w
+
+
+@mistake("sdpa_np", expect="wrong axis")
+def sdpa_np_softmax_over_queries(Q, K, V, mask=None):
+    s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
+    e = np.exp(s - s.max(-2, keepdims=True))
+    w = e / e.sum(-2, keepdims=True)
+    return w @ V, w
+
+
+@mistake("sdpa_np", expect="mask is inverted")
+def sdpa_np_inverted_mask(Q, K, V, mask=None):
+    s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, -1e9, s)
+    w = _np_softmax(s)
+    return w @ V, w
+
+
+@mistake("sdpa_np", expect="wrong order")
+def sdpa_np_wrong_order(Q, K, V, mask=None):
+    s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
+    w = _np_softmax(s)
+    return w, w @ V
+
+
+@alternative("sdpa_np")
+def sdpa_np_einsum(Q, K, V, mask=None):
+    s = np.einsum("...qd,...kd->...qk", Q, K) / np.sqrt(Q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m[~np.isfinite(m)] = 0.0
+    e = np.exp(s - m)
+    total = e.sum(-1, keepdims=True)
+    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return np.einsum("...qk,...kv->...qv", w, V), w
+
+
+@alternative("sdpa_np")
+def sdpa_np_loops(Q, K, V, mask=None):
+    """One query at a time, over flattened batch dims (a beginner's correct version)."""
+    batch = np.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    n_q, n_k = Q.shape[-2], K.shape[-2]
+    Qb = np.broadcast_to(Q, batch + Q.shape[-2:])
+    Kb = np.broadcast_to(K, batch + K.shape[-2:])
+    Vb = np.broadcast_to(V, batch + V.shape[-2:])
+    Mb = np.broadcast_to(mask if mask is not None else True, batch + (n_q, n_k))
+    out = np.zeros(batch + (n_q, V.shape[-1]))
+    weights = np.zeros(batch + (n_q, n_k))
+    for b in np.ndindex(batch):
+        for i in range(n_q):
+            allowed = Mb[b][i]
+            if not allowed.any():
+                continue
+            s = np.array([Qb[b][i] @ Kb[b][j] for j in range(n_k)]) / math.sqrt(Q.shape[-1])
+            s = s[allowed]
+            e = np.exp(s - s.max())
+            weights[b][i][allowed] = e / e.sum()
+            out[b][i] = weights[b][i] @ Vb[b]
+    return out, weights
+
+
+# ----------------------------------------------------------------------------- sdpa
+
+
+@mistake("sdpa", expect="not scaled by 1/sqrt(d_k)")
+def sdpa_no_scale(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return w @ v, w
+
+
+@mistake("sdpa", expect="wrong dimension (sqrt(d_v)")
+def sdpa_scale_by_dv(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return w @ v, w
+
+
+@mistake("sdpa", expect="softmax over the wrong axis")
+def sdpa_softmax_dim0(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, dim=-2).nan_to_num(0.0)
+    return w @ v, w
+
+
+@mistake("sdpa", expect="mask is applied after the softmax")
+def sdpa_mask_after_softmax(q, k, v, mask=None):
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    if mask is not None:
+        w = w * mask
+    return w @ v, w
+
+
+@mistake("sdpa", expect="multiplied by the mask")
+def sdpa_multiply_scores(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s * mask
+    w = torch.softmax(s, dim=-1)
+    return w @ v, w
+
+
+@mistake("sdpa", expect="fully masked row gets uniform weights")
+def sdpa_minus_1e9(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, -1e9)
+    w = torch.softmax(s, dim=-1)
+    return w @ v, w
+
+
+@mistake("sdpa", expect="NaN")
+def sdpa_nan_rows(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, dim=-1)
+    return w @ v, w
+
+
+@mistake("sdpa", expect="calls torch.nn.functional.scaled_dot_product_attention")
+def sdpa_uses_builtin(q, k, v, mask=None):
+    from torch.nn.functional import scaled_dot_product_attention as fast
+
+    out = fast(q, k, v, attn_mask=mask)
+    return out, None
+
+
+@mistake("sdpa", expect="calls the reference attention_ref.sdpa")
+def sdpa_calls_reference(q, k, v, mask=None):
+    import attention_ref as ar
+
+    helper = ar.sdpa  # an alias does not hide it
+    return helper(q, k, v, mask)
+
+
+@mistake("sdpa", expect="dtype")
+def sdpa_returns_float64(q, k, v, mask=None):
+    q, k, v = q.double(), k.double(), v.double()
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return w @ v, w
+
+
+@alternative("sdpa")
+def sdpa_einsum_where(q, k, v, mask=None):
+    s = torch.einsum("...qd,...kd->...qk", q, k) * q.shape[-1] ** -0.5
+    if mask is not None:
+        s = torch.where(mask, s, torch.tensor(float("-inf"), dtype=s.dtype))
+    w = torch.softmax(s, dim=-1)
+    if mask is not None:
+        w = torch.where(mask.any(-1, keepdim=True), w, torch.zeros((), dtype=w.dtype))
+    return torch.einsum("...qk,...kv->...qv", w, v), w
+
+
+@alternative("sdpa")
+def sdpa_float64_then_cast(q, k, v, mask=None):
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    s = q64 @ k64.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (w @ v64).to(q.dtype), w.to(q.dtype)
+
+
+@alternative("sdpa")
+def sdpa_renormalised_after_softmax(q, k, v, mask=None):
+    """Softmax, zero the masked weights, renormalise: the same thing, written differently."""
+    s = q @ k.mT / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    e = (s - m).exp()
+    total = e.sum(-1, keepdim=True)
+    w = e / total.clamp_min(torch.finfo(e.dtype).tiny)
+    return w @ v, w

@@ -1,0 +1,145 @@
+"""Catalog for notebook 02: padding_mask, causal_mask, masked_softmax."""
+
+import torch
+
+from . import alternative, mistake
+
+# ----------------------------------------------------------------------------- padding_mask
+
+
+@mistake("padding_mask", expect="mask is inverted")
+def padding_inverted(lengths, max_len):
+    return torch.arange(max_len)[None, :] >= lengths[:, None]
+
+
+@mistake("padding_mask", expect="off by one")
+def padding_off_by_one(lengths, max_len):
+    return torch.arange(max_len)[None, :] <= lengths[:, None]
+
+
+@mistake("padding_mask", expect="must be boolean")
+def padding_float(lengths, max_len):
+    return (torch.arange(max_len)[None, :] < lengths[:, None]).float()
+
+
+@mistake("padding_mask", expect="transposed")
+def padding_transposed(lengths, max_len):
+    return torch.arange(max_len)[:, None] < lengths[None, :]
+
+
+@mistake("padding_mask", expect="counted from 1")
+def padding_one_based(lengths, max_len):
+    return torch.arange(1, max_len + 1)[None, :] < lengths[:, None]
+
+
+@alternative("padding_mask")
+def padding_loop(lengths, max_len):
+    mask = torch.zeros(len(lengths), max_len, dtype=torch.bool)
+    for b, n in enumerate(lengths.tolist()):
+        mask[b, :n] = True
+    return mask
+
+
+@alternative("padding_mask")
+def padding_expand(lengths, max_len):
+    pos = torch.arange(max_len, device=lengths.device).expand(len(lengths), max_len)
+    return pos < lengths.unsqueeze(1)
+
+
+# ----------------------------------------------------------------------------- causal_mask
+
+
+@mistake("causal_mask", expect="see the future")
+def causal_triu(n):
+    return torch.ones(n, n, dtype=torch.bool).triu()
+
+
+@mistake("causal_mask", expect="may not attend to itself")
+def causal_strict(n):
+    return torch.ones(n, n, dtype=torch.bool).tril(diagonal=-1)
+
+
+@mistake("causal_mask", expect="inverted")
+def causal_inverted(n):
+    return ~torch.ones(n, n, dtype=torch.bool).tril()
+
+
+@mistake("causal_mask", expect="must be boolean")
+def causal_float(n):
+    return torch.tril(torch.ones(n, n))
+
+
+@alternative("causal_mask")
+def causal_compare(n):
+    i = torch.arange(n)
+    return i[None, :] <= i[:, None]
+
+
+@alternative("causal_mask")
+def causal_not_triu(n):
+    return ~torch.ones(n, n, dtype=torch.bool).triu(diagonal=1)
+
+
+# ----------------------------------------------------------------------------- masked_softmax
+
+
+@mistake("masked_softmax", expect="NaN")
+def masked_softmax_nan(scores, mask, dim=-1):
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
+
+
+@mistake("masked_softmax", expect="uniform weights")
+def masked_softmax_minus_1e9(scores, mask, dim=-1):
+    return torch.softmax(scores.masked_fill(~mask, -1e9), dim=dim)
+
+
+@mistake("masked_softmax", expect="mask is inverted")
+def masked_softmax_inverted(scores, mask, dim=-1):
+    w = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=dim)
+    return w.nan_to_num(0.0)
+
+
+@mistake("masked_softmax", expect="after the softmax")
+def masked_softmax_after(scores, mask, dim=-1):
+    return torch.softmax(scores, dim=dim) * mask
+
+
+@mistake("masked_softmax", expect="multiplied by the mask")
+def masked_softmax_multiply(scores, mask, dim=-1):
+    return torch.softmax(scores * mask, dim=dim)
+
+
+@mistake("masked_softmax", expect="wrong dimension")
+def masked_softmax_ignores_dim(scores, mask, dim=-1):
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return w.nan_to_num(0.0)
+
+
+@mistake("masked_softmax", expect="modified its input")
+def masked_softmax_in_place(scores, mask, dim=-1):
+    scores.masked_fill_(~mask, float("-inf"))
+    return torch.softmax(scores, dim=dim).nan_to_num(0.0)
+
+
+@alternative("masked_softmax")
+def masked_softmax_where(scores, mask, dim=-1):
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
+    return torch.where(mask.any(dim=dim, keepdim=True), w, torch.zeros_like(w))
+
+
+@alternative("masked_softmax")
+def masked_softmax_exp_mask(scores, mask, dim=-1):
+    """exp of the shifted scores, zeroed by the mask, divided by a safe sum."""
+    shift = scores.masked_fill(~mask, float("-inf")).amax(dim, keepdim=True)
+    shift = torch.nan_to_num(shift, neginf=0.0)
+    e = torch.exp((scores - shift).clamp(max=0.0)) * mask  # clamp: masked scores may be larger
+    total = e.sum(dim, keepdim=True)
+    return e / torch.where(total == 0, torch.ones_like(total), total)
+
+
+@alternative("masked_softmax")
+def masked_softmax_logsumexp(scores, mask, dim=-1):
+    filled = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(filled, dim=dim, keepdim=True)
+    w = torch.exp(filled - lse)
+    return torch.nan_to_num(w, nan=0.0)

@@ -1,0 +1,38 @@
+"""Every catalogued mistake is rejected with feedback that names it; every correct
+alternative is accepted, on the visible and the hidden inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from attention_ref.checks import check, exercise_ids
+from catalog import ALTERNATIVES, MISTAKES, Entry
+
+HIDDEN = dict(seed=2024, thorough=True)
+
+
+@pytest.mark.parametrize("entry", MISTAKES, ids=lambda e: e.id)
+def test_mistake_is_caught_and_named(entry: Entry) -> None:
+    # Caught on the visible inputs (the learner's self-check) ...
+    with pytest.raises(AssertionError) as visible:
+        check(entry.exercise, entry.impl)
+    assert entry.expect.lower() in str(visible.value).lower(), (
+        f"feedback does not name the mistake ({entry.expect!r}):\n{visible.value}"
+    )
+    # ... and by the hidden tests used for grading.
+    with pytest.raises(AssertionError):
+        check(entry.exercise, entry.impl, **HIDDEN)
+
+
+@pytest.mark.parametrize("entry", ALTERNATIVES, ids=lambda e: e.id)
+def test_correct_alternative_passes(entry: Entry) -> None:
+    check(entry.exercise, entry.impl)
+    check(entry.exercise, entry.impl, **HIDDEN)
+
+
+@pytest.mark.parametrize("exercise_id", exercise_ids())
+def test_every_exercise_has_three_mistakes_and_two_alternatives(exercise_id: str) -> None:
+    n_mistakes = sum(e.exercise == exercise_id for e in MISTAKES)
+    n_alternatives = sum(e.exercise == exercise_id for e in ALTERNATIVES)
+    assert n_mistakes >= 3, f"{exercise_id}: only {n_mistakes} catalogued mistakes"
+    assert n_alternatives >= 2, f"{exercise_id}: only {n_alternatives} correct alternatives"
