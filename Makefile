@@ -59,7 +59,7 @@ format: $(STAMP)
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/python -m pip install --quiet $(PIP_ARGS) -e '.[dev]'
-	.lock-venv/bin/python -m attention_ref.lockfile .lock-venv requirements.lock environment.yml
+	$(PYTHON) tools/lock.py .lock-venv requirements.lock environment.yml
 	rm -rf .lock-venv
 
 clean:

@@ -20,7 +20,7 @@ import nbformat
 
 _ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
-HIDDEN_CHECK = '''### BEGIN HIDDEN TESTS
+HIDDEN_CHECK = """### BEGIN HIDDEN TESTS
 # Graded run: a fresh copy of the checker is loaded from disk (whatever the notebook
 # did to the one in memory) and run on other inputs.
 import sys as _sys
@@ -28,7 +28,7 @@ for _m in [m for m in _sys.modules if m.split(".")[0] == "attention_ref"]:
     del _sys.modules[_m]
 from attention_ref.checks import check as _fresh_check
 _fresh_check("{id}", {name}, seed={seed}, thorough=True)
-### END HIDDEN TESTS'''
+### END HIDDEN TESTS"""
 
 
 def _meta(grade_id: str, *, grade: bool, solution: bool, locked: bool, points=None) -> dict:
@@ -84,21 +84,21 @@ def tests(
     )
     hidden = HIDDEN_CHECK.format(id=exercise_id, name=name, seed=seed)
     if extra_hidden:
-        hidden = hidden.replace("### END HIDDEN TESTS", extra_hidden.strip("\n") +
-                                "\n### END HIDDEN TESTS")
+        hidden = hidden.replace(
+            "### END HIDDEN TESTS", extra_hidden.strip("\n") + "\n### END HIDDEN TESTS"
+        )
     return nbformat.v4.new_code_cell(
         visible + hidden,
-        metadata=_meta(f"test_{exercise_id}", grade=True, solution=False, locked=True,
-                       points=points),
+        metadata=_meta(
+            f"test_{exercise_id}", grade=True, solution=False, locked=True, points=points
+        ),
     )
 
 
 def written(grade_id: str, model_answer: str, mark_scheme: str, *, points: int):
     """A manually graded markdown answer cell; the model answer and mark scheme are
     replaced by "YOUR ANSWER HERE" in the student version."""
-    text = (
-        f"{model_answer.strip()}\n\n**Mark scheme ({points} points)**\n\n{mark_scheme.strip()}"
-    )
+    text = f"{model_answer.strip()}\n\n**Mark scheme ({points} points)**\n\n{mark_scheme.strip()}"
     return nbformat.v4.new_markdown_cell(
         text, metadata=_meta(grade_id, grade=True, solution=True, locked=False, points=points)
     )
@@ -108,8 +108,11 @@ def notebook(cells: list) -> nbformat.NotebookNode:
     """A notebook with the course kernelspec and deterministic cell ids."""
     nb = nbformat.v4.new_notebook()
     nb.metadata = {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                       "name": "python3"},
+        "kernelspec": {
+            "display_name": "Python 3 (ipykernel)",
+            "language": "python",
+            "name": "python3",
+        },
         "language_info": {"name": "python"},
     }
     nb.cells = cells

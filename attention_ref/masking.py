@@ -60,9 +60,7 @@ def causal_mask(n: int, device: torch.device | str | None = None) -> torch.Tenso
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
-def masked_softmax(
-    scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1
-) -> torch.Tensor:
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1) -> torch.Tensor:
     """Softmax of ``scores`` along ``dim`` over the positions the mask allows.
 
     Args:

@@ -85,8 +85,10 @@ class MultiHeadAttention(nn.Module):
         v; no bias_k/bias_v). Its packed ``in_proj_weight`` stacks W_Q, W_K, W_V as rows.
         """
         if not mha._qkv_same_embed_dim or mha.bias_k is not None:
-            raise ValueError("from_torch supports nn.MultiheadAttention with kdim = vdim = "
-                             "embed_dim and add_bias_kv=False")
+            raise ValueError(
+                "from_torch supports nn.MultiheadAttention with kdim = vdim = "
+                "embed_dim and add_bias_kv=False"
+            )
         bias = mha.in_proj_bias is not None
         new = cls(mha.embed_dim, mha.num_heads, bias=bias)
         new = new.to(device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype)

@@ -32,7 +32,7 @@ import torch
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class CheckFailure(AssertionError):
+class CheckFailure(AssertionError):  # noqa: N818 - public name, reads as the event
     """Raised by a check with feedback for the learner; ``str(err)`` is the whole message."""
 
 
@@ -342,9 +342,11 @@ class Context:
         if want_torch and not isinstance(got, torch.Tensor):
             self.fail(f"{what} must be a torch.Tensor; got {type(got).__name__}.", case=case)
         if not want_torch and not isinstance(got, np.ndarray):
-            hint = "convert with .numpy() or use NumPy operations" if isinstance(
-                got, torch.Tensor
-            ) else ""
+            hint = (
+                "convert with .numpy() or use NumPy operations"
+                if isinstance(got, torch.Tensor)
+                else ""
+            )
             self.fail(f"{what} must be a {kind}; got {type(got).__name__}.", case=case, hint=hint)
         if tuple(got.shape) != tuple(like.shape):
             if swapped is not None and tuple(got.shape) == tuple(swapped.shape):

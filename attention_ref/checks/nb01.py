@@ -23,10 +23,14 @@ TOL = {
 }
 
 BUILTIN_ATTENTION = [
-    (torch.nn.functional.scaled_dot_product_attention,
-     "torch.nn.functional.scaled_dot_product_attention"),
-    (torch.nn.functional.multi_head_attention_forward,
-     "torch.nn.functional.multi_head_attention_forward"),
+    (
+        torch.nn.functional.scaled_dot_product_attention,
+        "torch.nn.functional.scaled_dot_product_attention",
+    ),
+    (
+        torch.nn.functional.multi_head_attention_forward,
+        "torch.nn.functional.multi_head_attention_forward",
+    ),
     (torch.nn.MultiheadAttention.forward, "torch.nn.MultiheadAttention"),
 ]
 
@@ -161,19 +165,27 @@ def attention_cases(ctx: Context, dtype=np.float64) -> list[AttnCase]:
         AttnCase("two batch dims (2, 2)", r(2, 2, 3, 8), r(2, 2, 4, 8), r(2, 2, 4, 5)),
         AttnCase("a batch of one, d_k=16", r(1, 6, 16), r(1, 6, 16), r(1, 6, 16)),
         AttnCase("a causal mask (4, 4)", r(4, 8), r(4, 8), r(4, 3), causal),
-        AttnCase("a padding mask (2, 1, 5) broadcast over queries",
-                 r(2, 3, 4), r(2, 5, 4), r(2, 5, 3), pad),
-        AttnCase("a mask (3, 5) with a fully masked row (query 1)",
-                 r(3, 4), r(5, 4), r(5, 2), fully),
-        AttnCase("large logits (scores around 1000)", r(2, 64, scale=32.0),
-                 r(3, 64, scale=32.0), r(3, 4)),
+        AttnCase(
+            "a padding mask (2, 1, 5) broadcast over queries",
+            r(2, 3, 4),
+            r(2, 5, 4),
+            r(2, 5, 3),
+            pad,
+        ),
+        AttnCase(
+            "a mask (3, 5) with a fully masked row (query 1)", r(3, 4), r(5, 4), r(5, 2), fully
+        ),
+        AttnCase(
+            "large logits (scores around 1000)", r(2, 64, scale=32.0), r(3, 64, scale=32.0), r(3, 4)
+        ),
     ]
     if ctx.thorough:
         m = rng.random((2, 4, 6)) < 0.5
         m[:, :, 2] = True
         cases += [
-            AttnCase("a batch of 3, n_q=7, n_k=2, d_k=5, d_v=9", r(3, 7, 5), r(3, 2, 5),
-                     r(3, 2, 9)),
+            AttnCase(
+                "a batch of 3, n_q=7, n_k=2, d_k=5, d_v=9", r(3, 7, 5), r(3, 2, 5), r(3, 2, 9)
+            ),
             AttnCase("a random mask (2, 4, 6)", r(2, 4, 3), r(2, 6, 3), r(2, 6, 4), m),
             AttnCase("one key only", r(2, 3, 4), r(2, 1, 4), r(2, 1, 6)),
         ]
@@ -190,47 +202,77 @@ def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
         return Mistake(name, hint, model=lambda: M.attention(q, k, v, mask, **kw)[which])
 
     out = [
-        m("the scores are not scaled by 1/sqrt(d_k).",
-          "divide q @ k^T by math.sqrt(d_k), where d_k = q.shape[-1].", scale=1.0),
-        m("the scores are divided by d_k instead of sqrt(d_k).",
-          "the scale is 1/sqrt(d_k): math.sqrt(q.shape[-1]).", scale=float(d_k)),
+        m(
+            "the scores are not scaled by 1/sqrt(d_k).",
+            "divide q @ k^T by math.sqrt(d_k), where d_k = q.shape[-1].",
+            scale=1.0,
+        ),
+        m(
+            "the scores are divided by d_k instead of sqrt(d_k).",
+            "the scale is 1/sqrt(d_k): math.sqrt(q.shape[-1]).",
+            scale=float(d_k),
+        ),
     ]
     if d_v != d_k:
-        out.append(m("the scores are scaled by the wrong dimension (sqrt(d_v), from v).",
-                     "d_k is the last dimension of q and k, not of v.",
-                     scale=math.sqrt(d_v)))
+        out.append(
+            m(
+                "the scores are scaled by the wrong dimension (sqrt(d_v), from v).",
+                "d_k is the last dimension of q and k, not of v.",
+                scale=math.sqrt(d_v),
+            )
+        )
     if n_k != d_k:
-        out.append(m("the scores are scaled by the wrong dimension (sqrt(n_k), the number of "
-                     "keys).", "use d_k = q.shape[-1], the size of each query vector.",
-                     scale=math.sqrt(n_k)))
+        out.append(
+            m(
+                "the scores are scaled by the wrong dimension (sqrt(n_k), the number of keys).",
+                "use d_k = q.shape[-1], the size of each query vector.",
+                scale=math.sqrt(n_k),
+            )
+        )
     if q.shape[-2] > 1:
-        out.append(m("softmax over the wrong axis: the weights are normalised over the "
-                     "queries (axis -2) instead of the keys (axis -1).",
-                     "each query's weights over the keys must sum to 1: softmax along the "
-                     "last axis.", axis=-2))
+        out.append(
+            m(
+                "softmax over the wrong axis: the weights are normalised over the "
+                "queries (axis -2) instead of the keys (axis -1).",
+                "each query's weights over the keys must sum to 1: softmax along the last axis.",
+                axis=-2,
+            )
+        )
     if mask is not None:
         out += [
-            m("the mask is inverted: True must mean 'may attend'.",
-              "keep the scores where mask is True and fill where it is False (~mask).",
-              mask_mode="inverted"),
-            m("the mask is applied after the softmax, so the weights no longer sum to 1.",
-              "fill the masked scores with -inf before the softmax.",
-              mask_mode="after_softmax"),
-            m("the scores are multiplied by the mask instead of being filled, so masked "
-              "positions still get weight.",
-              "masked_fill(~mask, float('-inf')) (or np.where) before the softmax.",
-              mask_mode="multiply"),
-            m("the mask is ignored.", "apply the mask to the scores before the softmax.",
-              mask_mode="ignored"),
+            m(
+                "the mask is inverted: True must mean 'may attend'.",
+                "keep the scores where mask is True and fill where it is False (~mask).",
+                mask_mode="inverted",
+            ),
+            m(
+                "the mask is applied after the softmax, so the weights no longer sum to 1.",
+                "fill the masked scores with -inf before the softmax.",
+                mask_mode="after_softmax",
+            ),
+            m(
+                "the scores are multiplied by the mask instead of being filled, so masked "
+                "positions still get weight.",
+                "masked_fill(~mask, float('-inf')) (or np.where) before the softmax.",
+                mask_mode="multiply",
+            ),
+            m(
+                "the mask is ignored.",
+                "apply the mask to the scores before the softmax.",
+                mask_mode="ignored",
+            ),
         ]
         if (~mask).all(axis=-1).any():
-            out.append(m(
-                "a fully masked row gets uniform weights: filling with a large negative "
-                "number (-1e9) makes every masked score equal, so softmax spreads the weight "
-                "evenly instead of giving zeros.",
-                "after the softmax, set the weights of rows with no allowed key to 0 "
-                "(e.g. torch.where(mask.any(-1, keepdim=True), w, 0)).",
-                mask_mode="fill"))
+            out.append(
+                m(
+                    "a fully masked row gets uniform weights: filling with a large negative "
+                    "number (-1e9) makes every masked score equal, so softmax spreads the weight "
+                    "evenly instead of giving zeros.",
+                    "after the softmax, set the weights of rows with no allowed key to 0 "
+                    "(e.g. torch.where(mask.any(-1, keepdim=True), w, 0)).",
+                    mask_mode="fill",
+                )
+            )
     return out
 
 
@@ -244,9 +286,11 @@ def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:
         rows = np.broadcast_to(rows, got.shape)
         return bool(np.all(np.abs(got[rows & m]) < 1e-6) and np.any(got[rows & ~m] > 0))
 
-    return Mistake("the mask is inverted: True must mean 'may attend'.",
-                   "keep the scores where the mask is True and fill where it is False "
-                   "(~mask).", applies=applies)
+    return Mistake(
+        "the mask is inverted: True must mean 'may attend'.",
+        "keep the scores where the mask is True and fill where it is False (~mask).",
+        applies=applies,
+    )
 
 
 def _to(x: np.ndarray | None, torch_dtype=None):
@@ -263,9 +307,14 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
         args = [_to(a, torch_dtype) for a in (c.q, c.k, c.v)]
         mask = _to(c.mask, torch_dtype)
         names = ("q", "k", "v", "mask") if torch_dtype is not None else ("Q", "K", "V", "mask")
-        case = c.label + ": " + ", ".join(
-            f"{n} {tuple(a.shape)}" for n, a in zip(names, [*args, mask], strict=True)
-            if a is not None
+        case = (
+            c.label
+            + ": "
+            + ", ".join(
+                f"{n} {tuple(a.shape)}"
+                for n, a in zip(names, [*args, mask], strict=True)
+                if a is not None
+            )
         )
         if torch_dtype is not None:
             case += f", {str(torch_dtype).replace('torch.', '')}"
@@ -274,19 +323,31 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
         got = ctx.expect_tuple(got, ("out", "weights"), case=case)
         # Reference in float64 from exactly the values the candidate received.
         out64, w64 = M.attention(*(_np(a) for a in args), c.mask)
-        like = (args[0].new_zeros(out64.shape), args[0].new_zeros(w64.shape)) if (
-            torch_dtype is not None) else (out64.astype(c.q.dtype), w64.astype(c.q.dtype))
+        like = (
+            (args[0].new_zeros(out64.shape), args[0].new_zeros(w64.shape))
+            if (torch_dtype is not None)
+            else (out64.astype(c.q.dtype), w64.astype(c.q.dtype))
+        )
         # (weights, out) returned in the wrong order?
-        if (tuple(got[0].shape) == tuple(w64.shape) and tuple(got[1].shape) == tuple(out64.shape)
-                and w64.shape != out64.shape):
-            ctx.fail("the outputs come back in the wrong order.", case=case,
-                     likely="returned (weights, out) instead of (out, weights).",
-                     hint="end with `return out, weights`.")
+        if (
+            tuple(got[0].shape) == tuple(w64.shape)
+            and tuple(got[1].shape) == tuple(out64.shape)
+            and w64.shape != out64.shape
+        ):
+            ctx.fail(
+                "the outputs come back in the wrong order.",
+                case=case,
+                likely="returned (weights, out) instead of (out, weights).",
+                hint="end with `return out, weights`.",
+            )
         swap_msg = "returned (weights, out) instead of (out, weights)."
         ctx.expect_array(got[1], like[1], what="weights", case=case)
         ctx.expect_array(got[0], like[0], what="out", case=case)
-        if w64.shape == out64.shape and np.allclose(_np(got[0]), w64, atol=1e-5) and not \
-                np.allclose(w64, out64, atol=1e-5):
+        if (
+            w64.shape == out64.shape
+            and np.allclose(_np(got[0]), w64, atol=1e-5)
+            and not np.allclose(w64, out64, atol=1e-5)
+        ):
             ctx.fail("out holds the attention weights.", case=case, likely=swap_msg)
         tol = TOL[torch_dtype] if torch_dtype is not None else TOL[np.float64]
         if c.mask is not None:
@@ -299,13 +360,22 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
                 ctx.fail(
                     f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
                     "(masked weights must be exactly 0).",
-                    case=case, likely=likely or "the mask is not applied before the softmax.",
-                    hint=hint or "fill masked scores with -inf before the softmax.")
-        ctx.expect_close(got[1], w64, what="weights", case=case,
-                         mistakes=attention_mistakes(c, 1), **tol)
-        ctx.expect_close(got[0], out64, what="out", case=case,
-                         mistakes=attention_mistakes(c, 0), **tol,
-                         hint="the weights are right: out = weights @ v.")
+                    case=case,
+                    likely=likely or "the mask is not applied before the softmax.",
+                    hint=hint or "fill masked scores with -inf before the softmax.",
+                )
+        ctx.expect_close(
+            got[1], w64, what="weights", case=case, mistakes=attention_mistakes(c, 1), **tol
+        )
+        ctx.expect_close(
+            got[0],
+            out64,
+            what="out",
+            case=case,
+            mistakes=attention_mistakes(c, 0),
+            **tol,
+            hint="the weights are right: out = weights @ v.",
+        )
     if torch_dtype is not None and ctx.thorough:
         _check_causal_leak(candidate, ctx, torch_dtype)
 
@@ -330,9 +400,12 @@ def _check_causal_leak(candidate, ctx: Context, dtype) -> None:
     changed = (out1[0, :-1] - out2[0, :-1]).abs().amax(-1) > 1e-6
     if changed.any():
         i = int(changed.nonzero()[0])
-        ctx.fail(f"future attention not masked: changing token {n - 1} changed the output of "
-                 f"earlier query {i}.", case="causal mask (6, 6)",
-                 likely="the mask is not applied, or applied with the wrong convention.")
+        ctx.fail(
+            f"future attention not masked: changing token {n - 1} changed the output of "
+            f"earlier query {i}.",
+            case="causal mask (6, 6)",
+            likely="the mask is not applied, or applied with the wrong convention.",
+        )
 
 
 @exercise("sdpa_np", forbidden=_forbidden_attention, summary="attention in NumPy")

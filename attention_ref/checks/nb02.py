@@ -29,8 +29,9 @@ def _expect_bool_mask(ctx: Context, got, shape: tuple[int, ...], case: str) -> N
         likely = ""
         if tuple(got.shape) == shape[::-1] and len(shape) == 2 and shape[0] != shape[1]:
             likely = "the mask is transposed: rows must be the batch, columns the positions."
-        ctx.fail(f"the mask has shape {tuple(got.shape)}, expected {shape}.", case=case,
-                 likely=likely)
+        ctx.fail(
+            f"the mask has shape {tuple(got.shape)}, expected {shape}.", case=case, likely=likely
+        )
 
 
 # ----------------------------------------------------------------------------- padding_mask
@@ -54,18 +55,26 @@ def check_padding_mask(candidate, ctx: Context) -> None:
         pos = torch.arange(max_len)
         L = lengths_t[:, None]
         mistakes = [
-            Mistake("the mask is inverted: it is True at the padding, but True must mark the "
-                    "real tokens (the positions that may be attended).",
-                    "use positions < lengths, not >=.", model=lambda: ~expected),
-            Mistake("off by one: the mask includes the first padding position (<= instead "
-                    "of <).", "position t is real when t < length (positions start at 0).",
-                    model=lambda: pos[None] <= L),
-            Mistake("off by one: the last real token is masked out (are positions counted "
-                    "from 1?).", "positions start at 0, so position t is real when "
-                    "t < length.", model=lambda: pos[None] < L - 1),
+            Mistake(
+                "the mask is inverted: it is True at the padding, but True must mark the "
+                "real tokens (the positions that may be attended).",
+                "use positions < lengths, not >=.",
+                model=lambda: ~expected,
+            ),
+            Mistake(
+                "off by one: the mask includes the first padding position (<= instead of <).",
+                "position t is real when t < length (positions start at 0).",
+                model=lambda: pos[None] <= L,
+            ),
+            Mistake(
+                "off by one: the last real token is masked out (are positions counted from 1?).",
+                "positions start at 0, so position t is real when t < length.",
+                model=lambda: pos[None] < L - 1,
+            ),
         ]
-        ctx.expect_close(got, expected, what="the mask", case=case, mistakes=mistakes,
-                         rtol=0, atol=0)
+        ctx.expect_close(
+            got, expected, what="the mask", case=case, mistakes=mistakes, rtol=0, atol=0
+        )
 
 
 # ----------------------------------------------------------------------------- causal_mask
@@ -79,23 +88,33 @@ def check_causal_mask(candidate, ctx: Context) -> None:
         expected = ref.causal_mask(n)
         ones = torch.ones(n, n, dtype=torch.bool)
         mistakes = [
-            Mistake("the mask is inverted: it is True for the future, but True must mean "
-                    "'may attend' (key j <= query i).", "use torch.tril, not ~tril.",
-                    model=lambda ones=ones: ~ones.tril()),
-            Mistake("the mask lets each query see the future, not the past (triu instead of "
-                    "tril).", "row i is the query: True where column j <= i, i.e. "
-                    "torch.tril.", model=lambda ones=ones: ones.triu()),
-            Mistake("off by one: a query may not attend to itself (the diagonal is "
-                    "masked).", "the diagonal (j == i) must be True: torch.tril(..., "
-                    "diagonal=0).", model=lambda ones=ones: ones.tril(-1)),
-            Mistake("off by one: each query also sees the next token (diagonal=1).",
-                    "use the default diagonal=0.", model=lambda ones=ones: ones.tril(1)),
+            Mistake(
+                "the mask is inverted: it is True for the future, but True must mean "
+                "'may attend' (key j <= query i).",
+                "use torch.tril, not ~tril.",
+                model=lambda ones=ones: ~ones.tril(),
+            ),
+            Mistake(
+                "the mask lets each query see the future, not the past (triu instead of tril).",
+                "row i is the query: True where column j <= i, i.e. torch.tril.",
+                model=lambda ones=ones: ones.triu(),
+            ),
+            Mistake(
+                "off by one: a query may not attend to itself (the diagonal is masked).",
+                "the diagonal (j == i) must be True: torch.tril(..., diagonal=0).",
+                model=lambda ones=ones: ones.tril(-1),
+            ),
+            Mistake(
+                "off by one: each query also sees the next token (diagonal=1).",
+                "use the default diagonal=0.",
+                model=lambda ones=ones: ones.tril(1),
+            ),
         ]
-        ctx.expect_close(got, expected, what="the mask", case=case, mistakes=mistakes,
-                         rtol=0, atol=0)
+        ctx.expect_close(
+            got, expected, what="the mask", case=case, mistakes=mistakes, rtol=0, atol=0
+        )
         if n > 1 and bool(got[0, 1]):
-            ctx.fail("future attention not masked at (0, 1): query 0 may see key 1.",
-                     case=case)
+            ctx.fail("future attention not masked at (0, 1): query 0 may see key 1.", case=case)
 
 
 # ----------------------------------------------------------------------------- masked_softmax
@@ -112,8 +131,11 @@ def _uniform_fully_masked(mask, dim):
     return applies
 
 
-@exercise("masked_softmax", forbidden=_forbid("masked_softmax"),
-          summary="zero weight where masked, zeros for a fully masked row")
+@exercise(
+    "masked_softmax",
+    forbidden=_forbid("masked_softmax"),
+    summary="zero weight where masked, zeros for a fully masked row",
+)
 def check_masked_softmax(candidate, ctx: Context) -> None:
     rng = ctx.rng(4)
     g = ctx.torch_gen(4)
@@ -129,19 +151,35 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
         ("scores (4, 6), row 2 fully masked", torch.randn(4, 6, generator=g), m_dead, -1),
         ("scores (2, 3, 5), padding mask (2, 1, 5)", torch.randn(2, 3, 5, generator=g), pad, -1),
         ("scores (5, 5), causal mask", torch.randn(5, 5, generator=g), causal, -1),
-        ("scores (6, 4) normalised over dim=0, mask (6, 4)", torch.randn(6, 4, generator=g),
-         m1.T.contiguous(), 0),
-        ("scores (3, 4), all allowed", torch.randn(3, 4, generator=g),
-         torch.ones(3, 4, dtype=torch.bool), -1),
+        (
+            "scores (6, 4) normalised over dim=0, mask (6, 4)",
+            torch.randn(6, 4, generator=g),
+            m1.T.contiguous(),
+            0,
+        ),
+        (
+            "scores (3, 4), all allowed",
+            torch.randn(3, 4, generator=g),
+            torch.ones(3, 4, dtype=torch.bool),
+            -1,
+        ),
         ("large scores (around 1000)", 1000 * torch.randn(4, 6, generator=g), m1, -1),
     ]
     if ctx.thorough:
         m3 = torch.from_numpy(rng.random((2, 3, 4, 7)) < 0.5)
         cases += [
-            ("scores (2, 3, 4, 7), random mask with dead rows",
-             torch.randn(2, 3, 4, 7, generator=g), m3, -1),
-            ("one position only", torch.randn(3, 1, generator=g),
-             torch.tensor([[True], [False], [True]]), -1),
+            (
+                "scores (2, 3, 4, 7), random mask with dead rows",
+                torch.randn(2, 3, 4, 7, generator=g),
+                m3,
+                -1,
+            ),
+            (
+                "one position only",
+                torch.randn(3, 1, generator=g),
+                torch.tensor([[True], [False], [True]]),
+                -1,
+            ),
         ]
     for label, scores, mask, dim in cases:
         for dtype in (torch.float32, torch.float64):
@@ -152,36 +190,51 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
             s64, mnp = s.double().numpy(), mask.numpy()
             dead = ~np.broadcast_to(mnp, s64.shape).any(axis=dim)
             if isinstance(got, torch.Tensor) and dead.any() and torch.isnan(got).any():
-                ctx.fail("a fully masked row came out NaN.", case=case,
-                         likely="softmax of a row that is all -inf divides 0 by 0.",
-                         hint="give rows with no allowed position zero weights explicitly, "
-                         "e.g. torch.where(mask.any(dim, keepdim=True), weights, 0).")
+                ctx.fail(
+                    "a fully masked row came out NaN.",
+                    case=case,
+                    likely="softmax of a row that is all -inf divides 0 by 0.",
+                    hint="give rows with no allowed position zero weights explicitly, "
+                    "e.g. torch.where(mask.any(dim, keepdim=True), weights, 0).",
+                )
             ctx.expect_array(got, s, what="the weights", case=case)
             w = got.detach().double().numpy()
             masked = ~np.broadcast_to(mnp, w.shape)
             mistakes = [
                 inverted_mask_mistake(mnp, dim),
-                Mistake("the mask is applied after the softmax (weights * mask), so the "
-                        "weights no longer sum to 1.",
-                        "fill the masked scores with -inf before the softmax.",
-                        model=lambda: M.softmax(s64, dim) * mnp),
-                Mistake("the scores are multiplied by the mask instead of being filled.",
-                        "masked_fill(~mask, float('-inf')) before the softmax.",
-                        model=lambda: M.softmax(s64 * mnp, dim)),
-                Mistake("the softmax is taken over the wrong dimension (dim is ignored).",
-                        "pass dim=dim to the softmax, the max and the sum.",
-                        model=lambda: M.masked_softmax(s64, mnp, -1 if dim != -1 else 0)),
-                Mistake("a fully masked row gets uniform weights instead of zeros (a large "
-                        "negative fill such as -1e9 makes all its scores equal).",
-                        "set rows with no allowed position to 0 after the softmax.",
-                        applies=_uniform_fully_masked(mnp, dim)),
+                Mistake(
+                    "the mask is applied after the softmax (weights * mask), so the "
+                    "weights no longer sum to 1.",
+                    "fill the masked scores with -inf before the softmax.",
+                    model=lambda: M.softmax(s64, dim) * mnp,
+                ),
+                Mistake(
+                    "the scores are multiplied by the mask instead of being filled.",
+                    "masked_fill(~mask, float('-inf')) before the softmax.",
+                    model=lambda: M.softmax(s64 * mnp, dim),
+                ),
+                Mistake(
+                    "the softmax is taken over the wrong dimension (dim is ignored).",
+                    "pass dim=dim to the softmax, the max and the sum.",
+                    model=lambda: M.masked_softmax(s64, mnp, -1 if dim != -1 else 0),
+                ),
+                Mistake(
+                    "a fully masked row gets uniform weights instead of zeros (a large "
+                    "negative fill such as -1e9 makes all its scores equal).",
+                    "set rows with no allowed position to 0 after the softmax.",
+                    applies=_uniform_fully_masked(mnp, dim),
+                ),
             ]
             if np.any(w[masked] != 0):
                 idx = tuple(int(i) for i in np.argwhere(masked & (w != 0))[0])
                 likely, hint = ctx.diagnose(got, expected, mistakes, (), {})
-                ctx.fail(f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
-                         "(masked weights must be exactly 0).", case=case,
-                         likely=likely or "the mask is not applied to the scores before the "
-                         "softmax.", hint=hint)
-            ctx.expect_close(got, expected, what="the weights", case=case, mistakes=mistakes,
-                             **TOL[dtype])
+                ctx.fail(
+                    f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
+                    "(masked weights must be exactly 0).",
+                    case=case,
+                    likely=likely or "the mask is not applied to the scores before the softmax.",
+                    hint=hint,
+                )
+            ctx.expect_close(
+                got, expected, what="the weights", case=case, mistakes=mistakes, **TOL[dtype]
+            )

@@ -50,8 +50,15 @@ def plot_attention(
     if annotate:
         for i in range(w.shape[0]):
             for j in range(w.shape[1]):
-                ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=8,
-                        color="white" if w[i, j] < 0.6 * w.max() else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{w[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if w[i, j] < 0.6 * w.max() else "black",
+                )
     if title:
         ax.set_title(title)
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
@@ -81,7 +88,14 @@ def plot_mask(
     ax.set_ylabel(row_label)
     for i in range(m.shape[0]):
         for j in range(m.shape[1]):
-            ax.text(j, i, "✓" if m[i, j] else "·", ha="center", va="center", fontsize=9,
-                    color="white" if m[i, j] else "0.5")
+            ax.text(
+                j,
+                i,
+                "✓" if m[i, j] else "·",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="white" if m[i, j] else "0.5",
+            )
     ax.set_title(title or "mask (✓ = may attend)")
     return ax

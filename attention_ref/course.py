@@ -1,0 +1,103 @@
+"""Course commands behind ``make release`` and ``make grade``.
+
+    python -m attention_ref.course release [ASSIGNMENT ...]
+        regenerate notebooks/NN_name/ (student versions) from solutions/ with nbgrader.
+    python -m attention_ref.course grade [ASSIGNMENT ...]
+        autograde every submission under submitted/ into the gradebook, report any
+        submission whose kernel crashed, and export grades.csv.
+
+Run them from the course root (the folder with nbgrader_config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT_MARKER = "nbgrader_config.py"
+
+
+def course_root(start: str | os.PathLike | None = None) -> Path:
+    """The course root: the nearest folder, from ``start`` up, holding nbgrader_config.py."""
+    here = Path(start or os.getcwd()).resolve()
+    for p in (here, *here.parents):
+        if (p / ROOT_MARKER).is_file():
+            return p
+    raise SystemExit(
+        f"error: no {ROOT_MARKER} found in {here} or its parents; run this from the course "
+        "folder (the clone of the repository)."
+    )
+
+
+def assignments(root: Path) -> list[str]:
+    """Assignment ids: the folders of solutions/ that hold a notebook of the same name."""
+    src = root / "solutions"
+    return (
+        sorted(d.name for d in src.iterdir() if d.is_dir() and (d / f"{d.name}.ipynb").is_file())
+        if src.is_dir()
+        else []
+    )
+
+
+def nbgrader(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``nbgrader ARGS`` in the course root with this interpreter; output is captured."""
+    cmd = [sys.executable, "-m", "nbgrader", *args]
+    env = dict(os.environ)
+    # nbgrader runs `alembic` and starts kernels: both must come from this environment.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise SystemExit(
+            f"error: `nbgrader {' '.join(args)}` failed (exit {proc.returncode}):\n"
+            f"{proc.stdout}{proc.stderr}"
+        )
+    return proc
+
+
+def _pick(root: Path, requested: list[str]) -> list[str]:
+    known = assignments(root)
+    unknown = [a for a in requested if a not in known]
+    if unknown:
+        raise SystemExit(
+            f"error: unknown assignment(s) {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    return requested or known
+
+
+def release(root: Path, requested: list[str]) -> list[str]:
+    """Regenerate the student notebooks of ``requested`` (all by default)."""
+    done = []
+    for aid in _pick(root, requested):
+        nbgrader(root, "generate_assignment", aid, "--force")
+        print(f"released {aid} -> notebooks/{aid}/")
+        done.append(aid)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attention_ref.course",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_rel = sub.add_parser("release", help="regenerate notebooks/ from solutions/")
+    p_rel.add_argument("assignments", nargs="*")
+    p_grade = sub.add_parser("grade", help="autograde submitted/ and export grades.csv")
+    p_grade.add_argument("assignments", nargs="*")
+    p_grade.add_argument("--csv", default="grades.csv", help="where to export the grades")
+    args = parser.parse_args(argv)
+    root = course_root()
+    if args.command == "release":
+        release(root, args.assignments)
+        return 0
+    from .grading import grade  # noqa: PLC0415 - only needed for grading
+
+    return grade(root, args.assignments, csv_path=args.csv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The behaviour of ``check`` itself: errors, feedback format, tripwire, tamper-proofing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from catalog.nb01 import sdpa_einsum_where
+
+from attention_ref.authoring import HIDDEN_CHECK
+from attention_ref.checks import check, exercise_ids
+
+
+def test_unknown_exercise_id_is_a_value_error_listing_the_known_ids():
+    with pytest.raises(ValueError) as err:
+        check("sdpa_typo", sdpa_einsum_where)
+    assert "sdpa_typo" in str(err.value) and "masked_softmax" in str(err.value)
+
+
+def test_every_reference_export_has_a_check_of_the_same_name():
+    import attention_ref
+
+    functions = ["softmax_np", "sdpa_np", "sdpa", "padding_mask", "causal_mask", "masked_softmax"]
+    for name in functions:
+        assert name in exercise_ids()
+        assert callable(getattr(attention_ref, name))
+
+
+def test_passing_a_non_callable_gets_its_own_message():
+    with pytest.raises(AssertionError, match="pass your function itself; got int"):
+        check("sdpa", 3)
+
+
+def test_not_implemented_stub_is_reported_as_such():
+    def sdpa(q, k, v, mask=None):
+        raise NotImplementedError()
+
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        check("sdpa", sdpa)
+
+
+def test_an_exception_in_student_code_quotes_the_students_line():
+    def sdpa(q, k, v, mask=None):
+        scores = q @ k  # forgot the transpose
+        return scores, scores
+
+    with pytest.raises(AssertionError) as err:
+        check("sdpa", sdpa)
+    msg = str(err.value)
+    assert "your code raised RuntimeError" in msg
+    assert "scores = q @ k  # forgot the transpose" in msg
+    assert "Traceback" not in msg
+
+
+def test_wrong_return_type_gets_a_clear_message():
+    def sdpa(q, k, v, mask=None):
+        return q
+
+    with pytest.raises(
+        AssertionError,
+        match=r"must return a tuple \(out, weights\); got a "
+        r"single Tensor",
+    ):
+        check("sdpa", sdpa)
+
+
+def test_numpy_exercise_returning_a_tensor_is_told_to_use_numpy():
+    def softmax_np(x, axis=-1):
+        return torch.softmax(torch.from_numpy(np.asarray(x)), axis)
+
+    with pytest.raises(AssertionError, match="calls torch.softmax"):
+        check("softmax_np", softmax_np)
+
+
+def test_the_tripwire_restores_any_profiler_that_was_running():
+    calls = []
+
+    def profiler(frame, event, arg):
+        calls.append(event)
+
+    sys.setprofile(profiler)
+    try:
+        check("sdpa", sdpa_einsum_where)
+        assert sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+
+
+def test_check_prints_a_success_line(capsys):
+    check("sdpa", sdpa_einsum_where)
+    assert "✓ sdpa: passed" in capsys.readouterr().out
+
+
+def _run_in_fresh_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_hidden_tests_cannot_be_fooled_by_replacing_the_checker():
+    """A wrong answer plus `attention_ref.checks.check = lambda *a, **k: None` (and the
+    reference swapped for the student's code) still fails the hidden test block."""
+    hidden = HIDDEN_CHECK.format(id="sdpa", name="sdpa", seed=2024)
+    code = """
+        import torch, attention_ref, attention_ref.checks, attention_ref.attention
+        def sdpa(q, k, v, mask=None):          # wrong: no scaling
+            w = torch.softmax(q @ k.transpose(-2, -1), -1)
+            return w @ v, w
+        attention_ref.checks.check = lambda *a, **k: None
+        attention_ref.attention.sdpa = sdpa
+        attention_ref.sdpa = sdpa
+        from attention_ref.checks import check
+        check("sdpa", sdpa)                     # the visible test now passes ...
+        print("VISIBLE PASSED")
+    """ + textwrap.indent(hidden, " " * 8)
+    proc = _run_in_fresh_python(code)
+    assert "VISIBLE PASSED" in proc.stdout
+    assert proc.returncode != 0
+    assert "not scaled by 1/sqrt(d_k)" in proc.stderr
+
+
+def test_hidden_tests_pass_a_correct_answer():
+    hidden = HIDDEN_CHECK.format(id="causal_mask", name="causal_mask", seed=2024)
+    code = """
+        import torch
+        def causal_mask(n):
+            return torch.ones(n, n, dtype=torch.bool).tril()
+    """ + textwrap.indent(hidden, " " * 8)
+    proc = _run_in_fresh_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "✓ causal_mask: passed" in proc.stdout
