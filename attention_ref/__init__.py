@@ -9,6 +9,7 @@
 
 from .attention import sdpa, sdpa_np, softmax_np
 from .masking import causal_mask, masked_softmax, padding_mask
+from .positional import offset_rotation, rope, sinusoidal_encoding
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,7 @@ __all__ = [
     "padding_mask",
     "causal_mask",
     "masked_softmax",
+    "sinusoidal_encoding",
+    "rope",
+    "offset_rotation",
 ]
