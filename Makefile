@@ -2,7 +2,8 @@
 #   make lab       open the course in JupyterLab
 #   make test      run the whole test suite (the same command CI runs)
 #   make release   regenerate notebooks/ (student versions) from solutions/
-#   make grade     autograde everything under submitted/ and export grades.csv
+#   make grade     autograde new submissions under submitted/ and export grades.csv
+#                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it)
 #   make bench     print the benchmark figures
 #   make lock      re-resolve requirements.lock and environment.yml (maintainers)
 
@@ -42,7 +43,7 @@ release: $(STAMP)
 	$(BIN)/python -m attention_ref.course release
 
 grade: $(STAMP)
-	$(BIN)/python -m attention_ref.course grade $(ASSIGNMENTS)
+	$(BIN)/python -m attention_ref.course grade $(if $(FORCE),--force,) $(ASSIGNMENTS)
 
 bench: $(STAMP)
 	$(BIN)/python -m attention_ref.bench all

@@ -9,7 +9,9 @@
 
 from .attention import sdpa, sdpa_np, softmax_np
 from .masking import causal_mask, masked_softmax, padding_mask
+from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .positional import offset_rotation, rope, sinusoidal_encoding
+from .self_attention import SelfAttention, self_attention_cost
 
 __version__ = "0.1.0"
 
@@ -20,6 +22,11 @@ __all__ = [
     "padding_mask",
     "causal_mask",
     "masked_softmax",
+    "SelfAttention",
+    "self_attention_cost",
+    "split_heads",
+    "merge_heads",
+    "MultiHeadAttention",
     "sinusoidal_encoding",
     "rope",
     "offset_rotation",

@@ -143,8 +143,17 @@ def export(root: Path, csv_path: str | os.PathLike) -> Path:
     return out
 
 
-def grade(root: Path, requested: list[str], csv_path: str | os.PathLike = "grades.csv") -> int:
-    """Autograde, report, export. Returns the exit status for ``make grade``."""
+def grade(
+    root: Path,
+    requested: list[str],
+    csv_path: str | os.PathLike = "grades.csv",
+    force: bool = False,
+) -> int:
+    """Autograde, report, export. Returns the exit status for ``make grade``.
+
+    Submissions graded before are kept (so a second run only grades what is new) unless
+    ``force``, which regrades everything (after changing a test, say).
+    """
     subs = find_submissions(root)
     known = assignments(root)
     unknown = [a for a in requested if a not in known]
@@ -177,7 +186,7 @@ def grade(root: Path, requested: list[str], csv_path: str | os.PathLike = "grade
         nbgrader(root, "generate_assignment", aid, "--force")  # records the grade cells
         if not students:
             continue
-        proc = nbgrader(root, "autograde", aid, "--force", check=False)
+        proc = nbgrader(root, "autograde", aid, *(["--force"] if force else []), check=False)
         for student in students:
             outcome = Outcome(student, aid)
             graded = root / "autograded" / student / aid
