@@ -16,6 +16,9 @@ PIP_ARGS ?=
 # Running as root (a container) needs --allow-root for JupyterLab.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
+# Two pytest workers (pytest-xdist); tests/conftest.py keeps each file, and the two class
+# grading files together, on one worker. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 ASSIGNMENTS ?=
 
 export PATH := $(abspath $(BIN)):$(PATH)
@@ -37,7 +40,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(ROOT_FLAG)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 release: $(STAMP)
 	$(BIN)/python -m attention_ref.course release

@@ -24,7 +24,7 @@ c.CourseDirectory.db_url = os.environ.get(
 )
 
 # Grading: a per-cell time limit, so an infinite loop costs one cell, not the class.
-c.Execute.timeout = int(os.environ.get("NBGRADER_CELL_TIMEOUT", "120"))
+c.Execute.timeout = int(os.environ.get("NBGRADER_CELL_TIMEOUT", "300"))
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = False
 # A test cell deleted or edited by a student is restored from the source at autograde.

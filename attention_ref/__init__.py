@@ -7,11 +7,26 @@
 - ``attention_ref.plots``: the figures the notebooks draw.
 """
 
+from .apps.qa import best_span, span_loss
+from .apps.summarization import pool_sentences, select_sentences
+from .apps.translation import beam_search, bleu, exact_match, greedy_search, make_batch
 from .attention import sdpa, sdpa_np, softmax_np
+from .decoder import Decoder, DecoderLayer
+from .efficient import naive_attention, online_softmax, online_softmax_attention
+from .encoder import Encoder, EncoderLayer, FeedForward
+from .kv_cache import KVCache, cached_self_attention
 from .masking import causal_mask, masked_softmax, padding_mask
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .positional import offset_rotation, rope, sinusoidal_encoding
 from .self_attention import SelfAttention, self_attention_cost
+from .training import masked_cross_entropy
+from .transformer import (
+    Transformer,
+    TransformerCore,
+    greedy_decode,
+    shift_right,
+    teacher_forcing_loss,
+)
 
 __version__ = "0.1.0"
 
@@ -30,4 +45,29 @@ __all__ = [
     "sinusoidal_encoding",
     "rope",
     "offset_rotation",
+    "naive_attention",
+    "online_softmax",
+    "online_softmax_attention",
+    "KVCache",
+    "cached_self_attention",
+    "FeedForward",
+    "EncoderLayer",
+    "Encoder",
+    "DecoderLayer",
+    "Decoder",
+    "Transformer",
+    "TransformerCore",
+    "greedy_decode",
+    "shift_right",
+    "teacher_forcing_loss",
+    "best_span",
+    "span_loss",
+    "pool_sentences",
+    "select_sentences",
+    "make_batch",
+    "masked_cross_entropy",
+    "beam_search",
+    "greedy_search",
+    "exact_match",
+    "bleu",
 ]

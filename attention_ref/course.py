@@ -89,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     p_grade = sub.add_parser("grade", help="autograde submitted/ and export grades.csv")
     p_grade.add_argument("assignments", nargs="*")
     p_grade.add_argument("--csv", default="grades.csv", help="where to export the grades")
-    p_grade.add_argument("--force", action="store_true",
-                         help="regrade submissions that were graded before")
+    p_grade.add_argument(
+        "--force", action="store_true", help="regrade submissions that were graded before"
+    )
     args = parser.parse_args(argv)
     root = course_root()
     if args.command == "release":

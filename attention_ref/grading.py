@@ -178,7 +178,7 @@ def grade(
             file=sys.stderr,
         )
         return 1
-    timeout = int(os.environ.get("NBGRADER_CELL_TIMEOUT", "120"))
+    timeout = int(os.environ.get("NBGRADER_CELL_TIMEOUT", "300"))
     outcomes: list[Outcome] = []
     for aid in todo:
         students = subs.get(aid, [])

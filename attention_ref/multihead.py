@@ -35,6 +35,17 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, T, H * d_head)  # (B, T, H*d_head)
 
 
+def _check_sizes(d_model: int, n_heads: int) -> None:
+    for name, n in (("d_model", d_model), ("n_heads", n_heads)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int; got {n!r}")
+    if d_model % n_heads:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets "
+            "d_model // n_heads features, so d_model must be a multiple of n_heads"
+        )
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate ``W_Q, W_K, W_V`` of size ``d_model x d_model``
     and an output projection ``W_O``.
@@ -46,11 +57,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
         super().__init__()
-        if n_heads < 1 or d_model % n_heads:
-            raise ValueError(
-                f"d_model={d_model} must be divisible by n_heads={n_heads} (each head gets "
-                "d_model // n_heads features)"
-            )
+        _check_sizes(d_model, n_heads)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
@@ -103,3 +110,54 @@ class MultiHeadAttention(nn.Module):
                     lin.bias.copy_(b)
                 new.w_o.bias.copy_(mha.out_proj.bias)
         return new
+
+
+def mask_from_key_padding(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """Turn ``nn.MultiheadAttention``'s ``key_padding_mask`` into this course's mask.
+
+    PyTorch's ``key_padding_mask`` is ``(B, n_k)`` with **True = padding, ignore this
+    key**; the course's masks mean the opposite (True = may attend). Returns a bool mask
+    ``(B, 1, 1, n_k)`` that broadcasts over heads and queries.
+    """
+    require_tensor("key_padding_mask", key_padding_mask, floating=False)
+    if key_padding_mask.dtype != torch.bool or key_padding_mask.dim() != 2:
+        raise ValueError(
+            "key_padding_mask must be a bool tensor (batch, n_k), True = padding; got "
+            f"{key_padding_mask.dtype} of shape {tuple(key_padding_mask.shape)}"
+        )
+    return ~key_padding_mask[:, None, None, :]  # (B, 1, 1, n_k), True = may attend
+
+
+class SharedHeadProjectionAttention(nn.Module):
+    """The widely copied NON-standard variant, for comparison only.
+
+    It splits the *input* into ``n_heads`` slices first and applies one
+    ``d_head x d_head`` projection, shared by all heads, to each slice. Head ``h``
+    therefore sees only input features ``h*d_head .. (h+1)*d_head - 1``, and all heads
+    use the same ``W_Q, W_K, W_V``. Same interface as :class:`MultiHeadAttention`:
+    forward returns ``(out (B, n_q, d_model), weights (B, H, n_q, n_k))``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
+        super().__init__()
+        _check_sizes(d_model, n_heads)
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.w_q = nn.Linear(self.d_head, self.d_head, bias=bias)  # shared by every head
+        self.w_k = nn.Linear(self.d_head, self.d_head, bias=bias)
+        self.w_v = nn.Linear(self.d_head, self.d_head, bias=bias)
+        self.w_o = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)  # (B, n_q, n_k) -> (B, 1, n_q, n_k)
+        q = self.w_q(split_heads(query, self.n_heads))  # split first: (B, H, n_q, d_head)
+        k = self.w_k(split_heads(key, self.n_heads))  # (B, H, n_k, d_head)
+        v = self.w_v(split_heads(value, self.n_heads))  # (B, H, n_k, d_head)
+        out, weights = sdpa(q, k, v, mask)  # (B, H, n_q, d_head), (B, H, n_q, n_k)
+        return self.w_o(merge_heads(out)), weights

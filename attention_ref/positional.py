@@ -154,8 +154,9 @@ def rope(
     """
     require_tensor("x", x)
     if x.dim() < 2:
-        raise ValueError(f"x must have at least 2 dimensions (..., T, d); got shape "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"x must have at least 2 dimensions (..., T, d); got shape {tuple(x.shape)}"
+        )
     T, d = x.shape[-2], x.shape[-1]
     if d % 2:
         raise ValueError(

@@ -56,9 +56,7 @@ class SelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         require_tensor("x", x)
         if x.dim() < 2 or x.shape[-1] != self.d_in:
-            raise ValueError(
-                f"x must be (..., T, d_in={self.d_in}); got shape {tuple(x.shape)}"
-            )
+            raise ValueError(f"x must be (..., T, d_in={self.d_in}); got shape {tuple(x.shape)}")
         q = self.w_q(x)  # (..., T, d_k)
         k = self.w_k(x)  # (..., T, d_k)
         v = self.w_v(x)  # (..., T, d_v)

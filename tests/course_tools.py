@@ -36,8 +36,15 @@ def grade_cells(nb) -> list:
 
 def test_cells(nb) -> list:
     """Autograded test cells (grade, not solution)."""
-    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
-            and not c.metadata["nbgrader"].get("solution")]
+    return [
+        c
+        for c in nb.cells
+        if c.metadata.get("nbgrader", {}).get("grade")
+        and not c.metadata["nbgrader"].get("solution")
+    ]
+
+
+test_cells.__test__ = False  # a helper, not a test, wherever it is imported
 
 
 def auto_points(nb) -> float:
@@ -45,14 +52,18 @@ def auto_points(nb) -> float:
 
 
 def answer_cells(nb) -> dict[str, nbformat.NotebookNode]:
-    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
-            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")}
+    return {
+        c.metadata["nbgrader"]["grade_id"]: c
+        for c in nb.cells
+        if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")
+    }
 
 
 def strip_solution_markers(source: str) -> str:
     """The code a student who solved the exercise would have in the cell."""
-    return "\n".join(line for line in source.splitlines()
-                     if not re.match(r"\s*### (BEGIN|END) SOLUTION", line))
+    return "\n".join(
+        line for line in source.splitlines() if not re.match(r"\s*### (BEGIN|END) SOLUTION", line)
+    )
 
 
 def make_course(dest: Path, aids: list[str] | None = None) -> Path:
@@ -71,5 +82,11 @@ def run_course(course: Path, *args: str, timeout: int = 3000, env_extra: dict | 
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.pop("NBGRADER_DB_URL", None)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "attention_ref.course", *args], cwd=course,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "attention_ref.course", *args],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

@@ -4,9 +4,10 @@ alternative is accepted, on the visible and the hidden inputs."""
 from __future__ import annotations
 
 import pytest
-from catalog import ALTERNATIVES, MISTAKES, Entry
 
 from attention_ref.checks import check, exercise_ids
+
+from catalog import ALTERNATIVES, MISTAKES, Entry
 
 HIDDEN = dict(seed=2024, thorough=True)
 

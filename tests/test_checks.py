@@ -9,10 +9,11 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from catalog.nb01 import sdpa_einsum_where
 
 from attention_ref.authoring import HIDDEN_CHECK
 from attention_ref.checks import check, exercise_ids
+
+from catalog.nb01 import sdpa_einsum_where
 
 
 def test_unknown_exercise_id_is_a_value_error_listing_the_known_ids():

@@ -53,7 +53,9 @@ def graded_course(tmp_path_factory):
     for aid in assignment_ids():
         submit(course, "solution", aid, solved_submission(aid))
         submit(course, "blank", aid, nbformat.read(release_path(aid), as_version=4))
-    proc = run_course(course, "grade")
+    # The application notebooks train a model in one cell: allow it far more than the
+    # 120 s default per cell, so a slow machine cannot turn a solution into a zero.
+    proc = run_course(course, "grade", env_extra={"NBGRADER_CELL_TIMEOUT": "900"})
     return course, proc
 
 

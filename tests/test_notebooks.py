@@ -66,8 +66,13 @@ def test_student_notebook_hides_solutions_and_hidden_tests(aid):
 @pytest.mark.parametrize("aid", AIDS)
 def test_student_notebook_fails_every_test_cell_and_errs_only_where_work_is_missing(aid):
     nb = nbformat.read(release_path(aid), as_version=4)
-    client = NotebookClient(nb, timeout=300, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": str(release_path(aid).parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=300,
+        allow_errors=True,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(release_path(aid).parent)}},
+    )
     client.execute()
     tests = {id(c) for c in test_cells(nb)}
     assert tests, f"{aid} has no graded test cells"
@@ -79,14 +84,16 @@ def test_student_notebook_fails_every_test_cell_and_errs_only_where_work_is_miss
         if id(cell) in tests:
             assert errors, f"a test cell passes on the blank student notebook: {where}"
             assert errors[0].ename in (*NOT_DONE, "CheckFailure"), (
-                f"test cell failed with {errors[0].ename}: {errors[0].evalue}\n{where}")
+                f"test cell failed with {errors[0].ename}: {errors[0].evalue}\n{where}"
+            )
             if errors[0].ename == "CheckFailure":
                 assert "not implemented yet" in errors[0].evalue, where
         else:
             for e in errors:
                 assert e.ename in NOT_DONE, (
                     f"a cell fails with {e.ename}: {e.evalue} in the student notebook; only "
-                    f"NotImplementedError is expected there.\n{where}")
+                    f"NotImplementedError is expected there.\n{where}"
+                )
 
 
 @pytest.mark.parametrize("aid", AIDS)
@@ -106,13 +113,17 @@ def test_solution_notebook_follows_the_course_anatomy(aid):
             assert meta["grade_id"].startswith("test_")
             assert "BEGIN HIDDEN TESTS" in c.source, f"{meta['grade_id']} has no hidden tests"
             assert f'check("{meta["grade_id"][5:]}"' in c.source
-    written = [c for c in nb.cells if c.cell_type == "markdown"
-               and c.metadata.get("nbgrader", {}).get("solution")]
+    written = [
+        c
+        for c in nb.cells
+        if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution")
+    ]
     assert written, f"{aid} has no written question"
     assert all("Mark scheme" in c.source for c in written)
     assert auto_points(nb) > 0
     first = nb.cells[0].source
     for words in ("Learning objectives", "Prerequisites", "Estimated time"):
         assert words.lower() in "\n".join(c.source for c in nb.cells[:3]).lower(), (
-            f"{aid} lacks '{words}' at the top")
+            f"{aid} lacks '{words}' at the top"
+        )
     assert first.startswith("# ")

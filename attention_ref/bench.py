@@ -1,0 +1,312 @@
+"""The course's benchmarks: ``python -m attention_ref.bench attention|apps|all``.
+
+- ``attention`` (notebook 11): time and peak extra memory of naive attention, the reference
+  :func:`~attention_ref.efficient.online_softmax_attention` and PyTorch's fused
+  ``scaled_dot_product_attention``, for several sequence lengths, with the ratios to
+  PyTorch; then the speed-up of key-value-cached decoding over recomputation. It prints
+  whether the course's targets are met.
+- ``apps`` (notebooks 08-10): trains each application model as its notebook does and prints
+  one line per application, e.g. ``app=translation metric=exact_match value=0.995
+  train_seconds=48.1``.
+
+Benchmarks are registered in :data:`BENCHMARKS` with :func:`benchmark`; each takes the
+parsed command-line options, prints its lines and returns True when it ran without error
+(a missed performance target is reported, not an error; ``--strict`` makes it one).
+
+Memory: on CUDA, ``torch.cuda.max_memory_allocated`` above what was allocated before the
+call; on the CPU, :class:`~attention_ref.efficient.PeakMemory`, which counts the tensors
+PyTorch operations create (a fused kernel's internal scratch buffers are not tensors and are
+not counted).
+
+Timing: the best of ``--repeats`` runs. On the CPU the benchmark uses ``--threads`` threads
+(default 1): on a shared or busy machine multi-threaded timings of many medium-sized
+operations swing wildly, and one thread compares the implementations fairly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+GiB = 2**30
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], bool]
+
+
+BENCHMARKS: dict[str, Benchmark] = {}
+
+
+def benchmark(name: str, help: str) -> Callable:
+    """Register ``fn(options) -> ok`` as the benchmark ``name``."""
+
+    def register(fn: Callable[[argparse.Namespace], bool]) -> Callable:
+        if name in BENCHMARKS or name == "all":
+            raise RuntimeError(f"benchmark {name!r} is registered twice (or is reserved)")
+        BENCHMARKS[name] = Benchmark(name, help, fn)
+        return fn
+
+    return register
+
+
+# ----------------------------------------------------------------------------- measuring
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_time(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn`` (after one warm-up call when
+    ``repeats > 1``)."""
+    if repeats > 1:
+        fn()
+    best = math.inf
+    for _ in range(max(repeats, 1)):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated by ``fn`` beyond what was allocated before it ran."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    from .efficient import PeakMemory
+
+    with PeakMemory() as pm:
+        fn()
+    return pm.peak
+
+
+def naive_bytes(batch: int, heads: int, n: int, itemsize: int) -> int:
+    """Memory naive attention needs for its two ``n x n`` matrices per head (the scores and
+    the softmax weights)."""
+    return 2 * batch * heads * n * n * itemsize
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+# ----------------------------------------------------------------------------- attention
+def _attention_line(n: int, opts: argparse.Namespace, device: torch.device) -> dict:
+    """Measure one sequence length; print its line; return the figures."""
+    from .efficient import naive_attention, online_softmax_attention
+
+    dtype = getattr(torch, opts.dtype)
+    gen = torch.Generator(device="cpu").manual_seed(n)
+    shape = (opts.batch, opts.heads, n, opts.d_head)
+    q, k, v = (torch.randn(shape, generator=gen, dtype=dtype).to(device) for _ in range(3))
+    repeats = opts.repeats if n <= 4096 else 1
+    fns = {
+        "torch": lambda: F.scaled_dot_product_attention(q, k, v),
+        "online": lambda: online_softmax_attention(
+            q, k, v, opts.block_size, q_block_size=opts.q_block_size
+        ),
+        "naive": lambda: naive_attention(q, k, v),
+    }
+    need = naive_bytes(opts.batch, opts.heads, n, q.element_size())
+    limit = opts.naive_limit_gib * GiB
+    res: dict = {"n": n}
+    with torch.no_grad():
+        for name, fn in fns.items():
+            if name == "naive" and need > limit:
+                res[name] = None
+                continue
+            res[f"{name}_s"] = best_time(fn, device, repeats)
+            res[f"{name}_bytes"] = peak_extra_bytes(fn, device)
+    parts = [f"n={n}"]
+    for name in ("naive", "online", "torch"):
+        if f"{name}_s" in res:
+            parts.append(f"{name}_ms={1000 * res[f'{name}_s']:.1f}")
+            parts.append(f"{name}_mib={res[f'{name}_bytes'] / MiB:.1f}")
+        else:
+            parts.append(
+                f"{name}=skipped(needs {_fmt_bytes(need)} for scores+weights "
+                f"> limit {opts.naive_limit_gib:g} GiB)"
+            )
+    for name in ("naive", "online"):
+        if f"{name}_s" in res:
+            parts.append(f"{name}/torch_time={res[f'{name}_s'] / res['torch_s']:.2f}x")
+    if "naive_s" in res:
+        ratio = res["online_bytes"] / max(res["naive_bytes"], 1)
+        parts.append(f"online/naive_mem={ratio:.3f}x")
+    print(" ".join(parts), flush=True)
+    return res
+
+
+def _kv_cache_line(opts: argparse.Namespace, device: torch.device) -> float:
+    """Greedy decoding of ``opts.kv_tokens`` tokens with and without the cache."""
+    from .kv_cache import CachedDecoder, greedy_decode
+
+    torch.manual_seed(0)
+    n = opts.kv_tokens
+    model = CachedDecoder(
+        vocab_size=512,
+        d_model=opts.kv_d_model,
+        n_heads=8,
+        d_ff=4 * opts.kv_d_model,
+        n_layers=2,
+        max_len=n + 1,
+    )
+    model = model.to(device).eval()
+    memory = torch.randn(1, 32, opts.kv_d_model, device=device)
+    times, outs = {}, {}
+    for use_cache in (False, True):
+        result = []
+        times[use_cache] = best_time(
+            lambda use_cache=use_cache: result.append(
+                greedy_decode(model, memory, n, use_cache=use_cache)
+            ),
+            device,
+            repeats=1,
+        )
+        outs[use_cache] = result[-1]
+    same = bool(torch.equal(outs[False], outs[True]))
+    speedup = times[False] / times[True]
+    print(
+        f"kv_cache tokens={n} recompute_s={times[False]:.2f} cached_s={times[True]:.2f} "
+        f"speedup={speedup:.1f}x same_tokens={same}",
+        flush=True,
+    )
+    if not same:
+        raise RuntimeError("cached decoding gave different tokens from recomputation")
+    return speedup
+
+
+def _target(name: str, ok: bool, detail: str) -> bool:
+    print(f"target {name}: {'met' if ok else 'MISSED'} ({detail})", flush=True)
+    return ok
+
+
+@benchmark("attention", "naive vs online vs PyTorch attention; KV-cache speed-up")
+def bench_attention(opts: argparse.Namespace) -> bool:
+    device = torch.device(opts.device)
+    if device.type == "cpu" and opts.threads:
+        torch.set_num_threads(opts.threads)
+    threads = torch.get_num_threads() if device.type == "cpu" else "-"
+    print(
+        f"attention device={device} threads={threads} batch={opts.batch} heads={opts.heads} "
+        f"d_head={opts.d_head} dtype={opts.dtype} block_size={opts.block_size} "
+        f"q_block_size={opts.q_block_size} torch={torch.__version__}",
+        flush=True,
+    )
+    rows = {n: _attention_line(n, opts, device) for n in opts.lengths}
+    speedup = _kv_cache_line(opts, device) if opts.kv_tokens > 0 else None
+    met = []
+    if 4096 in rows:
+        r = rows[4096]
+        ratio = r["online_s"] / r["torch_s"]
+        met.append(_target("online_time_4096<=2x_torch", ratio <= 2.0, f"{ratio:.2f}x"))
+        if "naive_bytes" in r:
+            mem = r["online_bytes"] / max(r["naive_bytes"], 1)
+            met.append(_target("online_mem_4096<=0.1x_naive", mem <= 0.1, f"{mem:.3f}x"))
+    if 16384 in rows:
+        met.append(_target("online_16384_completes", "online_s" in rows[16384], "ran"))
+    if speedup is not None and opts.kv_tokens >= 256:
+        met.append(_target("kv_cache_speedup>=5x", speedup >= 5.0, f"{speedup:.1f}x"))
+    return all(met) or not opts.strict
+
+
+# ----------------------------------------------------------------------------- apps
+APPS = (
+    ("translation", "attention_ref.apps.translation", "train_translation"),
+    ("qa", "attention_ref.apps.qa", "train_qa"),
+    ("summarization", "attention_ref.apps.summarization", "train_summarization"),
+)
+
+
+@benchmark("apps", "train the application models of notebooks 08-10")
+def bench_apps(opts: argparse.Namespace) -> bool:
+    ok = True
+    for app, module_name, fn_name in APPS:
+        try:
+            module = importlib.import_module(module_name)
+            train = getattr(module, fn_name, None)
+            if train is None:
+                raise LookupError(f"{module_name} has no {fn_name}()")
+            result = train()
+            line = (
+                f"app={app} metric={result.metric} value={float(result.value):.3f} "
+                f"train_seconds={float(result.train_seconds):.1f}"
+            )
+        except Exception as err:  # report and go on with the next application
+            ok = False
+            line = f"app={app} FAILED: {type(err).__name__}: {err}"
+        print(line, flush=True)
+    return ok
+
+
+# ----------------------------------------------------------------------------- command line
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m attention_ref.bench",
+        description="Benchmarks of the Attention from Scratch course.",
+    )
+    p.add_argument("which", choices=[*BENCHMARKS, "all"], help="which benchmark to run")
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    p.add_argument("--device", default=default_device)
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (0: PyTorch's default)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--d-head", type=int, default=64)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--block-size", type=int, default=512, help="keys per block (online)")
+    p.add_argument("--q-block-size", type=int, default=256, help="queries per block (online)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--naive-limit-gib",
+        type=float,
+        default=4.0,
+        help="skip naive attention when its score and weight matrices need more",
+    )
+    p.add_argument("--kv-tokens", type=int, default=256, help="tokens generated (0: skip)")
+    p.add_argument("--kv-d-model", type=int, default=256)
+    p.add_argument("--strict", action="store_true", help="a missed target is an error")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmarks named on the command line; 0 if all ran (and, with --strict,
+    met their targets)."""
+    opts = _parser().parse_args(argv)
+    names = list(BENCHMARKS) if opts.which == "all" else [opts.which]
+    failed = []
+    for name in names:
+        try:
+            ok = BENCHMARKS[name].run(opts)
+        except Exception as err:
+            print(f"benchmark {name} FAILED: {type(err).__name__}: {err}", flush=True)
+            ok = False
+        if not ok:
+            failed.append(name)
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

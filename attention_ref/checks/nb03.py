@@ -1,0 +1,482 @@
+"""Checks for notebook 03: the module exercise ``self_attention``.
+
+The candidate is the learner's class ``SelfAttention(d_in, d_k, d_v)``. The check builds
+it, copies the reference's weights into it by parameter name (``w_q``, ``w_k``, ``w_v``:
+``nn.Linear`` without bias; a raw ``nn.Parameter`` of shape ``(d_in, d_out)`` used as
+``x @ w_q`` is accepted too), and compares its forward with the reference computed in
+float64 from the same weights and inputs. It also checks that self-attention without a
+mask is permutation-equivariant and, in the graded run, that a causal mask stops the
+future from leaking into the past.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import multihead as ref_mha
+from .. import self_attention as ref
+from . import _models as M
+from ._core import ERROR_PATTERNS, Context, Mistake, exercise
+from .nb01 import BUILTIN_ATTENTION, TOL, AttnCase, attention_mistakes, inverted_mask_mistake
+
+# A learner's shape error on a line that multiplies by an nn.Linear's raw weight.
+_LINEAR_WEIGHT_PATTERN = (
+    r"@\s*[\w.]*\.weight\b(?!\s*\.(T|mT|t\(\)))",
+    r"cannot be multiplied|mismatch|shape|size",
+    "x @ self.w_q.weight multiplies by the transposed matrix: nn.Linear stores its weight "
+    "as (out_features, in_features).",
+    "call the layer, self.w_q(x), or write x @ self.w_q.weight.T.",
+)
+if _LINEAR_WEIGHT_PATTERN not in ERROR_PATTERNS:
+    ERROR_PATTERNS.append(_LINEAR_WEIGHT_PATTERN)
+
+
+def _forbidden():
+    return [
+        (ref.SelfAttention.forward, "the reference attention_ref.SelfAttention"),
+        (ref_mha.MultiHeadAttention.forward, "the reference attention_ref.MultiHeadAttention"),
+        *BUILTIN_ATTENTION,
+    ]
+
+
+def _np(x) -> np.ndarray:
+    return x.detach().cpu().double().numpy()
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ----------------------------------------------------------------------------- weights
+def build_module(ctx: Context, cls, args: tuple, kwargs: dict, case: str) -> nn.Module:
+    """Instantiate the learner's class (guarded) and make sure it is an nn.Module."""
+    mod = ctx.call(cls, *args, case=case, **kwargs)
+    if not isinstance(mod, nn.Module):
+        ctx.fail(
+            f"{cls.__name__}(...) did not build an nn.Module; got {type(mod).__name__}.",
+            case=case,
+            hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
+        )
+    return mod
+
+
+def load_linear_weights(
+    ctx: Context,
+    mod: nn.Module,
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor | None, str]],
+    case: str,
+    *,
+    raw_ok: bool,
+    likely: dict[str, str] | None = None,
+) -> None:
+    """Copy weights into the learner's module by parameter name.
+
+    ``layers`` maps an attribute name (``"w_q"``) to ``(weight (out, in), bias or None,
+    spec)`` where ``spec`` is how the learner must declare it (``"nn.Linear(d_in=6,
+    d_k=4, bias=False)"``). With ``raw_ok`` a bias-free layer may instead be a raw
+    ``nn.Parameter`` of shape ``(in, out)`` used as ``x @ w``. ``likely`` maps a
+    situation (``"missing w_o"``, ``"extra w_o"``, ``"shape w_q"``) to the likely mistake.
+    """
+    likely = likely or {}
+    params = dict(mod.named_parameters())
+    used: set[str] = set()
+    for name, (weight, bias, spec) in layers.items():
+        out_f, in_f = weight.shape
+        if f"{name}.weight" in params:
+            p = params[f"{name}.weight"]
+            if tuple(p.shape) != (out_f, in_f):
+                why = likely.get(f"shape {name}", "")
+                if tuple(p.shape) == (in_f, out_f) and in_f != out_f:
+                    why = (
+                        "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, "
+                        "out) maps `in` features to `out` features."
+                    )
+                ctx.fail(
+                    f"{name}.weight has shape {tuple(p.shape)}, expected ({out_f}, {in_f}): "
+                    f"declare self.{name} = {spec}.",
+                    case=case,
+                    likely=why,
+                )
+            _copy(p, weight)
+            used.add(f"{name}.weight")
+            has_bias = f"{name}.bias" in params
+            if bias is None and has_bias:
+                ctx.fail(
+                    f"{name} has a bias, but this exercise asks for none: declare "
+                    f"self.{name} = {spec}.",
+                    case=case,
+                    likely="nn.Linear adds a bias by default; pass bias=False.",
+                )
+            if bias is not None and not has_bias:
+                ctx.fail(
+                    f"{name} has no bias, but this module was built with bias=True: "
+                    f"declare self.{name} = {spec}.",
+                    case=case,
+                    likely="the bias argument is ignored: pass bias=bias to every nn.Linear.",
+                )
+            if bias is not None:
+                _copy(params[f"{name}.bias"], bias)
+                used.add(f"{name}.bias")
+        elif raw_ok and bias is None and name in params:
+            p = params[name]
+            if tuple(p.shape) != (in_f, out_f):
+                ctx.fail(
+                    f"the parameter {name} has shape {tuple(p.shape)}; a raw weight matrix "
+                    f"must have shape ({in_f}, {out_f}) and be used as x @ {name}.",
+                    case=case,
+                    hint=f"or declare self.{name} = {spec}.",
+                )
+            _copy(p, weight.T)
+            used.add(name)
+        else:
+            missing = ", ".join(layers)
+            has = ", ".join(params) or "none"
+            ctx.fail(
+                f"your module has no parameter named {name} (its parameters: {has}): the "
+                f"check copies known weights into {missing} by name, so declare "
+                f"self.{name} = {spec}.",
+                case=case,
+                likely=likely.get(f"missing {name}", ""),
+            )
+    extra = sorted(set(params) - used)
+    if extra:
+        why = [
+            likely[f"extra {n.split('.')[0]}"]
+            for n in extra
+            if f"extra {n.split('.')[0]}" in likely
+        ]
+        ctx.fail(
+            f"your module has parameters the exercise does not ask for: {', '.join(extra)}.",
+            case=case,
+            likely=why[0] if why else "",
+            hint=f"this module has exactly the parameters of {', '.join(layers)} as specified; "
+            "anything else is left at a random value and changes the output.",
+        )
+
+
+def _copy(p: torch.Tensor, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        p.copy_(value.to(dtype=p.dtype, device=p.device))
+
+
+# ----------------------------------------------------------------------------- cases
+@dataclass
+class SACase:
+    label: str
+    d_in: int
+    d_k: int
+    d_v: int
+    x: np.ndarray
+    mask: np.ndarray | None = None
+
+
+def _cases(ctx: Context) -> list[SACase]:
+    rng = ctx.rng(31)
+
+    def r(*shape, scale=1.0):
+        return scale * rng.normal(size=shape)
+
+    causal = np.tril(np.ones((5, 5), dtype=bool))
+    pad = np.ones((2, 1, 5), dtype=bool)
+    pad[1, :, 3:] = False
+    dead = rng.random((4, 4)) < 0.6
+    dead[:, 0] = True
+    dead[2, :] = False
+    cases = [
+        SACase("one token, a batch of one", 4, 3, 2, r(1, 1, 4)),
+        SACase("a batch of 2, T=5, d_in=6, d_k=4, d_v=3", 6, 4, 3, r(2, 5, 6)),
+        SACase("no batch dimension: x (T=4, d_in=5)", 5, 3, 4, r(4, 5)),
+        SACase("two batch dims (2, 3), T=4", 6, 4, 5, r(2, 3, 4, 6)),
+        SACase("d_in = d_k = d_v = 8", 8, 8, 8, r(2, 4, 8)),
+        SACase("a causal mask (5, 5)", 6, 4, 3, r(2, 5, 6), causal),
+        SACase("a padding mask (2, 1, 5): sequence 1 has 3 real tokens", 4, 4, 6, r(2, 5, 4), pad),
+        SACase("a mask (4, 4) with a fully masked row (query 2)", 5, 3, 2, r(1, 4, 5), dead),
+        SACase("large inputs (scores in the hundreds)", 6, 4, 3, r(2, 5, 6, scale=5.0)),
+    ]
+    if ctx.thorough:
+        m = rng.random((3, 7, 7)) < 0.5
+        m[:, :, 0] = True
+        cases += [
+            SACase("a batch of 3, T=7, d_in=16, d_k=8, d_v=12", 16, 8, 12, r(3, 7, 16)),
+            SACase("a random mask (3, 7, 7)", 5, 6, 4, r(3, 7, 5), m),
+            SACase("d_k = 1", 3, 1, 2, r(2, 6, 3)),
+            SACase("two tokens, d_in=2", 2, 3, 3, r(4, 2, 2)),
+        ]
+    return cases
+
+
+def _weights(ctx: Context, salt: int, d_in: int, d_k: int, d_v: int) -> dict[str, np.ndarray]:
+    """Reference projections in the ``x @ W`` layout, ``W (d_in, d_out)``, float64."""
+    rng = ctx.rng(salt)
+    return {
+        "w_q": rng.normal(size=(d_in, d_k)) / math.sqrt(d_in),
+        "w_k": rng.normal(size=(d_in, d_k)) / math.sqrt(d_in),
+        "w_v": rng.normal(size=(d_in, d_v)) / math.sqrt(d_in),
+    }
+
+
+def _sa_mistakes(c: SACase, x, W, which: int) -> list[Mistake]:
+    """Mistakes of self-attention: those of attention on the projected Q, K, V (nb01),
+    plus the ones about the projections themselves."""
+    Wq, Wk, Wv = W["w_q"], W["w_k"], W["w_v"]
+    Q, K, V = x @ Wq, x @ Wk, x @ Wv
+    mask = c.mask
+    T = x.shape[-2]
+
+    def m(name, hint, fn):
+        return Mistake(name, hint, model=lambda: fn()[which])
+
+    out = [
+        m(
+            "queries and keys are swapped: the scores are K Q^T instead of Q K^T, so the score "
+            "matrix is transposed (row i should be query i).",
+            "scores = q @ k.transpose(-2, -1) with q = self.w_q(x) and k = self.w_k(x).",
+            lambda: M.attention(K, Q, V, mask),
+        ),
+        m(
+            "the keys are computed with w_q (copy-paste): k must be self.w_k(x).",
+            "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+            lambda: M.attention(Q, Q, V, mask),
+        ),
+        m(
+            "the queries are computed with w_k (copy-paste): q must be self.w_q(x).",
+            "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+            lambda: M.attention(K, K, V, mask),
+        ),
+    ]
+    if c.d_in != c.d_k:
+        out.append(
+            m(
+                "the scores are scaled by sqrt(d_in), the input width, instead of sqrt(d_k).",
+                "d_k is the size of each query and key vector: q.shape[-1] (or self.d_k).",
+                lambda: M.attention(Q, K, V, mask, scale=math.sqrt(c.d_in)),
+            )
+        )
+    if c.d_in == c.d_k == c.d_v:
+        out += [
+            m(
+                "x @ self.w_q.weight multiplies by the transposed matrix: nn.Linear stores its "
+                "weight as (out_features, in_features).",
+                "call the layer, self.w_q(x), or write x @ self.w_q.weight.T.",
+                lambda: M.attention(x @ Wq.T, x @ Wk.T, x @ Wv.T, mask),
+            ),
+            m(
+                "the weights multiply x instead of the values V = w_v(x).",
+                "out = weights @ v with v = self.w_v(x).",
+                lambda: M.attention(Q, K, x, mask),
+            ),
+        ]
+    if c.d_k == c.d_v:
+        out.append(
+            m(
+                "the values are computed with w_k (copy-paste): v must be self.w_v(x).",
+                "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+                lambda: M.attention(Q, K, K, mask),
+            )
+        )
+    if mask is None and T > 1:
+        out.append(
+            m(
+                "a causal mask is applied although no mask was given: self-attention lets "
+                "every token see every other token unless a mask says otherwise.",
+                "apply a mask only when mask is not None.",
+                lambda: M.attention(Q, K, V, np.tril(np.ones((T, T), dtype=bool))),
+            )
+        )
+    out += attention_mistakes(AttnCase(c.label, Q, K, V, mask), which)
+    return out
+
+
+# ----------------------------------------------------------------------------- the check
+@exercise(
+    "self_attention",
+    kind="module",
+    forbidden=_forbidden,
+    summary="self-attention with learned W_Q, W_K, W_V",
+)
+def check_self_attention(cls, ctx: Context) -> None:
+    for i, c in enumerate(_cases(ctx)):
+        W = _weights(ctx, 100 + i, c.d_in, c.d_k, c.d_v)
+        for dtype in (torch.float64, torch.float32):
+            _check_case(cls, ctx, c, W, dtype)
+    _check_permutation_equivariance(cls, ctx)
+    if ctx.thorough:
+        _check_causal_leak(cls, ctx)
+
+
+def _spec(d_in: int, d_out: int, out_name: str) -> str:
+    return f"nn.Linear(d_in, {out_name}, bias=False), here nn.Linear({d_in}, {d_out}, bias=False)"
+
+
+def _prepare(cls, ctx: Context, d_in, d_k, d_v, W, dtype, case) -> nn.Module:
+    mod = build_module(ctx, cls, (d_in, d_k, d_v), {}, case)
+    mod.to(dtype)
+    layers = {
+        "w_q": (torch.from_numpy(W["w_q"].T).to(dtype), None, _spec(d_in, d_k, "d_k")),
+        "w_k": (torch.from_numpy(W["w_k"].T).to(dtype), None, _spec(d_in, d_k, "d_k")),
+        "w_v": (torch.from_numpy(W["w_v"].T).to(dtype), None, _spec(d_in, d_v, "d_v")),
+    }
+    load_linear_weights(
+        ctx,
+        mod,
+        layers,
+        case,
+        raw_ok=True,
+        likely={
+            "extra w_o": "this exercise has no output projection (W_O comes in notebook 04): "
+            "out is weights @ v."
+        },
+    )
+    return mod
+
+
+def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
+    x = torch.from_numpy(c.x).to(dtype)
+    mask = None if c.mask is None else torch.from_numpy(c.mask)
+    case = (
+        f"{c.label}: SelfAttention(d_in={c.d_in}, d_k={c.d_k}, d_v={c.d_v}), "
+        f"x {tuple(x.shape)} {_dt(dtype)}" + ("" if mask is None else f", mask {tuple(mask.shape)}")
+    )
+    mod = _prepare(cls, ctx, c.d_in, c.d_k, c.d_v, W, dtype, case)
+    # The reference, in float64, from exactly the weights and inputs the candidate has.
+    W64 = {k: torch.from_numpy(v.T).to(dtype).double().numpy().T for k, v in W.items()}
+    x64 = _np(x)
+    Q, K, V = x64 @ W64["w_q"], x64 @ W64["w_k"], x64 @ W64["w_v"]
+    out64, w64 = M.attention(Q, K, V, c.mask)
+
+    args = (x,) if mask is None else (x, mask)
+    got = ctx.expect_tuple(ctx.call(mod, *args, case=case), ("out", "weights"), case=case)
+    out, weights = got
+    if (
+        isinstance(out, torch.Tensor)
+        and isinstance(weights, torch.Tensor)
+        and tuple(out.shape) == w64.shape
+        and tuple(weights.shape) == out64.shape
+        and w64.shape != out64.shape
+    ):
+        ctx.fail(
+            "the outputs come back in the wrong order.",
+            case=case,
+            likely="returned (weights, out) instead of (out, weights).",
+            hint="end with `return out, weights`.",
+        )
+    if (
+        isinstance(out, torch.Tensor)
+        and tuple(out.shape) != out64.shape
+        and out.dim() >= 1
+        and out.shape[-1] != c.d_v
+    ):
+        # A feature count of d_in or d_k names where the "values" came from.
+        causes = {
+            "d_in": "the weights multiply x instead of the values V = w_v(x)",
+            "d_k": "the values are computed with w_k or w_q (copy-paste): v must be "
+            "self.w_v(x), which has d_v outputs",
+        }
+        found = [n for n, size in (("d_in", c.d_in), ("d_k", c.d_k)) if out.shape[-1] == size]
+        if found:
+            ctx.fail(
+                f"out has shape {tuple(out.shape)}, expected {out64.shape}: it has "
+                f"{' = '.join(found)} features instead of d_v={c.d_v}.",
+                case=case,
+                likely="; or ".join(causes[n] for n in found) + ".",
+                hint="out = weights @ v with v = self.w_v(x).",
+            )
+    like_w = x.new_zeros(w64.shape)
+    like_out = x.new_zeros(out64.shape)
+    ctx.expect_array(weights, like_w, what="weights", case=case)
+    ctx.expect_array(out, like_out, what="out", case=case)
+    tol = TOL[dtype]
+    if c.mask is not None:
+        w = _np(weights)
+        masked = ~np.broadcast_to(c.mask, w.shape)
+        if np.any(w[masked] != 0):
+            idx = tuple(int(i) for i in np.argwhere(masked & (w != 0))[0])
+            mistakes = [inverted_mask_mistake(c.mask), *_sa_mistakes(c, x64, W64, 1)]
+            likely, hint = ctx.diagnose(weights, w64, mistakes, (), {})
+            ctx.fail(
+                f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
+                "(masked weights must be exactly 0).",
+                case=case,
+                likely=likely or "the mask is not applied before the softmax.",
+                hint=hint or "fill masked scores with -inf before the softmax.",
+            )
+    ctx.expect_close(
+        weights, w64, what="weights", case=case, mistakes=_sa_mistakes(c, x64, W64, 1), **tol
+    )
+    ctx.expect_close(
+        out,
+        out64,
+        what="out",
+        case=case,
+        mistakes=_sa_mistakes(c, x64, W64, 0),
+        hint="the weights are right: out = weights @ v with v = self.w_v(x).",
+        **tol,
+    )
+
+
+def _check_permutation_equivariance(cls, ctx: Context) -> None:
+    """Without a mask, permuting the tokens permutes the outputs the same way."""
+    rng = ctx.rng(32)
+    d_in, d_k, d_v, T = 6, 4, 5, 7
+    W = _weights(ctx, 33, d_in, d_k, d_v)
+    perm = rng.permutation(T)
+    while np.all(perm == np.arange(T)):  # pragma: no cover - astronomically unlikely
+        perm = rng.permutation(T)
+    for dtype in (torch.float64, torch.float32):
+        x = torch.from_numpy(rng.normal(size=(2, T, d_in))).to(dtype)
+        case = (
+            f"permutation equivariance: x {tuple(x.shape)} {_dt(dtype)} and the same tokens "
+            f"in the order {perm.tolist()}"
+        )
+        mod = _prepare(cls, ctx, d_in, d_k, d_v, W, dtype, case)
+        out, w = ctx.expect_tuple(ctx.call(mod, x, case=case), ("out", "weights"), case=case)
+        out_p, w_p = ctx.expect_tuple(
+            ctx.call(mod, x[:, perm], case=case), ("out", "weights"), case=case
+        )
+        tol = TOL[dtype]
+        p = torch.from_numpy(perm)
+        for what, got, want in (
+            ("out of the permuted input", out_p, out[:, p]),
+            ("weights of the permuted input", w_p, w[:, p][:, :, p]),
+        ):
+            g, e = _np(got), _np(want)
+            if g.shape != e.shape or not np.allclose(g, e, **tol):
+                ctx.fail(
+                    f"self-attention without a mask must be permutation-equivariant, but the "
+                    f"{what} is not the original one permuted the same way "
+                    "(out[perm] for the outputs, weights[perm][:, perm] for the weights).",
+                    case=case,
+                    likely="the output depends on the tokens' positions: a mask applied by "
+                    "default, a positional term, or mixing up the token and batch axes.",
+                    hint="with mask=None every token may attend to every token; nothing in "
+                    "self-attention knows the order of the tokens.",
+                )
+
+
+def _check_causal_leak(cls, ctx: Context) -> None:
+    """With a causal mask, changing the last token must not change earlier outputs."""
+    d_in, d_k, d_v, T = 5, 4, 3, 6
+    W = _weights(ctx, 34, d_in, d_k, d_v)
+    rng = ctx.rng(35)
+    x = torch.from_numpy(rng.normal(size=(1, T, d_in)))
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    case = f"causal mask ({T}, {T}); the last token of x {tuple(x.shape)} changed"
+    mod = _prepare(cls, ctx, d_in, d_k, d_v, W, torch.float64, case)
+    out1, _ = ctx.expect_tuple(ctx.call(mod, x, mask, case=case), ("out", "weights"), case=case)
+    x2 = x.clone()
+    x2[:, -1] += 3.0
+    out2, _ = ctx.expect_tuple(ctx.call(mod, x2, mask, case=case), ("out", "weights"), case=case)
+    changed = (out1[0, :-1] - out2[0, :-1]).abs().amax(-1) > 1e-9
+    if changed.any():
+        i = int(changed.nonzero()[0])
+        ctx.fail(
+            f"future attention not masked: changing token {T - 1} changed the output of the "
+            f"earlier token {i}.",
+            case=case,
+            likely="the mask is not applied, or applied with the wrong convention.",
+        )

@@ -1,0 +1,451 @@
+"""Checks for notebook 05: ``sinusoidal_encoding`` and ``rope``.
+
+Tolerances. The reference is computed in float64. A correct float32 implementation makes
+an error in the angle ``p * w_i`` that grows with the position ``p`` (a relative error of a
+few 1e-7 in ``p * w_i``), so the absolute tolerance grows with the largest position. For
+``rope`` the sin/cos tables may be built in float32 whatever the dtype of ``x`` (the usual
+``torch.arange(0, d, 2).float()``), so float64 inputs get the same tolerance; the output's
+dtype must still be the input's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .. import positional as ref
+from ._core import Context, Mistake, _as_np, exercise
+
+
+def _forbid_sinusoidal():
+    return [
+        (ref.sinusoidal_encoding, "the reference attention_ref.sinusoidal_encoding"),
+        (ref.frequencies, "the reference attention_ref.positional.frequencies"),
+    ]
+
+
+def _forbid_rope():
+    return [(ref.rope, "the reference attention_ref.rope")]
+
+
+def _angle_tol(max_position: float, scale: float = 1.0) -> dict:
+    """Tolerance for values that are sin/cos of ``position * w`` computed in float32,
+    times numbers of size ``scale``."""
+    return dict(rtol=1e-4, atol=(2e-5 + 4e-7 * float(max_position)) * max(1.0, scale))
+
+
+def _raised(fn: Callable, *args):
+    """Call ``fn(*args)``; return the exception it raised (None if it returned). Runs under
+    ctx.call, so NotImplementedError and forbidden calls are still reported as such."""
+    try:
+        fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any exception is the learner's answer here
+        return err
+    return None
+
+
+# ----------------------------------------------------------------------------- sinusoidal
+def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) -> np.ndarray:
+    """The sinusoidal table as correct or mistaken code computes it, in float64."""
+    p = (
+        np.arange(1, n + 1, dtype=np.float64)
+        if variant == "from_one"
+        else np.arange(n, dtype=np.float64)
+    )
+    two_i = np.arange(0, d, 2, dtype=np.float64)  # (d/2,)
+    if variant == "half_exponent":
+        w = base ** (-(two_i / 2) / d)
+    elif variant == "multiplied":
+        w = base ** (two_i / d)
+    elif variant == "int_division":
+        w = np.ones_like(two_i)
+    else:
+        w = base ** (-two_i / d)
+    ang = p[:, None] * w[None, :]  # (n, d/2)
+    s, c = np.sin(ang), np.cos(ang)
+    if variant == "swapped":
+        s, c = c, s
+    if variant == "concat":
+        return np.concatenate([s, c], axis=1)
+    out = np.empty((n, d))
+    out[:, 0::2], out[:, 1::2] = s, c
+    if variant == "column_exponent":  # column j uses base^(-j/d): odd columns use (2i+1)/d
+        odd = np.arange(1, d, 2, dtype=np.float64)
+        out[:, 1::2] = np.cos(p[:, None] * base ** (-odd / d)[None, :])
+    return out
+
+
+PE_MISTAKES = [
+    (
+        "swapped",
+        "sin and cos are swapped: the even columns hold cosines and the odd columns sines.",
+        "PE[p, 2i] = sin(...) and PE[p, 2i+1] = cos(...); row 0 must be (0, 1, 0, 1, ...).",
+    ),
+    (
+        "half_exponent",
+        "the frequency exponent is i/d instead of 2i/d (i counts the pairs, so "
+        "the exponent must use 2i, the even column index).",
+        "with i = 0 .. d/2 - 1 the "
+        "exponent is 2*i/d; or loop over the even columns 0, 2, 4, ... and use column/d.",
+    ),
+    (
+        "column_exponent",
+        "the exponent uses each column's own index j (j/d), so the cos of a "
+        "pair gets a different frequency from its sin; both columns 2i and 2i+1 must use 2i/d.",
+        "compute one frequency per pair, from the even column index 2i, and use it for both "
+        "the sin and the cos.",
+    ),
+    (
+        "from_one",
+        "positions are counted from 1: the first row must be position 0 (sin 0 = 0, cos 0 = 1).",
+        "use torch.arange(n_positions) for the positions.",
+    ),
+    (
+        "concat",
+        "the sines and cosines are concatenated as two halves [sin | cos] instead of "
+        "interleaved (sin in the even columns, cos in the odd ones).",
+        "write pe[:, 0::2] = sin and pe[:, 1::2] = cos, or torch.stack([sin, cos], -1) and "
+        "then flatten the last two dimensions.",
+    ),
+    (
+        "multiplied",
+        "the position is multiplied by 10000^(2i/d) instead of divided by it, so "
+        "the frequencies grow instead of shrinking.",
+        "the angle is p / 10000^(2i/d) = p * 10000^(-2i/d).",
+    ),
+    (
+        "int_division",
+        "integer division: the exponent 2i/d was computed with // (or on "
+        "integers), so it is 0 and every frequency is 1.",
+        "use true division on floats, e.g. torch.arange(0, d_model, 2) / d_model.",
+    ),
+]
+
+
+def _matches_where_resolvable(model: np.ndarray, angles: np.ndarray, limit: float = 200.0):
+    """A predicate for mistakes whose angles grow huge (and so, in float32, chaotic): the
+    learner's table must match ``model`` wherever the mistaken angle is below ``limit``
+    (float32 still resolves it to ~1e-5), on entries that differ from the correct table."""
+
+    def applies(got: np.ndarray, expected: np.ndarray) -> bool:
+        ok = np.broadcast_to(np.abs(angles) <= limit, got.shape)
+        informative = ok & ~np.isclose(model, expected, atol=1e-3)
+        return bool(informative.any()) and bool(
+            np.allclose(got[ok], model[ok], rtol=1e-3, atol=1e-4)
+        )
+
+    return applies
+
+
+def _pe_mistakes(n: int, d: int) -> list[Mistake]:
+    out = []
+    for v, name, hint in PE_MISTAKES:
+        if v == "multiplied":
+            w = 10000.0 ** (np.arange(0, d, 2) / d)
+            ang = np.repeat(np.arange(n)[:, None] * w[None, :], 2, axis=1)  # (n, d)
+            out.append(
+                Mistake(name, hint, applies=_matches_where_resolvable(pe_model(n, d, v), ang))
+            )
+        else:
+            out.append(Mistake(name, hint, model=lambda v=v: pe_model(n, d, v)))
+    return out
+
+
+@exercise(
+    "sinusoidal_encoding",
+    forbidden=_forbid_sinusoidal,
+    summary="the fixed sinusoidal positional encoding table",
+)
+def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
+    sizes = [(10, 16), (1, 4), (64, 2), (50, 6), (128, 32), (20, 64)]
+    if ctx.thorough:
+        sizes += [(512, 128), (3, 10), (1000, 8), (7, 256)]
+    for n, d in sizes:
+        case = f"n_positions={n}, d_model={d}"
+        got = ctx.call(candidate, n, d, case=case)
+        expected = pe_model(n, d)
+        like = torch.zeros(n, d, dtype=torch.float32)
+        if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
+            ctx.fail(
+                f"the encoding has dtype {got.dtype}, expected torch.float32.",
+                case=case,
+                hint="build it in float32 (torch.arange(...).float(), or "
+                "dtype=torch.float32), or end with .float(); a float64 table added to "
+                "float32 embeddings would turn the whole model into float64.",
+            )
+        ctx.expect_array(
+            got,
+            like,
+            what="the encoding",
+            case=case,
+            check_dtype=False,
+            swapped=torch.zeros(d, n) if n != d else None,
+            swapped_msg="the table is transposed: rows must be positions and "
+            "columns features, (n_positions, d_model).",
+        )
+        ctx.expect_close(
+            got,
+            expected,
+            what="the encoding",
+            case=case,
+            mistakes=_pe_mistakes(n, d),
+            **_angle_tol(n - 1),
+        )
+    for n, d in [(4, 7)] + ([(3, 1), (2, 33)] if ctx.thorough else []):
+        case = f"n_positions={n}, d_model={d} (odd)"
+        err = ctx.call(_raised, candidate, n, d, case=case)
+        if err is None:
+            ctx.fail(
+                "an odd d_model must raise ValueError (the features come in (sin, cos) "
+                "pairs), but your function returned.",
+                case=case,
+                hint='start with: if d_model % 2: raise ValueError(f"d_model must be '
+                'even; got d_model={d_model}")',
+            )
+        if not isinstance(err, ValueError):
+            ctx.fail(
+                f"an odd d_model must raise ValueError; your code raised "
+                f"{type(err).__name__}: {err}",
+                case=case,
+                hint="check d_model % 2 at the start and raise ValueError yourself.",
+            )
+        if "d_model" not in str(err):
+            ctx.fail(
+                f"the ValueError for an odd d_model must name d_model; its message "
+                f"was {str(err)!r}.",
+                case=case,
+                hint='e.g. ValueError(f"d_model must be even; got d_model={d_model}")',
+            )
+
+
+# ----------------------------------------------------------------------------- rope
+def rope_model(x, positions=None, base: float = 10000.0, variant: str = "correct"):
+    """RoPE as correct or mistaken code computes it, in float64 NumPy."""
+    x = _as_np(x)
+    T, d = x.shape[-2], x.shape[-1]
+    if positions is None or variant == "ignores_positions":
+        pos = np.arange(1, T + 1) if variant == "from_one" and positions is None else np.arange(T)
+    else:
+        pos = _as_np(positions)
+    pos = np.asarray(pos, dtype=np.float64)
+    two_i = np.arange(0, d, 2, dtype=np.float64)
+    if variant == "half_exponent":
+        w = base ** (-(two_i / 2) / d)
+    elif variant == "multiplied":
+        w = base ** (two_i / d)
+    else:
+        w = base ** (-two_i / d)
+    theta = pos[..., None] * w  # (..., T, d/2)
+    c, s = np.cos(theta), np.sin(theta)
+    if variant == "swapped":
+        c, s = s, c
+    if variant == "reversed":
+        s = -s
+    if variant == "added":
+        pe = np.empty(theta.shape[:-1] + (d,))
+        pe[..., 0::2], pe[..., 1::2] = np.sin(theta), np.cos(theta)
+        return x + pe
+    if variant == "rotate_half":
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+    xe, xo = x[..., 0::2], x[..., 1::2]
+    oe = xe * c - xo * s
+    oo = (oe if variant == "overwritten" else xe) * s + xo * c
+    if variant == "concat":
+        return np.concatenate([oe, oo], axis=-1)
+    out = np.empty(np.broadcast_shapes(x.shape, oe.shape[:-1] + (d,)))
+    out[..., 0::2], out[..., 1::2] = oe, oo
+    return out
+
+
+ROPE_MISTAKES = [
+    (
+        "reversed",
+        "the rotation goes the opposite direction: the sign of sin is flipped.",
+        "out[2i] = x[2i] cos - x[2i+1] sin and out[2i+1] = x[2i] sin + x[2i+1] cos.",
+    ),
+    (
+        "swapped",
+        "sin and cos are swapped in the rotation.",
+        "out[2i] = x[2i] * cos(theta) - x[2i+1] * sin(theta); cos multiplies the feature itself.",
+    ),
+    (
+        "rotate_half",
+        "the features are paired as (i, i + d/2) (the 'rotate_half' layout of "
+        "GPT-NeoX/LLaMA code) instead of consecutive pairs (2i, 2i+1).",
+        "take x[..., 0::2] and x[..., 1::2] as the two members of each pair, and write the "
+        "results back to the same places.",
+    ),
+    (
+        "concat",
+        "the rotated pairs are concatenated as two halves [even | odd] instead of "
+        "being written back in place (interleaved).",
+        "torch.stack([out_even, out_odd], dim=-1).flatten(-2) puts each pair back at 2i, 2i+1.",
+    ),
+    (
+        "overwritten",
+        "the even features are overwritten before the odd ones are computed, so "
+        "out[2i+1] uses the rotated out[2i] instead of the original x[2i].",
+        "compute both outputs from the original x[2i] and x[2i+1] (keep copies, or build new "
+        "tensors).",
+    ),
+    (
+        "half_exponent",
+        "the frequency exponent is i/d instead of 2i/d.",
+        "the angle of pair i is p * base^(-2i/d), i = 0 .. d/2 - 1.",
+    ),
+    (
+        "multiplied",
+        "the position is multiplied by base^(2i/d) instead of divided by it.",
+        "the angle of pair i is p / base^(2i/d) = p * base^(-2i/d).",
+    ),
+    (
+        "ignores_positions",
+        "the positions argument is ignored: the angles always use 0 .. T-1.",
+        "use torch.arange(T) only when positions is None; otherwise use the "
+        "positions you were given.",
+    ),
+    (
+        "from_one",
+        "positions are counted from 1: by default the first vector is at position "
+        "0, where the rotation is the identity.",
+        "default to torch.arange(T).",
+    ),
+    (
+        "added",
+        "the sinusoidal encoding is added to x instead of rotating each pair.",
+        "RoPE multiplies: each pair (x[2i], x[2i+1]) is rotated by the angle p * w_i.",
+    ),
+]
+
+
+def _rope_mistakes(x, positions, base) -> list[Mistake]:
+    return [
+        Mistake(name, hint, model=lambda v=v: rope_model(x, positions, base, v))
+        for v, name, hint in ROPE_MISTAKES
+    ]
+
+
+def _call_rope(candidate, ctx: Context, x, positions, base, case):
+    kwargs = {}
+    if positions is not None:
+        kwargs["positions"] = positions
+    if base != 10000.0:
+        kwargs["base"] = base
+    got = ctx.call(candidate, x, case=case, **kwargs)
+    ctx.expect_array(got, torch.zeros_like(x), what="the output", case=case)
+    return got
+
+
+def _check_relative(candidate, ctx: Context) -> None:
+    """rope(q)[m] . rope(k)[n] must not change when m and n are shifted together."""
+    rng = ctx.rng(51)
+    g = ctx.torch_gen(51)
+    d = 16 if ctx.thorough else 8
+    n_pairs = 12
+    shifts = [7, 250] + ([1000] if ctx.thorough else [])
+    q = torch.randn(d, generator=g, dtype=torch.float64)
+    k = torch.randn(d, generator=g, dtype=torch.float64)
+    Q, K = q.expand(n_pairs, d).clone(), k.expand(n_pairs, d).clone()  # (n_pairs, d)
+    m = torch.from_numpy(rng.integers(0, 20, size=n_pairs))
+    n = torch.from_numpy(rng.integers(0, 20, size=n_pairs))
+    for s in shifts:
+        base_case = (
+            f"q and k {tuple(Q.shape)} float64 (the same q and k in every row), "
+            f"query positions {m.tolist()}, key positions {n.tolist()}"
+        )
+        rq = _call_rope(candidate, ctx, Q, m, 10000.0, base_case)
+        rk = _call_rope(candidate, ctx, K, n, 10000.0, base_case)
+        rq2 = _call_rope(candidate, ctx, Q, m + s, 10000.0, base_case + f", then both + {s}")
+        rk2 = _call_rope(candidate, ctx, K, n + s, 10000.0, base_case + f", then both + {s}")
+        before = (rq.detach().double() * rk.detach().double()).sum(-1)  # (n_pairs,)
+        after = (rq2.detach().double() * rk2.detach().double()).sum(-1)
+        tol = _angle_tol(max(int(m.max()), int(n.max())) + s, float(q.norm() * k.norm()))
+        bad = ~np.isclose(after.numpy(), before.numpy(), **tol)
+        if bad.any():
+            j = int(np.argwhere(bad)[0][0])
+            likely, hint = ctx.diagnose(rq, None, _rope_mistakes(Q, m, 10000.0), (), {})
+            ctx.fail(
+                f"the score rope(q)[m] . rope(k)[n] changed when both positions were shifted "
+                f"by {s}: m={int(m[j])}, n={int(n[j])} gave {float(before[j]):.6g} but "
+                f"m={int(m[j]) + s}, n={int(n[j]) + s} gave {float(after[j]):.6g}. With RoPE "
+                "a score may depend on the positions only through the relative offset m - n.",
+                case=base_case,
+                likely=likely
+                or "the pairs are not rotated: each pair (x[2i], x[2i+1]) must "
+                "be multiplied by the rotation [[cos, -sin], [sin, cos]] of its own angle.",
+                hint=hint
+                or "rotations compose: R(m)^T R(n) = R(n - m), which is what makes "
+                "the score relative.",
+            )
+
+
+@exercise("rope", forbidden=_forbid_rope, summary="rotary position embedding")
+def check_rope(candidate, ctx: Context) -> None:
+    g = ctx.torch_gen(50)
+    rng = ctx.rng(50)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    cases = [
+        ("x (T=6, d=8), default positions", r(6, 8), None, 10000.0),
+        ("x (B=2, T=5, d=4), default positions", r(2, 5, 4), None, 10000.0),
+        ("x (B=2, H=3, T=4, d=16) (heads), default positions", r(2, 3, 4, 16), None, 10000.0),
+        ("one token (T=1, d=6), default positions", r(1, 6), None, 10000.0),
+        ("x (T=3, d=2), positions given", r(3, 2), torch.tensor([4, 9, 2]), 10000.0),
+        (
+            "x (T=5, d=8), positions 10..14 (as with a KV cache)",
+            r(5, 8),
+            torch.arange(10, 15),
+            10000.0,
+        ),
+        (
+            "x (B=2, T=6, d=8), shuffled positions",
+            r(2, 6, 8),
+            torch.from_numpy(rng.permutation(6)),
+            10000.0,
+        ),
+        ("x (T=4, d=8), base=100", r(4, 8), None, 100.0),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("x (T=64, d=64), default positions", r(64, 64), None, 10000.0),
+            (
+                "x (B=3, T=7, d=10), positions 1000..1006",
+                r(3, 7, 10),
+                torch.arange(1000, 1007),
+                10000.0,
+            ),
+            (
+                "x (T=5, d=12), base=500, positions given",
+                r(5, 12),
+                torch.tensor([0, 3, 3, 8, 1]),
+                500.0,
+            ),
+        ]
+    # The first case settles the type, shape and dtype before the property check.
+    label, x, pos, base = cases[0]
+    _call_rope(candidate, ctx, x.float(), pos, base, f"{label}; float32")
+    _check_relative(candidate, ctx)
+    for label, x, pos, base in cases:
+        for dtype in (torch.float32, torch.float64):
+            xd = x.to(dtype)
+            case = f"{label}; {str(dtype).replace('torch.', '')}"
+            if pos is not None:
+                case += f"; positions={pos.tolist()}"
+            got = _call_rope(candidate, ctx, xd, pos, base, case)
+            expected = rope_model(xd, pos, base)
+            max_pos = (x.shape[-2] - 1) if pos is None else int(pos.max())
+            ctx.expect_close(
+                got,
+                expected,
+                what="the output",
+                case=case,
+                mistakes=_rope_mistakes(xd, pos, base),
+                **_angle_tol(max_pos, float(x.abs().max())),
+            )

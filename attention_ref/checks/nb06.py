@@ -1,0 +1,831 @@
+"""Checks for notebook 06: the module exercises ``feed_forward`` and ``encoder_layer``.
+
+Both checks build the learner's class, copy known weights into it by parameter name
+(``linear1``, ``linear2`` for ``FeedForward``; ``self_attn.w_q`` ... ``self_attn.w_o``,
+``ff.linear1``, ``ff.linear2``, ``norm1``, ``norm2`` for ``EncoderLayer``) and compare its
+forward with the reference computed in float64 on the same (dtype-rounded) weights. A
+mismatch is named by running buggy variants of the reference (no residual, the norm in the
+wrong place, no ReLU, the mask ignored, ...) and seeing which reproduces the learner's
+numbers. Dropout is checked by behaviour: nothing random with ``dropout=0.0`` in training
+mode, something random with ``dropout > 0`` in training mode, nothing random in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import encoder as ref
+from ._core import Context, Mistake, exercise
+from .nb01 import BUILTIN_ATTENTION
+from .nb03 import build_module
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-7, atol=1e-9)}
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ----------------------------------------------------------------------------- loading
+def load_named(
+    ctx: Context,
+    mod: nn.Module,
+    values: dict[str, torch.Tensor],
+    specs: dict[str, str],
+    case: str,
+    likely: dict[str, str] | None = None,
+) -> None:
+    """Copy ``values`` (parameter name -> tensor) into ``mod`` by name.
+
+    ``specs`` maps a submodule name (``"ff.linear1"``) to how the learner must declare it.
+    A parameter reachable under several names (e.g. a layer that is also inside an
+    ``nn.Sequential``) counts once. Missing, misshapen and extra parameters are reported.
+    """
+    likely = likely or {}
+    params = dict(mod.named_parameters(remove_duplicate=False))
+    used: set[int] = set()
+    for name, value in values.items():
+        owner = name.rsplit(".", 1)[0]
+        spec = specs.get(owner, "")
+        p = params.get(name)
+        if p is None:
+            has = ", ".join(dict(mod.named_parameters())) or "none"
+            if name.endswith(".bias") and f"{owner}.weight" in params:
+                ctx.fail(
+                    f"{owner} has no bias (its parameters: {has}); declare self.{owner} = {spec}.",
+                    case=case,
+                    likely=likely.get(f"no bias {owner}", "the layer is built with bias=False."),
+                )
+            ctx.fail(
+                f"your module has no parameter named {name} (its parameters: {has}): the "
+                "check copies known weights in by name, so use exactly the attribute names "
+                f"of the exercise: self.{owner} = {spec}.",
+                case=case,
+                likely=likely.get(f"missing {owner}", ""),
+            )
+        if tuple(p.shape) != tuple(value.shape):
+            why = likely.get(f"shape {owner}", "")
+            if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
+                why = (
+                    "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out) "
+                    "maps `in` features to `out` features."
+                )
+            ctx.fail(
+                f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
+                f"self.{owner} = {spec}.",
+                case=case,
+                likely=why,
+            )
+        with torch.no_grad():
+            p.copy_(value.to(dtype=p.dtype, device=p.device))
+        used.add(id(p))
+    extra = [n for n, p in mod.named_parameters() if id(p) not in used]
+    if extra:
+        ctx.fail(
+            f"your module has parameters the exercise does not ask for: {', '.join(extra)}.",
+            case=case,
+            hint="declare exactly the layers of the exercise ("
+            + ", ".join(specs)
+            + "); anything else is left at a random value and changes the output.",
+        )
+
+
+def _random_values(
+    names_shapes: dict[str, tuple[int, ...]], rng: np.random.Generator
+) -> dict[str, torch.Tensor]:
+    """Seeded float64 parameter values: weights ~ N(0, 1/fan_in), biases ~ N(0, 0.25),
+    LayerNorm gains in [0.5, 1.5] and shifts in [-0.5, 0.5] (so swapping norms shows)."""
+    out = {}
+    for name, shape in names_shapes.items():
+        if name.startswith("norm"):
+            lo, hi = (0.5, 1.5) if name.endswith("weight") else (-0.5, 0.5)
+            v = rng.uniform(lo, hi, size=shape)
+        elif name.endswith("weight"):
+            v = rng.normal(size=shape) / math.sqrt(shape[1])
+        else:
+            v = 0.5 * rng.normal(size=shape)
+        out[name] = torch.from_numpy(v)
+    return out
+
+
+def _rounded(values: dict[str, torch.Tensor], dtype) -> dict[str, torch.Tensor]:
+    """The float64 values of the parameters as the candidate holds them in ``dtype``."""
+    return {k: v.to(dtype).double() for k, v in values.items()}
+
+
+def _not_implemented(ctx: Context) -> None:
+    ctx.fail(
+        "not implemented yet: the class still raises NotImplementedError.",
+        hint="replace `raise NotImplementedError()` with your code.",
+    )
+
+
+# ----------------------------------------------------------------------------- feed_forward
+FF_SPECS = {
+    "linear1": "nn.Linear(d_model, d_ff)",
+    "linear2": "nn.Linear(d_ff, d_model)",
+}
+NO_RELU = "the ReLU is missing: without it the two linear layers collapse into one."
+NO_RELU_HINT = "linear2(dropout(relu(linear1(x)))): the ReLU sits between the two layers."
+RELU_AFTER = (
+    "the ReLU is applied after linear2: the output of the network must be able to be "
+    "negative, and the nonlinearity belongs between the two layers."
+)
+RELU_AFTER_HINT = "linear2(dropout(relu(linear1(x)))), with nothing after linear2."
+GELU = "the activation is GELU (or another one); this network uses ReLU."
+GELU_HINT = "use torch.relu (or nn.ReLU()) between linear1 and linear2."
+
+
+def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "relu", prefix: str = ""):
+    """The feed-forward network in float64 with one knob per mistake.
+
+    act: "relu", "none", "after" (ReLU after linear2 only), "both" (after each layer),
+    "gelu".
+    """
+    w1, b1 = P[f"{prefix}linear1.weight"], P[f"{prefix}linear1.bias"]
+    w2, b2 = P[f"{prefix}linear2.weight"], P[f"{prefix}linear2.bias"]
+    h = F.linear(x, w1, b1)
+    if act in ("relu", "both"):
+        h = torch.relu(h)
+    elif act == "gelu":
+        h = F.gelu(h)
+    y = F.linear(h, w2, b2)
+    if act in ("after", "both"):
+        y = torch.relu(y)
+    return y
+
+
+def _ff_mistakes(x64, P, prefix="") -> list[Mistake]:
+    def m(name, hint, act):
+        return Mistake(name, hint, model=lambda: ff_model(x64, P, act, prefix))
+
+    return [
+        m(NO_RELU, NO_RELU_HINT, "none"),
+        m(RELU_AFTER, RELU_AFTER_HINT, "after"),
+        m(RELU_AFTER, RELU_AFTER_HINT, "both"),
+        m(GELU, GELU_HINT, "gelu"),
+    ]
+
+
+def _ff_forbidden():
+    return [
+        (ref.FeedForward.forward, "the reference attention_ref.FeedForward"),
+        (ref.EncoderLayer.forward, "the reference attention_ref.EncoderLayer"),
+        (nn.TransformerEncoderLayer.forward, "torch.nn.TransformerEncoderLayer"),
+    ]
+
+
+def _ff_build(cls, ctx, D, Fd, dropout, P, dtype, case) -> nn.Module:
+    args = (D, Fd) if dropout is None else (D, Fd, dropout)
+    mod = build_module(ctx, cls, args, {}, case)
+    mod.to(dtype)
+    load_named(ctx, mod, P, FF_SPECS, case)
+    return mod
+
+
+def _ff_out(ctx, got, x, case) -> torch.Tensor:
+    if isinstance(got, tuple | list):
+        ctx.fail(
+            f"forward must return one tensor (..., d_model); got a {type(got).__name__} of "
+            f"length {len(got)}.",
+            case=case,
+        )
+    ctx.expect_array(got, x, what="the output", case=case)
+    return got
+
+
+@exercise(
+    "feed_forward",
+    kind="module",
+    forbidden=_ff_forbidden,
+    summary="position-wise feed-forward network linear2(dropout(relu(linear1(x))))",
+)
+def check_feed_forward(cls, ctx: Context) -> None:
+    rng = ctx.rng(61)
+    cases = [
+        ("a batch of 2, T=5, d_model=8, d_ff=16 (default dropout)", (2, 5), 8, 16),
+        ("no batch dimension: x (T=4, d_model=6), d_ff=10", (4,), 6, 10),
+        ("one token, a batch of one, d_ff < d_model", (1, 1), 8, 4),
+        ("two batch dims (2, 3), T=4, d_model=4, d_ff=12", (2, 3, 4), 4, 12),
+        ("large inputs", (2, 3), 6, 24),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("a batch of 4, T=9, d_model=32, d_ff=64", (4, 9), 32, 64),
+            ("d_model=1, d_ff=3", (2, 2), 1, 3),
+        ]
+    for i, (label, lead, D, Fd) in enumerate(cases):
+        P = _random_values(
+            {
+                "linear1.weight": (Fd, D),
+                "linear1.bias": (Fd,),
+                "linear2.weight": (D, Fd),
+                "linear2.bias": (D,),
+            },
+            ctx.rng(600 + i),
+        )
+        scale = 5.0 if label == "large inputs" else 1.0
+        x64 = torch.from_numpy(scale * rng.normal(size=(*lead, D)))
+        for dtype in (torch.float64, torch.float32):
+            x = x64.to(dtype)
+            case = f"{label}: FeedForward({D}, {Fd}), x {tuple(x.shape)} {_dt(dtype)}"
+            mod = _ff_build(cls, ctx, D, Fd, None, P, dtype, case)  # training mode
+            got = _ff_out(ctx, ctx.call(mod, x, case=case), x, case)
+            P64 = _rounded(P, dtype)
+            xr = x.double()
+            expected = ff_model(xr, P64)
+            if i == 0:
+                again = ctx.call(mod, x, case=case)
+                if not torch.equal(got, again):
+                    ctx.fail(
+                        "two calls on the same input gave different outputs, in training mode "
+                        "with the default dropout=0.0.",
+                        case=case,
+                        likely="dropout is active although dropout=0.0: the dropout argument "
+                        "is ignored (e.g. nn.Dropout(0.1) hard-coded).",
+                        hint="self.dropout = nn.Dropout(dropout), with the constructor's argument.",
+                    )
+            ctx.expect_close(
+                got,
+                expected,
+                what="the output",
+                case=case,
+                mistakes=_ff_mistakes(xr, P64),
+                hint="FFN(x) = linear2(dropout(relu(linear1(x)))).",
+                **TOL[dtype],
+            )
+    _check_ff_position_wise(cls, ctx)
+    _check_ff_dropout(cls, ctx)
+
+
+def _check_ff_position_wise(cls, ctx: Context) -> None:
+    """Each position on its own: the output for one token must not depend on the others."""
+    rng = ctx.rng(62)
+    D, Fd = 6, 12
+    P = _random_values(
+        {
+            "linear1.weight": (Fd, D),
+            "linear1.bias": (Fd,),
+            "linear2.weight": (D, Fd),
+            "linear2.bias": (D,),
+        },
+        ctx.rng(63),
+    )
+    x = torch.from_numpy(rng.normal(size=(2, 5, D)))
+    case = f"FeedForward({D}, {Fd}), x {tuple(x.shape)} float64, then x with token 3 changed"
+    mod = _ff_build(cls, ctx, D, Fd, None, P, torch.float64, case)
+    out = _ff_out(ctx, ctx.call(mod, x, case=case), x, case)
+    x2 = x.clone()
+    x2[:, 3] = torch.from_numpy(rng.normal(size=(2, D)))
+    out2 = _ff_out(ctx, ctx.call(mod, x2, case=case), x2, case)
+    keep = [0, 1, 2, 4]
+    if not torch.allclose(out2[:, keep], out[:, keep], **TOL[torch.float64]):
+        ctx.fail(
+            "changing token 3 changed the output at other positions: the feed-forward network "
+            "must act on every position separately.",
+            case=case,
+            likely="the tokens are mixed (e.g. a reshape that flattens the sequence into "
+            "the features).",
+            hint="nn.Linear acts on the last dimension; apply it to x directly.",
+        )
+
+
+def _check_ff_dropout(cls, ctx: Context) -> None:
+    """dropout=0.5: random in training mode, applied to the hidden ReLU activations with
+    the 1/(1-p) scaling; deterministic and equal to the reference in eval mode."""
+    rng = ctx.rng(64)
+    D, Fd, p = 8, 6, 0.5  # d_ff <= d_model: the hidden activations can be solved for
+    P = _random_values(
+        {
+            "linear1.weight": (Fd, D),
+            "linear1.bias": (Fd,),
+            "linear2.weight": (D, Fd),
+            "linear2.bias": (D,),
+        },
+        ctx.rng(65),
+    )
+    x = torch.from_numpy(rng.normal(size=(4, 16, D)))
+    case = f"FeedForward({D}, {Fd}, dropout={p}), x {tuple(x.shape)} float64"
+    mod = _ff_build(cls, ctx, D, Fd, p, P, torch.float64, case)
+    torch.manual_seed(ctx.seed)
+    train_out = _ff_out(ctx, ctx.call(mod, x, case=case + ", training mode"), x, case)
+    mod.eval()
+    eval_out = _ff_out(ctx, ctx.call(mod, x, case=case + ", eval mode"), x, case)
+    expected = ff_model(x, P)
+    ctx.expect_close(
+        eval_out,
+        expected,
+        what="the output in eval mode",
+        case=case + ", eval mode",
+        mistakes=_ff_mistakes(x, P),
+        hint="in eval mode dropout does nothing: FFN(x) = linear2(relu(linear1(x))).",
+        **TOL[torch.float64],
+    )
+    if torch.allclose(train_out, eval_out):
+        ctx.fail(
+            "with dropout=0.5 the output in training mode equals the eval-mode output: no "
+            "dropout was applied.",
+            case=case,
+            likely="the dropout argument is ignored, or self.dropout is never used in forward.",
+            hint="self.dropout = nn.Dropout(dropout) in __init__, and apply it to the hidden "
+            "activations in forward.",
+        )
+    # Solve linear2 for the hidden activations it was given: each must be 0 (dropped) or
+    # relu(linear1(x)) / (1 - p) (kept and rescaled).
+    w2, b2 = P["linear2.weight"], P["linear2.bias"]
+    hidden = torch.linalg.lstsq(w2, (train_out - b2).reshape(-1, D).T).solution.T
+    h = torch.relu(F.linear(x, P["linear1.weight"], P["linear1.bias"])).reshape(-1, Fd)
+    fits = torch.isclose(hidden, torch.zeros_like(hidden), atol=1e-6) | torch.isclose(
+        hidden, h / (1 - p), rtol=1e-6, atol=1e-6
+    )
+    if not bool(fits.all()):
+        zeros = float((train_out == 0).double().mean())
+        if zeros > 0.2:
+            likely = (
+                "dropout is applied to the output of linear2 instead of the hidden "
+                "activations between the layers."
+            )
+        else:
+            likely = (
+                "dropout is not applied (only) to the hidden activations: it belongs "
+                "between relu(linear1(x)) and linear2, once."
+            )
+        ctx.fail(
+            "in training mode the output is not linear2 of the (randomly dropped, rescaled "
+            "by 1/(1-p)) hidden activations.",
+            case=case + ", training mode",
+            likely=likely,
+            hint="linear2(self.dropout(torch.relu(self.linear1(x)))).",
+        )
+
+
+# ----------------------------------------------------------------------------- encoder_layer
+LAYER_SPECS = {
+    "self_attn": "MultiHeadAttention(d_model, n_heads) (from attention_ref, or yours from "
+    "notebook 04)",
+    "self_attn.w_q": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
+    "self_attn.w_k": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
+    "self_attn.w_v": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
+    "self_attn.w_o": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
+    "ff.linear1": "FeedForward(d_model, d_ff, dropout) (its linear1 is nn.Linear(d_model, d_ff))",
+    "ff.linear2": "FeedForward(d_model, d_ff, dropout) (its linear2 is nn.Linear(d_ff, d_model))",
+    "norm1": "nn.LayerNorm(d_model)",
+    "norm2": "nn.LayerNorm(d_model)",
+}
+
+
+def _layer_shapes(D: int, Fd: int) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for n in ("w_q", "w_k", "w_v", "w_o"):
+        shapes[f"self_attn.{n}.weight"] = (D, D)
+        shapes[f"self_attn.{n}.bias"] = (D,)
+    shapes.update(
+        {
+            "ff.linear1.weight": (Fd, D),
+            "ff.linear1.bias": (Fd,),
+            "ff.linear2.weight": (D, Fd),
+            "ff.linear2.bias": (D,),
+            "norm1.weight": (D,),
+            "norm1.bias": (D,),
+            "norm2.weight": (D,),
+            "norm2.bias": (D,),
+        }
+    )
+    return shapes
+
+
+def _ref_layer(D, H, Fd, norm_first, P64) -> ref.EncoderLayer:
+    layer = ref.EncoderLayer(D, H, Fd, norm_first=norm_first).double().eval()
+    layer.load_state_dict(P64)
+    return layer
+
+
+def layer_model(
+    r: ref.EncoderLayer,
+    x: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    order: str = "",
+    res_attn: bool = True,
+    res_ff: bool = True,
+    swap_norms: bool = False,
+    use_mask: bool = True,
+    act: str = "relu",
+    ff_input: str = "ok",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder layer in float64 (with the reference's weights), one knob per mistake.
+
+    order: "" (as ``r.norm_first`` says), "post", "pre", "sublayer_norm" (x + norm(f(x))),
+    "residual_normed" (h = norm(x); h + f(h)), "no_norm". ff_input: "ok" or "layer_input"
+    (the feed-forward network gets the layer's input x instead of the attention sublayer's
+    output).
+    """
+    order = order or ("pre" if r.norm_first else "post")
+    n1, n2 = (r.norm2, r.norm1) if swap_norms else (r.norm1, r.norm2)
+    m = mask if use_mask else None
+    P = {k: v for k, v in r.ff.state_dict().items()}
+    weights = []
+
+    def attn(h):
+        out, w = r.self_attn(h, h, h, m)
+        weights.append(w)
+        return out
+
+    def ff(h):
+        return ff_model(h, P, act)
+
+    x0 = x
+
+    def ff_in(h):
+        return x0 if ff_input == "layer_input" else h
+
+    def add(res, y, on):
+        return res + y if on else y
+
+    with torch.no_grad():
+        if order == "post":
+            x = n1(add(x, attn(x), res_attn))
+            x = n2(add(x, ff(ff_in(x)), res_ff))
+        elif order == "pre":
+            x = add(x, attn(n1(x)), res_attn)
+            x = add(x, ff(n2(ff_in(x))), res_ff)
+        elif order == "sublayer_norm":
+            x = add(x, n1(attn(x)), res_attn)
+            x = add(x, n2(ff(ff_in(x))), res_ff)
+        elif order == "residual_normed":
+            h = n1(x)
+            x = add(h, attn(h), res_attn)
+            h = n2(ff_in(x))
+            x = add(h, ff(h), res_ff)
+        elif order == "no_norm":
+            x = add(x, attn(x), res_attn)
+            x = add(x, ff(ff_in(x)), res_ff)
+        else:  # pragma: no cover - programming error in a check
+            raise ValueError(order)
+    return x, weights[0]
+
+
+def _layer_mistakes(r, x64, mask, which: int) -> list[Mistake]:
+    nf = r.norm_first
+
+    def m(name, hint, **kw):
+        return Mistake(name, hint, model=lambda: layer_model(r, x64, mask, **kw)[which])
+
+    out = [
+        m(
+            "there is no residual connection around the self-attention sublayer.",
+            "add the sublayer's input back: x + dropout1(attention output)"
+            + (" (then norm1)." if not nf else "."),
+            res_attn=False,
+        ),
+        m(
+            "there is no residual connection around the feed-forward sublayer.",
+            "add the sublayer's input back: x + dropout2(ff(...))"
+            + (" (then norm2)." if not nf else "."),
+            res_ff=False,
+        ),
+        m(
+            "there are no residual connections: each sublayer's input must be added back to "
+            "its output.",
+            "x + sublayer(x) around both the attention and the feed-forward network.",
+            res_attn=False,
+            res_ff=False,
+        ),
+        m(
+            "norm1 and norm2 are swapped: norm1 belongs to the attention sublayer, norm2 to "
+            "the feed-forward sublayer.",
+            "use norm1 with self_attn and norm2 with ff.",
+            swap_norms=True,
+        ),
+        m(
+            "the layer norms are never applied.",
+            "each sublayer has its LayerNorm: norm1 around self_attn, norm2 around ff.",
+            order="no_norm",
+        ),
+        m(
+            "the feed-forward network is given the layer's input x instead of the output of "
+            "the attention sublayer.",
+            "the two sublayers run one after the other: update x after attention, then "
+            "feed that x to the feed-forward sublayer.",
+            ff_input="layer_input",
+        ),
+        m(f"feed-forward: {NO_RELU}", NO_RELU_HINT, act="none"),
+        m(f"feed-forward: {RELU_AFTER}", RELU_AFTER_HINT, act="after"),
+        m(f"feed-forward: {RELU_AFTER}", RELU_AFTER_HINT, act="both"),
+    ]
+    if nf:
+        out += [
+            m(
+                "norm_first=True is ignored: this is the post-norm layer (norm after the "
+                "residual add). Pre-norm normalises the input of each sublayer instead.",
+                "if self.norm_first: x = x + dropout1(attn(norm1(x))); x = x + "
+                "dropout2(ff(norm2(x))).",
+                order="post",
+            ),
+            m(
+                "pre-norm with the norm in the wrong place: the LayerNorm is applied to the "
+                "sublayer's output (x + norm(f(x))) instead of its input (x + f(norm(x))).",
+                "normalise what goes into the sublayer: h = self.norm1(x); x = x + "
+                "dropout1(self_attn(h, h, h, mask)).",
+                order="sublayer_norm",
+            ),
+            m(
+                "pre-norm with the residual taken from the normalised x: h = norm(x); h + "
+                "f(h). The residual path must carry the un-normalised x.",
+                "x = x + dropout1(attn(norm1(x))): add the sublayer output to x itself.",
+                order="residual_normed",
+            ),
+        ]
+    else:
+        out += [
+            m(
+                "the layer is pre-norm although norm_first=False: the original (post-norm) "
+                "layer normalises after the residual add.",
+                "if not self.norm_first: x = norm1(x + dropout1(attn(x))); x = norm2(x + "
+                "dropout2(ff(x))).",
+                order="pre",
+            ),
+            m(
+                "post-norm with the norm in the wrong place: the LayerNorm is applied to the "
+                "sublayer's output before the residual add (x + norm(f(x))).",
+                "normalise the sum: x = norm1(x + dropout1(attn(x))).",
+                order="sublayer_norm",
+            ),
+        ]
+    if mask is not None:
+        out.insert(
+            0,
+            m(
+                "the mask is ignored: it must be passed on to the self-attention.",
+                "self.self_attn(x, x, x, mask) (or with the normalised h for pre-norm).",
+                use_mask=False,
+            ),
+        )
+    return out
+
+
+def _layer_forbidden():
+    return [
+        (ref.EncoderLayer.forward, "the reference attention_ref.EncoderLayer"),
+        (ref.Encoder.forward, "the reference attention_ref.Encoder"),
+        (nn.TransformerEncoderLayer.forward, "torch.nn.TransformerEncoderLayer"),
+        (nn.TransformerEncoder.forward, "torch.nn.TransformerEncoder"),
+        *BUILTIN_ATTENTION,
+    ]
+
+
+@dataclass
+class LayerCase:
+    label: str
+    D: int
+    H: int
+    Fd: int
+    norm_first: bool | None  # None: rely on the default (False)
+    x: np.ndarray
+    mask: np.ndarray | None = None
+
+
+def _layer_cases(ctx: Context) -> list[LayerCase]:
+    rng = ctx.rng(66)
+
+    def r(*shape, scale=1.0):
+        return scale * rng.normal(size=shape)
+
+    pad = np.ones((3, 1, 1, 6), dtype=bool)
+    pad[1, ..., 3:] = False  # length 3
+    pad[2, ..., 1:] = False  # length 1
+    causal = np.tril(np.ones((5, 5), dtype=bool))
+    cases = [
+        LayerCase("post-norm (the defaults), T=5, d_model=8, 2 heads", 8, 2, 16, None, r(2, 5, 8)),
+        LayerCase("pre-norm, T=5, d_model=8, 2 heads", 8, 2, 16, True, r(2, 5, 8)),
+        LayerCase(
+            "post-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1",
+            8,
+            2,
+            12,
+            False,
+            r(3, 6, 8),
+            pad,
+        ),
+        LayerCase(
+            "pre-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1",
+            8,
+            4,
+            12,
+            True,
+            r(3, 6, 8),
+            pad,
+        ),
+        LayerCase("post-norm, a causal mask (5, 5)", 12, 3, 24, False, r(2, 5, 12), causal),
+        LayerCase("pre-norm, one token, a batch of one, one head", 6, 1, 8, True, r(1, 1, 6)),
+        LayerCase("post-norm, large inputs", 8, 2, 16, False, r(2, 4, 8, scale=5.0)),
+    ]
+    if ctx.thorough:
+        cases += [
+            LayerCase("pre-norm, T=9, d_model=16, 4 heads", 16, 4, 32, True, r(3, 9, 16)),
+            LayerCase("pre-norm, a causal mask (5, 5)", 8, 2, 16, True, r(2, 5, 8), causal),
+            LayerCase("post-norm, d_ff < d_model", 16, 8, 8, False, r(2, 3, 16)),
+        ]
+    return cases
+
+
+def _layer_build(cls, ctx, c: LayerCase, P, dtype, case, dropout=None) -> nn.Module:
+    args: tuple = (c.D, c.H, c.Fd)
+    kwargs: dict = {}
+    if dropout is not None:
+        kwargs["dropout"] = dropout
+    if c.norm_first is not None:
+        kwargs["norm_first"] = c.norm_first
+    mod = build_module(ctx, cls, args, kwargs, case)
+    mod.to(dtype)
+    load_named(
+        ctx,
+        mod,
+        P,
+        LAYER_SPECS,
+        case,
+        likely={
+            "missing self_attn.w_q": "the attention must be a MultiHeadAttention stored as "
+            "self.self_attn (with w_q, w_k, w_v, w_o inside).",
+            "missing ff.linear1": "the feed-forward network must be a FeedForward stored as "
+            "self.ff (with linear1 and linear2 inside).",
+            "missing norm2": "each sublayer has its own LayerNorm: norm1 and norm2.",
+        },
+    )
+    return mod
+
+
+def _layer_call(ctx, mod, x, mask, case) -> tuple[torch.Tensor, torch.Tensor]:
+    args = (x,) if mask is None else (x, mask)
+    got = ctx.call(mod, *args, case=case)
+    if isinstance(got, torch.Tensor):
+        ctx.fail(
+            "forward must return a tuple (out, weights); got a single tensor.",
+            case=case,
+            hint="return x, weights, where weights are the self-attention weights "
+            "(B, H, T, T) that self.self_attn returned.",
+        )
+    out, weights = ctx.expect_tuple(got, ("out", "weights"), case=case)
+    return out, weights
+
+
+def _describe_case(c: LayerCase, dtype, x, mask, dropout=None) -> str:
+    nf = "" if c.norm_first is None else f", norm_first={c.norm_first}"
+    dr = "" if dropout is None else f", dropout={dropout}"
+    m = "" if mask is None else f", mask {tuple(mask.shape)}"
+    return (
+        f"{c.label}: EncoderLayer({c.D}, {c.H}, {c.Fd}{dr}{nf}), x {tuple(x.shape)} {_dt(dtype)}{m}"
+    )
+
+
+@exercise(
+    "encoder_layer",
+    kind="module",
+    forbidden=_layer_forbidden,
+    summary="encoder layer: self-attention and feed-forward, residuals, LayerNorm, "
+    "post-norm or pre-norm",
+)
+def check_encoder_layer(cls, ctx: Context) -> None:
+    cases = _layer_cases(ctx)
+    for i, c in enumerate(cases):
+        P = _random_values(_layer_shapes(c.D, c.Fd), ctx.rng(660 + i))
+        for dtype in (torch.float64, torch.float32):
+            _check_layer_case(cls, ctx, c, P, dtype, first=i == 0 and dtype == torch.float64)
+    _check_padding_invariance(cls, ctx)
+    _check_layer_dropout(cls, ctx)
+
+
+def _check_layer_case(cls, ctx: Context, c: LayerCase, P, dtype, first: bool) -> None:
+    x = torch.from_numpy(c.x).to(dtype)
+    mask = None if c.mask is None else torch.from_numpy(c.mask)
+    case = _describe_case(c, dtype, x, mask)
+    mod = _layer_build(cls, ctx, c, P, dtype, case)  # training mode, dropout 0.0
+    out, weights = _layer_call(ctx, mod, x, mask, case)
+    B, T, D = x.shape
+    if (
+        isinstance(out, torch.Tensor)
+        and isinstance(weights, torch.Tensor)
+        and tuple(out.shape) == (B, c.H, T, T)
+        and tuple(weights.shape) == (B, T, D)
+    ):
+        ctx.fail("returned (weights, out) instead of (out, weights).", case=case)
+    ctx.expect_array(out, x, what="out", case=case)
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) != (B, c.H, T, T):
+        ctx.fail(
+            f"weights has shape {tuple(weights.shape)}, expected (B, H, T, T) = {(B, c.H, T, T)}.",
+            case=case,
+            hint="return the weights self.self_attn returns, one map per head.",
+        )
+    ctx.expect_array(weights, x.new_zeros(B, c.H, T, T), what="weights", case=case)
+    if first:
+        out2, _ = _layer_call(ctx, mod, x, mask, case)
+        if not torch.equal(out, out2):
+            ctx.fail(
+                "two calls on the same input gave different outputs, in training mode with "
+                "the default dropout=0.0.",
+                case=case,
+                likely="dropout is active although dropout=0.0: the dropout argument is "
+                "ignored (e.g. nn.Dropout(0.1) hard-coded).",
+                hint="self.dropout1 = nn.Dropout(dropout), and pass dropout on to "
+                "FeedForward(d_model, d_ff, dropout).",
+            )
+    r = _ref_layer(c.D, c.H, c.Fd, bool(c.norm_first), _rounded(P, dtype))
+    x64 = x.double()
+    exp_out, exp_w = layer_model(r, x64, mask)
+    tol = TOL[dtype]
+    # out first: every catalogued mistake changes it in its own way
+    ctx.expect_close(
+        out,
+        exp_out,
+        what="out",
+        case=case,
+        mistakes=_layer_mistakes(r, x64, mask, 0),
+        hint="post-norm: x = norm1(x + attn(x)); x = norm2(x + ff(x)). Pre-norm: "
+        "x = x + attn(norm1(x)); x = x + ff(norm2(x)).",
+        **tol,
+    )
+    ctx.expect_close(
+        weights,
+        exp_w,
+        what="weights",
+        case=case,
+        mistakes=_layer_mistakes(r, x64, mask, 1),
+        hint="weights are what self.self_attn returns"
+        + (" for norm1(x) (pre-norm)." if c.norm_first else " for x (post-norm)."),
+        **tol,
+    )
+
+
+def _check_padding_invariance(cls, ctx: Context) -> None:
+    """With a padding mask, the padded tokens' vectors must not change the real outputs."""
+    rng = ctx.rng(67)
+    D, H, Fd = 8, 2, 16
+    real = np.array([[True] * 6, [True] * 4 + [False] * 2])
+    for nf in (False, True):
+        P = _random_values(_layer_shapes(D, Fd), ctx.rng(68 + nf))
+        c = LayerCase(
+            f"padding invariance, norm_first={nf}", D, H, Fd, nf, rng.normal(size=(2, 6, D))
+        )
+        x = torch.from_numpy(c.x)
+        mask = torch.from_numpy(real[:, None, None, :])
+        case = (
+            _describe_case(c, torch.float64, x, mask)
+            + ", then the same x with new values at the padded positions"
+        )
+        mod = _layer_build(cls, ctx, c, P, torch.float64, case)
+        out, _ = _layer_call(ctx, mod, x, mask, case)
+        x2 = x.clone()
+        x2[1, 4:] = torch.from_numpy(10 * rng.normal(size=(2, D)))
+        out2, _ = _layer_call(ctx, mod, x2, mask, case)
+        ok = isinstance(out2, torch.Tensor) and tuple(out2.shape) == tuple(out.shape)
+        keep = torch.from_numpy(real)
+        if not ok or not torch.allclose(out2[keep], out[keep], **TOL[torch.float64]):
+            ctx.fail(
+                "changing the padded tokens changed the outputs at real tokens: padding "
+                "must be invisible to the real tokens.",
+                case=case,
+                likely="the mask is ignored, or not passed to the self-attention.",
+                hint="self.self_attn(h, h, h, mask) with the mask given to forward.",
+            )
+
+
+def _check_layer_dropout(cls, ctx: Context) -> None:
+    """dropout=0.3: random in training mode, the reference in eval mode."""
+    rng = ctx.rng(69)
+    for nf in (False, True):
+        c = LayerCase("dropout", 8, 2, 16, nf, rng.normal(size=(2, 5, 8)))
+        P = _random_values(_layer_shapes(c.D, c.Fd), ctx.rng(70 + nf))
+        x = torch.from_numpy(c.x)
+        case = _describe_case(c, torch.float64, x, None, dropout=0.3)
+        mod = _layer_build(cls, ctx, c, P, torch.float64, case, dropout=0.3)
+        torch.manual_seed(ctx.seed)
+        train_out, _ = _layer_call(ctx, mod, x, None, case + ", training mode")
+        mod.eval()
+        eval_out, _ = _layer_call(ctx, mod, x, None, case + ", eval mode")
+        r = _ref_layer(c.D, c.H, c.Fd, nf, P)
+        ctx.expect_close(
+            eval_out,
+            layer_model(r, x, None)[0],
+            what="out in eval mode",
+            case=case + ", eval mode",
+            mistakes=_layer_mistakes(r, x, None, 0),
+            hint="in eval mode dropout does nothing.",
+            **TOL[torch.float64],
+        )
+        if isinstance(train_out, torch.Tensor) and torch.allclose(train_out, eval_out):
+            ctx.fail(
+                "with dropout=0.3 the output in training mode equals the eval-mode output: "
+                "no dropout was applied.",
+                case=case,
+                likely="the dropout argument is ignored (or the dropout modules are never "
+                "used in forward).",
+                hint="self.dropout1 = nn.Dropout(dropout), self.dropout2 = nn.Dropout(dropout)"
+                " applied to each sublayer's output before the residual add, and "
+                "FeedForward(d_model, d_ff, dropout).",
+            )

@@ -1,0 +1,654 @@
+"""Checks for notebook 08: ``make_batch``, ``masked_cross_entropy``, ``beam_search``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .. import training as ref_training
+from ..apps import translation as ref
+from ._core import Context, Mistake, exercise
+
+# ----------------------------------------------------------------------------- make_batch
+BOS, EOS = 1, 2
+
+
+def _make_pairs(rng: np.random.Generator, lengths_src, lengths_tgt, vocab=(10, 40)):
+    src = [list(map(int, rng.integers(*vocab, size=n))) for n in lengths_src]
+    tgt = [[BOS, *map(int, rng.integers(*vocab, size=n)), EOS] for n in lengths_tgt]
+    return src, tgt
+
+
+def _pad(seqs, pad_id: int, left: bool = False) -> torch.Tensor:
+    T = max(len(s) for s in seqs)
+    rows = [
+        ([pad_id] * (T - len(s)) + list(s)) if left else (list(s) + [pad_id] * (T - len(s)))
+        for s in seqs
+    ]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+@exercise(
+    "make_batch",
+    forbidden=lambda: [(ref.make_batch, "the reference attention_ref.make_batch")],
+    summary="padded sources; tgt_in, tgt_out, tgt_mask for teacher forcing",
+)
+def check_make_batch(candidate, ctx: Context) -> None:
+    rng = ctx.rng(81)
+    cases = [
+        ("3 pairs of different lengths", [4, 2, 6], [3, 5, 1], 0),
+        ("pad_id=5", [3, 1, 2], [2, 4, 3], 5),
+        ("a batch of one", [5], [4], 0),
+        ("all the same length (no padding)", [3, 3], [2, 2], 0),
+        ("8 random pairs", list(rng.integers(1, 10, 8)), list(rng.integers(1, 12, 8)), 0),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("one-word targets", [1, 2], [1, 1], 0),
+            (
+                "16 random pairs, pad_id=3",
+                list(rng.integers(1, 14, 16)),
+                list(rng.integers(1, 14, 16)),
+                3,
+            ),
+        ]
+    names = ("src", "tgt_in", "tgt_out", "tgt_mask")
+    for label, ls, lt, pad_id in cases:
+        src_seqs, tgt_seqs = _make_pairs(rng, ls, lt)
+        case = (
+            f"{label}: source lengths {list(map(int, ls))}, target lengths "
+            f"{[n + 2 for n in lt]} (with <bos>, <eos>), pad_id={pad_id}"
+        )
+        got = ctx.call(candidate, src_seqs, tgt_seqs, pad_id=pad_id, case=case)
+        got = ctx.expect_tuple(got, names, case=case)
+        expected = ref.make_batch(src_seqs, tgt_seqs, pad_id)
+        tgt = _pad(tgt_seqs, pad_id)
+        B, T = tgt.shape
+        for name, g, e in zip(names, got, expected, strict=True):
+            if not isinstance(g, torch.Tensor):
+                ctx.fail(f"{name} must be a torch.Tensor; got {type(g).__name__}.", case=case)
+            if name == "tgt_mask" and g.dtype != torch.bool:
+                ctx.fail(
+                    f"tgt_mask must be boolean (True = a real token); got dtype {g.dtype}.",
+                    case=case,
+                    hint="a comparison such as `tgt_out != pad_id` already gives a bool tensor.",
+                )
+            if name != "tgt_mask" and g.dtype != torch.long:
+                ctx.fail(
+                    f"{name} must hold token ids as torch.long; got dtype {g.dtype}.",
+                    case=case,
+                    hint="build it with dtype=torch.long.",
+                )
+            if tuple(g.shape) != tuple(e.shape):
+                likely = ""
+                if name in ("tgt_in", "tgt_out") and tuple(g.shape) == (B, T):
+                    likely = (
+                        f"{name} keeps the whole target: teacher forcing needs the "
+                        "target shifted by one (tgt_in drops the last position, "
+                        "tgt_out drops <bos>)."
+                    )
+                elif name == "tgt_mask" and tuple(g.shape) == (B, T):
+                    likely = (
+                        "tgt_mask covers the whole target; it must line up with "
+                        "tgt_out (drop the first position)."
+                    )
+                ctx.fail(
+                    f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}.",
+                    case=case,
+                    likely=likely,
+                )
+        src_l = _pad(src_seqs, pad_id, left=True)
+        tgt_l = _pad(tgt_seqs, pad_id, left=True)
+        pad0 = _pad(tgt_seqs, 0)
+        left_pad = Mistake(
+            "the sequences are padded on the left; pad on the right, after the last token "
+            "(positions must start at 0 for every sentence).",
+            "write each sequence at the start of its row: ids[b, :len(s)] = s.",
+        )
+        wrong_pad = Mistake(
+            "the padding uses 0 instead of the pad_id argument.",
+            "fill with pad_id, e.g. torch.full((B, T), pad_id, dtype=torch.long).",
+        )
+        ctx.expect_close(
+            got[0],
+            expected[0],
+            what="src",
+            case=case,
+            rtol=0,
+            atol=0,
+            mistakes=[
+                Mistake(left_pad.name, left_pad.hint, model=lambda: src_l),
+                Mistake(wrong_pad.name, wrong_pad.hint, model=lambda: _pad(src_seqs, 0)),
+            ],
+        )
+        swapped = Mistake(
+            "tgt_in and tgt_out are swapped: the decoder must READ tgt[:, :-1] (starting "
+            "with <bos>) and PREDICT tgt[:, 1:] (ending with <eos>).",
+            "tgt_in = tgt[:, :-1]; tgt_out = tgt[:, 1:].",
+        )
+
+        # Where tgt_out is padding, tgt_in may hold <eos> or padding: neither counts.
+        def counted(x, exp=expected):
+            return torch.where(exp[3], x, exp[1])
+
+        got_in = counted(got[1])
+        ctx.expect_close(
+            got_in,
+            expected[1],
+            what="tgt_in",
+            case=case,
+            rtol=0,
+            atol=0,
+            mistakes=[
+                Mistake(swapped.name, swapped.hint, model=lambda: counted(tgt[:, 1:])),
+                Mistake(left_pad.name, left_pad.hint, model=lambda: counted(tgt_l[:, :-1])),
+                Mistake(wrong_pad.name, wrong_pad.hint, model=lambda: counted(pad0[:, :-1])),
+            ],
+        )
+        ctx.expect_close(
+            got[2],
+            expected[2],
+            what="tgt_out",
+            case=case,
+            rtol=0,
+            atol=0,
+            mistakes=[
+                Mistake(swapped.name, swapped.hint, model=lambda: tgt[:, :-1]),
+                Mistake(left_pad.name, left_pad.hint, model=lambda: tgt_l[:, 1:]),
+                Mistake(wrong_pad.name, wrong_pad.hint, model=lambda: pad0[:, 1:]),
+            ],
+        )
+        real = tgt != pad_id  # (B, T)
+        ctx.expect_close(
+            got[3],
+            expected[3],
+            what="tgt_mask",
+            case=case,
+            rtol=0,
+            atol=0,
+            mistakes=[
+                Mistake(
+                    "tgt_mask is inverted: it is True at the padding, but True must mark "
+                    "the real tokens of tgt_out (the positions the loss counts).",
+                    "tgt_mask = tgt_out != pad_id.",
+                    model=lambda: ~real[:, 1:],
+                ),
+                Mistake(
+                    "tgt_mask is taken from tgt_in, not tgt_out: it counts the <bos> "
+                    "position and misses the final <eos>, which the model must learn to "
+                    "predict.",
+                    "the mask belongs to what is predicted: tgt_mask = tgt_out != pad_id.",
+                    model=lambda: real[:, :-1],
+                ),
+                Mistake(
+                    "tgt_mask leaves out <eos>: the model never learns to stop.",
+                    "<eos> is a real target token; only padding is masked.",
+                    model=lambda: real[:, 1:] & (tgt[:, 1:] != EOS),
+                ),
+                Mistake(left_pad.name, left_pad.hint, model=lambda: (tgt_l != pad_id)[:, 1:]),
+            ],
+        )
+
+
+# ----------------------------------------------------------------------------- the loss
+def _mce_models(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor):
+    lp = torch.log_softmax(logits.double(), -1)
+    nll = -lp.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
+    m = mask.double()
+    raw = -logits.double().gather(-1, targets[..., None]).squeeze(-1)
+    prob = -torch.softmax(logits.double(), -1).gather(-1, targets[..., None]).squeeze(-1)
+    per_row = (nll * m).sum(1) / m.sum(1).clamp(min=1)
+    rows = m.sum(1) > 0
+    return [
+        Mistake(
+            "the padding is averaged in: the mean runs over every position, padding included.",
+            "multiply by the mask (or select the real positions) before summing, and divide "
+            "by the number of real tokens.",
+            model=lambda: nll.mean(),
+        ),
+        Mistake(
+            "divides by all positions (padding included), not by the number of real tokens.",
+            "divide the masked sum by mask.sum().",
+            model=lambda: (nll * m).sum() / m.numel(),
+        ),
+        Mistake(
+            "divides by the batch size, not by the number of real tokens.",
+            "the loss is an average per real token: divide by mask.sum().",
+            model=lambda: (nll * m).sum() / m.shape[0],
+        ),
+        Mistake(
+            "sums the losses instead of averaging them.",
+            "divide the masked sum by the number of real tokens, mask.sum().",
+            model=lambda: (nll * m).sum(),
+        ),
+        Mistake(
+            "averages each sentence first, then the sentences: short sentences get more "
+            "weight per token.",
+            "sum over all real tokens of the batch and divide once, by mask.sum().",
+            model=lambda: per_row[rows].mean(),
+        ),
+        Mistake(
+            "the mask is inverted: the loss averages over the padding, not the real tokens.",
+            "keep the positions where mask is True.",
+            model=lambda: (nll * (1 - m)).sum() / (1 - m).sum().clamp(min=1),
+        ),
+        Mistake(
+            "no log-softmax: the raw logits are used as log-probabilities.",
+            "apply torch.log_softmax(logits, dim=-1) before picking the target entries.",
+            model=lambda: (raw * m).sum() / m.sum(),
+        ),
+        Mistake(
+            "probabilities are used instead of log-probabilities.",
+            "the cross-entropy is -log p(target): use log_softmax, not softmax.",
+            model=lambda: (prob * m).sum() / m.sum(),
+        ),
+    ]
+
+
+@exercise(
+    "masked_cross_entropy",
+    forbidden=lambda: [
+        (ref_training.masked_cross_entropy, "the reference attention_ref.masked_cross_entropy"),
+    ],
+    summary="mean token cross-entropy over the real positions",
+)
+def check_masked_cross_entropy(candidate, ctx: Context) -> None:
+    rng = ctx.rng(82)
+    g = ctx.torch_gen(82)
+
+    def right_padded(lengths, T):
+        return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+
+    scattered = torch.from_numpy(rng.random((3, 7)) < 0.6)
+    scattered[:, 0] = True
+    cases = [
+        ("logits (3, 5, 7), right padding", (3, 5, 7), right_padded([5, 2, 3], 5), 2.0),
+        ("logits (1, 1, 4), one token", (1, 1, 4), right_padded([1], 1), 2.0),
+        ("logits (2, 6, 9), a fully padded row", (2, 6, 9), right_padded([4, 0], 6), 2.0),
+        ("logits (3, 7, 5), scattered mask", (3, 7, 5), scattered, 2.0),
+        ("logits (4, 5, 11), no padding", (4, 5, 11), right_padded([5, 5, 5, 5], 5), 2.0),
+        ("large logits (scale 200)", (3, 6, 8), right_padded([6, 3, 1], 6), 200.0),
+    ]
+    if ctx.thorough:
+        cases += [
+            (
+                "logits (8, 12, 30), random lengths",
+                (8, 12, 30),
+                right_padded(list(rng.integers(1, 13, 8)), 12),
+                3.0,
+            ),
+        ]
+    for label, shape, mask, scale in cases:
+        B, T, V = shape
+        base = scale * torch.randn(shape, generator=g, dtype=torch.float64)
+        targets = torch.randint(1, V, (B, T), generator=g)
+        targets = torch.where(mask, targets, torch.zeros_like(targets))  # pad id 0
+        # Garbage at the padding: a correct loss does not see it.
+        base = torch.where(
+            mask[..., None], base, 50 * torch.randn(shape, generator=g, dtype=torch.float64)
+        )
+        for dtype in (torch.float32, torch.float64):
+            logits = base.to(dtype)
+            case = f"{label}; {str(dtype).replace('torch.', '')}; mask {mask.int().tolist()}"
+
+            def run(lg, tg, mk):
+                lg.requires_grad_(True)
+                return candidate(lg, tg, mk), lg
+
+            loss, leaf = ctx.call(run, logits, targets, mask, case=case)
+            if not isinstance(loss, torch.Tensor):
+                ctx.fail(
+                    f"must return a torch.Tensor (a scalar); got {type(loss).__name__}.",
+                    case=case,
+                    likely="the loss was turned into a Python number (.item() or float()), "
+                    "which cuts it off from the gradient.",
+                    hint="return the tensor itself; call .item() only to print it.",
+                )
+            if loss.dim() != 0:
+                ctx.fail(
+                    f"the loss must be a scalar (shape ()); got shape {tuple(loss.shape)}.",
+                    case=case,
+                    hint="average over the real tokens to a single number.",
+                )
+            if not loss.requires_grad:
+                ctx.fail(
+                    "the loss carries no gradient back to logits.",
+                    case=case,
+                    likely="the computation left autograd (.detach(), .item(), NumPy).",
+                    hint="use torch operations on logits all the way to the result.",
+                )
+            tol = (
+                dict(rtol=1e-4, atol=1e-5)
+                if dtype == torch.float32
+                else dict(rtol=1e-9, atol=1e-12)
+            )
+            if not torch.isfinite(loss.detach()).all():
+                ctx.fail(
+                    f"the loss is {float(loss)}.",
+                    case=case,
+                    likely="the log of a softmax probability that underflowed to 0, or "
+                    "NaN from the padding (0 * inf).",
+                    hint="use torch.log_softmax (stable) and select the real positions "
+                    "with the mask rather than multiplying garbage by 0.",
+                )
+            ref_logits = logits.double().requires_grad_(True)
+            expected = ref_training.masked_cross_entropy(ref_logits, targets, mask)
+            ctx.expect_array(loss.detach(), logits.new_zeros(()), what="the loss", case=case)
+            ctx.expect_close(
+                loss.detach(),
+                expected.detach(),
+                what="the loss value",
+                case=case,
+                **tol,
+                mistakes=_mce_models(logits, targets, mask),
+            )
+            loss.backward()
+            expected.backward()
+            if leaf.grad is None:
+                ctx.fail("no gradient reached logits.", case=case)
+            ctx.expect_close(
+                leaf.grad,
+                ref_logits.grad,
+                what="the gradient of the loss",
+                case=case,
+                **tol,
+                hint="the padding must get zero gradient and each real token 1 / mask.sum() "
+                "of its cross-entropy gradient.",
+            )
+
+
+# ----------------------------------------------------------------------------- beam search
+class TableLM:
+    """A seeded stand-in for a translation model: ``self(prefixes (N, t))`` -> ``(N, V)``
+    log-probabilities that depend on the whole prefix (or come from a hand-made table)."""
+
+    def __init__(
+        self,
+        V: int,
+        bos: int,
+        eos: int,
+        seed: int,
+        temp: float = 1.5,
+        eos_push: float = 0.8,
+        table: dict | None = None,
+    ) -> None:
+        self.V, self.bos, self.eos, self.seed = V, bos, eos, seed
+        self.temp, self.eos_push, self.table = temp, eos_push, table
+        self.calls = 0
+
+    def _row(self, prefix: tuple[int, ...]) -> np.ndarray:
+        if self.table is not None:
+            p = np.full(self.V, 1e-6)
+            for tok, q in self.table.get(prefix[1:], {self.eos: 1.0}).items():
+                p[tok] = q
+            return np.log(p / p.sum())
+        z = self.temp * np.random.default_rng([self.seed, *prefix]).normal(size=self.V)
+        z[self.eos] += self.eos_push * (len(prefix) - 3)
+        z[self.bos] = -8.0
+        z = z - z.max()
+        return z - np.log(np.exp(z).sum())
+
+    def __call__(self, prefixes):
+        if not isinstance(prefixes, torch.Tensor):
+            raise TypeError(
+                f"step_fn expects a torch.Tensor of prefixes (N, t); got {type(prefixes).__name__}"
+            )
+        if prefixes.dim() != 2 or prefixes.dtype != torch.long:
+            raise ValueError(
+                f"step_fn expects prefixes as a (N, t) torch.long tensor; got shape "
+                f"{tuple(prefixes.shape)} and dtype {prefixes.dtype}"
+            )
+        if prefixes.shape[1] < 1 or bool((prefixes[:, 0] != self.bos).any()):
+            raise ValueError("step_fn expects every prefix to start with bos_id")
+        self.calls += 1
+        rows = [self._row(tuple(r)) for r in prefixes.tolist()]
+        return torch.tensor(np.array(rows).reshape(len(rows), self.V), dtype=torch.float64)
+
+
+def _variant(
+    step_fn,
+    bos,
+    eos,
+    k,
+    max_len,
+    *,
+    accumulate=True,
+    use_prob=False,
+    greedy=False,
+    refill=False,
+    norm=False,
+    first_finished=False,
+    past_eos=False,
+    drop_eos_score=False,
+):
+    """Beam search with one deliberate deviation from the exercise's rule (to name a
+    learner's mistake). With every flag off it is the rule itself."""
+    k = 1 if greedy else k
+    alive: list[tuple[list[int], float]] = [([bos], 0.0)]
+    finished: list[tuple[list[int], float]] = []
+    for _ in range(max_len):
+        lp = step_fn(torch.tensor([a for a, _ in alive]))  # (n, V)
+        lp = lp.double()
+        cands = []
+        for (seq, s), row in zip(alive, lp.tolist(), strict=True):
+            for tok, v in enumerate(row):
+                inc = math.exp(v) if use_prob else v
+                score = s + inc if accumulate else inc
+                cands.append((seq + [tok], score, s))
+        cands.sort(key=lambda c: -c[1])
+        if refill:
+            keep = [c for c in cands if c[0][-1] != eos][:k]
+            done = [c for c in cands[:k] if c[0][-1] == eos]
+        else:
+            top = cands[:k]
+            keep = [c for c in top if c[0][-1] != eos or past_eos]
+            done = [c for c in top if c[0][-1] == eos and not past_eos]
+        for seq, score, prev in done:
+            finished.append((seq[1:-1], prev if drop_eos_score else score))
+        if first_finished and finished:
+            break
+        alive = [(seq, score) for seq, score, _ in keep]
+        if not alive:
+            break
+    else:
+        finished += [(seq[1:], s) for seq, s in alive]
+    if not finished:
+        finished = [(seq[1:], s) for seq, s in alive]
+    if norm:
+        return max(finished, key=lambda f: f[1] / (len(f[0]) + 1))
+    if first_finished:
+        return finished[0]
+    return max(finished, key=lambda f: f[1])
+
+
+BEAM_MISTAKES: list[tuple[str, str, dict]] = [
+    (
+        "beam_size is ignored: only the single best hypothesis is kept (greedy decoding).",
+        "keep the beam_size best candidates of ALL hypotheses x ALL tokens at each step.",
+        dict(greedy=True),
+    ),
+    (
+        "the score is not accumulated: hypotheses are ranked by their last token's "
+        "log-probability only.",
+        "a candidate's score is its parent's score PLUS the new token's log-probability.",
+        dict(accumulate=False),
+    ),
+    (
+        "probabilities are added instead of log-probabilities.",
+        "the probability of a sequence is a product; in logs it is the SUM of the "
+        "log-probabilities step_fn returns (use them as they are).",
+        dict(use_prob=True),
+    ),
+    (
+        "the search stops at the first finished hypothesis instead of returning the best "
+        "finished one.",
+        "collect finished hypotheses and keep searching while an unfinished one could still "
+        "score higher; return the highest-scoring finished hypothesis.",
+        dict(first_finished=True),
+    ),
+    (
+        "the scores are divided by the length (length normalisation), which this exercise "
+        "does not use.",
+        "compare raw sums of log-probabilities.",
+        dict(norm=True),
+    ),
+    (
+        "hypotheses are extended past <eos> instead of being finished.",
+        "a kept candidate whose last token is eos_id goes to the finished list and is not "
+        "extended further.",
+        dict(past_eos=True),
+    ),
+    (
+        "the score leaves out the log-probability of <eos>.",
+        "<eos> is a token like any other: add its log-probability when the hypothesis ends.",
+        dict(drop_eos_score=True),
+    ),
+]
+
+# A table where greedy decoding loses: "a" looks best first, but "b <eos>" is likelier
+# than anything after "a". Ids: 0 pad, 1 bos, 2 eos, 3 "a", 4 "b".
+GREEDY_TRAP = {
+    (): {3: 0.55, 4: 0.45},
+    (3,): {3: 0.36, 4: 0.34, 2: 0.30},
+    (3, 3): {2: 1.0},
+    (3, 4): {2: 1.0},
+    (4,): {2: 0.95, 3: 0.05},
+}
+
+# A table where the first hypothesis to finish ("e") is not the best ("b c").
+# Ids: 0 pad, 1 bos, 2 eos, 3 "a", 4 "b", 5 "c", 6 "e".
+LATE_WINNER = {
+    (): {3: 0.40, 4: 0.35, 6: 0.25},
+    (3,): {5: 0.60, 2: 0.40},
+    (3, 5): {2: 1.0},
+    (4,): {5: 0.99, 2: 0.01},
+    (4, 5): {2: 1.0},
+    (6,): {2: 0.95, 5: 0.05},
+}
+
+
+def _as_tokens(x) -> list[int] | None:
+    if isinstance(x, torch.Tensor):
+        x = x.tolist()
+    if not isinstance(x, list | tuple):
+        return None
+    try:
+        return [int(t) for t in x]
+    except (TypeError, ValueError):
+        return None
+
+
+@exercise(
+    "beam_search",
+    forbidden=lambda: [
+        (ref.beam_search, "the reference attention_ref.beam_search"),
+        (ref.greedy_search, "the reference attention_ref.greedy_search"),
+    ],
+    summary="the best finished hypothesis and its summed log-probability",
+)
+def check_beam_search(candidate, ctx: Context) -> None:
+    s = ctx.seed
+    cases: list[tuple[str, Callable[[], TableLM], int, int, int, int]] = [
+        (
+            "a table where greedy decoding loses, beam_size=2",
+            lambda: TableLM(5, 1, 2, s, table=GREEDY_TRAP),
+            1,
+            2,
+            2,
+            6,
+        ),
+        (
+            "a table where the first hypothesis to finish is not the best, beam_size=3",
+            lambda: TableLM(7, 1, 2, s, table=LATE_WINNER),
+            1,
+            2,
+            3,
+            6,
+        ),
+        ("random table, V=6, beam_size=3", lambda: TableLM(6, 1, 2, s + 1), 1, 2, 3, 8),
+        ("random table, V=7, beam_size=1", lambda: TableLM(7, 1, 2, s + 2), 1, 2, 1, 8),
+        (
+            "random table, V=8, beam_size=4, bos_id=5, eos_id=0",
+            lambda: TableLM(8, 5, 0, s + 3),
+            5,
+            0,
+            4,
+            8,
+        ),
+        (
+            "random table, V=6, beam_size=3, max_len=3 (hypotheses left unfinished)",
+            lambda: TableLM(6, 1, 2, s + 4, eos_push=-1.0),
+            1,
+            2,
+            3,
+            3,
+        ),
+        (
+            "random table, V=9, beam_size=5, flat distributions",
+            lambda: TableLM(9, 1, 2, s + 5, temp=0.6),
+            1,
+            2,
+            5,
+            8,
+        ),
+    ]
+    for i in range(4 if ctx.thorough else 2):
+        cases.append(
+            (
+                f"random table #{i}, V=10, beam_size={2 + i}",
+                lambda i=i: TableLM(10, 1, 2, s + 10 + i, temp=1.0 + 0.3 * i),
+                1,
+                2,
+                2 + i,
+                10,
+            )
+        )
+    for label, make, bos, eos, k, max_len in cases:
+        case = f"{label}; bos_id={bos}, eos_id={eos}, beam_size={k}, max_len={max_len}"
+        got = ctx.call(candidate, make(), bos, eos, beam_size=k, max_len=max_len, case=case)
+        got = ctx.expect_tuple(got, ("tokens", "score"), case=case)
+        tokens = _as_tokens(got[0])
+        if tokens is None:
+            ctx.fail(f"tokens must be a list of ints; got {type(got[0]).__name__}.", case=case)
+        try:
+            score = float(got[1])
+        except (TypeError, ValueError):
+            ctx.fail(f"score must be a number; got {type(got[1]).__name__}.", case=case)
+        exp_tokens, exp_score = ref.beam_search(make(), bos, eos, k, max_len)
+        if tokens == exp_tokens and math.isclose(score, exp_score, rel_tol=1e-7, abs_tol=1e-9):
+            continue
+        if tokens and tokens[0] == bos and tokens[1:] == exp_tokens[: len(tokens) - 1]:
+            ctx.fail(
+                "the returned tokens start with <bos>.",
+                case=case,
+                likely="the returned tokens include <bos>.",
+                hint="return the hypothesis without its leading bos_id (and without "
+                "the final eos_id).",
+            )
+        if tokens and tokens[-1] == eos and tokens[:-1] == exp_tokens:
+            ctx.fail(
+                "the returned tokens end with <eos>.",
+                case=case,
+                likely="the returned tokens include <eos>.",
+                hint="return the hypothesis without its final eos_id.",
+            )
+        likely = hint = ""
+        for name, h, flags in BEAM_MISTAKES:
+            try:
+                m_tokens, m_score = _variant(make(), bos, eos, k, max_len, **flags)
+            except Exception:
+                continue
+            if m_tokens == tokens and math.isclose(m_score, score, rel_tol=1e-6, abs_tol=1e-9):
+                likely, hint = name, h
+                break
+        what = "tokens" if tokens != exp_tokens else "score"
+        ctx.fail(
+            f"the {what} are wrong: expected tokens {exp_tokens} with score {exp_score:.6f}, "
+            f"got {tokens} with score {score:.6f}.",
+            case=case,
+            likely=likely,
+            hint=hint or "follow the rule step by step on the greedy-trap table by hand.",
+        )

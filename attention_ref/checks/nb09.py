@@ -1,0 +1,353 @@
+"""Checks for notebook 09 (extractive question answering): ``best_span`` and ``span_loss``.
+
+Inputs are seeded random logits over a packed ``question <sep> context <pad>`` row; the
+mask marks the context. To make the usual mistakes visible, the positions outside the
+context get *large* logits (a decoder or a loss that forgets the mask is caught at once)
+and the logits are drawn so that the best start often lies after the best end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..apps import qa as ref
+from ._core import Context, Mistake, exercise
+
+NEG = float("-inf")
+
+
+def _context_masks(rng: np.random.Generator, B: int, T: int) -> torch.Tensor:
+    """``(B, T)`` bool: each row a contiguous context after a question, then padding."""
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):
+        q = int(rng.integers(0, max(1, T // 3)))
+        n = int(rng.integers(1, T - q + 1))
+        mask[b, q : q + n] = True
+    return mask
+
+
+def _logits(g: torch.Generator, mask: torch.Tensor, dtype, scale: float = 3.0) -> torch.Tensor:
+    """Random logits, large outside the mask (where a correct solution never looks)."""
+    x = torch.randn(mask.shape, generator=g, dtype=torch.float64) * scale
+    x = torch.where(mask, x, x.abs() + 4 * scale)
+    return x.to(dtype)
+
+
+def _span_scores(s, e):
+    return s.double()[:, :, None] + e.double()[:, None, :]  # (B, T, T)
+
+
+def _argmax_pairs(scores: torch.Tensor, ok: torch.Tensor):
+    T = scores.shape[-1]
+    flat = scores.masked_fill(~ok, NEG).flatten(1).argmax(1)
+    return flat // T, flat % T
+
+
+def _tri(T: int, strict: bool = False) -> torch.Tensor:
+    i = torch.arange(T)
+    return i[:, None] < i[None, :] if strict else i[:, None] <= i[None, :]
+
+
+def _ok(mask, max_len=None, *, triangle=True, strict=False, use_mask=True):
+    T = mask.shape[1]
+    ok = _tri(T, strict) if triangle else torch.ones(T, T, dtype=torch.bool)
+    if max_len is not None:
+        i = torch.arange(T)
+        ok = ok & (i[None, :] - i[:, None] < max_len)
+    ok = ok[None].expand(mask.shape[0], T, T)
+    if use_mask:
+        ok = ok & mask[:, :, None] & mask[:, None, :]
+    return ok
+
+
+# ----------------------------------------------------------------------------- best_span
+def _best_span_cases(ctx: Context):
+    rng, g = ctx.rng(91), ctx.torch_gen(91)
+    cases = []
+    # (label, start_logits, end_logits, mask, max_len)
+    m = _context_masks(rng, 4, 12)
+    cases.append(("B=4, T=12, contexts after a question", m, None))
+    m1 = torch.zeros(1, 6, dtype=torch.bool)
+    m1[0, 3] = True
+    cases.append(("batch of one, a one-token context", m1, None))
+    m = _context_masks(rng, 5, 16)
+    cases.append(("B=5, T=16, max_len=3", m, 3))
+    m = torch.from_numpy(rng.random((3, 10)) < 0.5)
+    m[:, 0] = True
+    cases.append(("B=3, T=10, a scattered mask", m, None))
+    m = _context_masks(rng, 3, 9)
+    cases.append(("B=3, T=9, max_len=1 (one-token answers only)", m, 1))
+    if ctx.thorough:
+        cases.append(("B=8, T=40", _context_masks(rng, 8, 40), None))
+        cases.append(("B=6, T=25, max_len=4", _context_masks(rng, 6, 25), 4))
+    out = []
+    for i, (label, mask, max_len) in enumerate(cases):
+        dtype = torch.float64 if i % 2 else torch.float32
+        s = _logits(g, mask, dtype)
+        e = _logits(g, mask, dtype)
+        # Make the unconstrained best end come before the best start in most rows.
+        T = mask.shape[1]
+        ramp = torch.linspace(2.0, -2.0, T, dtype=torch.float64).to(dtype)
+        s, e = s - ramp, e + ramp
+        out.append((f"{label}, {str(dtype).replace('torch.', '')}", s, e, mask, max_len))
+    # Logits exactly -inf outside the context (what SpanScorer gives).
+    mask = _context_masks(rng, 4, 11)
+    s = torch.randn(4, 11, generator=g).masked_fill(~mask, NEG)
+    e = torch.randn(4, 11, generator=g).masked_fill(~mask, NEG)
+    out.append(("B=4, T=11, logits -inf outside the context", s, e, mask, None))
+    return out
+
+
+def _best_span_mistakes(s, e, mask, max_len):
+    scores = _span_scores(s, e)
+    T = mask.shape[1]
+
+    def independent():
+        ss = s.double().masked_fill(~mask, NEG).argmax(1)
+        ee = e.double().masked_fill(~mask, NEG).argmax(1)
+        return torch.stack([ss, ee])
+
+    def pairs(**kw):
+        return torch.stack(_argmax_pairs(scores, _ok(mask, max_len, **kw)))
+
+    def swapped_index():
+        ss, ee = _argmax_pairs(scores, _ok(mask, max_len))
+        flat = ss * T + ee
+        return torch.stack([flat % T, flat // T])
+
+    return [
+        Mistake(
+            "the end may come before the start: start and end are chosen independently "
+            "(two argmaxes, or every pair scored without requiring s <= e).",
+            "score every pair: scores[s, e] = start_logits[s] + end_logits[e], keep only the "
+            "pairs with s <= e (an upper-triangular mask), and take the best pair.",
+            model=independent,
+        ),
+        Mistake(
+            "the mask is ignored: the span uses question or padding positions.",
+            "only pairs with mask[s] and mask[e] True are allowed.",
+            model=lambda: pairs(use_mask=False),
+        ),
+        Mistake(
+            "the mask is ignored and the end may come before the start.",
+            "allow only pairs inside the mask with s <= e.",
+            model=lambda: pairs(use_mask=False, triangle=False),
+        ),
+        Mistake(
+            "off by one: one-token answers (s == e) are not allowed (s < e instead of s <= e).",
+            "the diagonal s == e is a valid span of one token.",
+            model=lambda: pairs(strict=True),
+        ),
+        Mistake(
+            "max_len is ignored: spans longer than max_len tokens are allowed.",
+            "also require e - s + 1 <= max_len when max_len is not None.",
+            model=lambda: torch.stack(_argmax_pairs(scores, _ok(mask, None))),
+        ),
+        Mistake(
+            "off by one in max_len: spans of max_len + 1 tokens are allowed (e - s <= max_len).",
+            "a span from s to e has e - s + 1 tokens.",
+            model=lambda: torch.stack(
+                _argmax_pairs(scores, _ok(mask, None if max_len is None else max_len + 1))
+            ),
+        ),
+        Mistake(
+            "start and end are swapped (e.g. flat index decoded as (flat % T, flat // T)).",
+            "for a flattened (T_start, T_end) grid, start = flat // T and end = flat % T.",
+            model=swapped_index,
+        ),
+    ]
+
+
+@exercise(
+    "best_span",
+    forbidden=lambda: [(ref.best_span, "the reference attention_ref.best_span")],
+    summary="highest-scoring span with start <= end inside the context",
+)
+def check_best_span(candidate, ctx: Context) -> None:
+    for label, s, e, mask, max_len in _best_span_cases(ctx):
+        case = f"{label}: start_logits, end_logits {tuple(s.shape)}, mask {tuple(mask.shape)}"
+        got = ctx.call(candidate, s, e, mask, max_len, case=case)
+        got = ctx.expect_tuple(got, ("start", "end"), case=case)
+        B = s.shape[0]
+        for name, t in zip(("start", "end"), got, strict=True):
+            if not isinstance(t, torch.Tensor):
+                ctx.fail(f"{name} must be a torch.Tensor; got {type(t).__name__}.", case=case)
+            if t.is_floating_point() or t.dtype == torch.bool:
+                ctx.fail(
+                    f"{name} must hold integer positions (torch.long); got {t.dtype}.",
+                    case=case,
+                    hint="argmax already returns a long tensor.",
+                )
+            if tuple(t.shape) != (B,):
+                ctx.fail(f"{name} has shape {tuple(t.shape)}, expected ({B},).", case=case)
+            if t.device != s.device:
+                ctx.fail(f"{name} is on {t.device}, expected {s.device}.", case=case)
+        gs, ge = (t.long().cpu() for t in got)
+        es, ee = ref.best_span(s, e, mask, max_len)
+        got_pair = torch.stack([gs, ge])
+        mistakes = _best_span_mistakes(s, e, mask, max_len)
+        # Properties first, with the likely mistake named when a model reproduces it.
+        likely, hint = ctx.diagnose(got_pair, torch.stack([es, ee]), mistakes, (), {})
+        rows = torch.arange(B)
+        inside = (gs >= 0) & (gs < s.shape[1]) & (ge >= 0) & (ge < s.shape[1])
+        if not bool(inside.all()):
+            ctx.fail("a position is outside 0 .. T-1.", case=case, likely=likely, hint=hint)
+        if bool((ge < gs).any()):
+            b = int(torch.nonzero(ge < gs)[0])
+            ctx.fail(
+                f"row {b}: the end ({int(ge[b])}) comes before the start ({int(gs[b])}).",
+                case=case,
+                likely=likely,
+                hint=hint,
+            )
+        if not bool((mask[rows, gs] & mask[rows, ge]).all()):
+            b = int(torch.nonzero(~(mask[rows, gs] & mask[rows, ge]))[0])
+            ctx.fail(
+                f"row {b}: the span ({int(gs[b])}, {int(ge[b])}) uses a position where the "
+                "mask is False (outside the context).",
+                case=case,
+                likely=likely,
+                hint=hint,
+            )
+        if max_len is not None and bool((ge - gs + 1 > max_len).any()):
+            b = int(torch.nonzero(ge - gs + 1 > max_len)[0])
+            ctx.fail(
+                f"row {b}: the span ({int(gs[b])}, {int(ge[b])}) has {int(ge[b] - gs[b] + 1)} "
+                f"tokens, more than max_len={max_len}.",
+                case=case,
+                likely=likely,
+                hint=hint,
+            )
+        # Valid: is it the best? Compare scores (ties would allow either span).
+        sc = _span_scores(s, e)
+        got_score = sc[rows, gs, ge]
+        best = sc[rows, es, ee]
+        if not torch.allclose(got_score, best, rtol=1e-9, atol=1e-9):
+            b = int(torch.nonzero(~torch.isclose(got_score, best, rtol=1e-9, atol=1e-9))[0])
+            ctx.fail(
+                f"row {b}: the span ({int(gs[b])}, {int(ge[b])}) scores "
+                f"{float(got_score[b]):.4g}, but the valid span ({int(es[b])}, {int(ee[b])}) "
+                f"scores {float(best[b]):.4g}.",
+                case=case,
+                likely=likely,
+                hint=hint
+                or "the score of a span is start_logits[s] + end_logits[e]; take the "
+                "maximum over all valid pairs, not over starts and ends separately.",
+            )
+
+
+# ----------------------------------------------------------------------------- span_loss
+def _span_loss_cases(ctx: Context):
+    rng, g = ctx.rng(92), ctx.torch_gen(92)
+    shapes = [(4, 12), (1, 5), (6, 20), (3, 9)]
+    if ctx.thorough:
+        shapes += [(16, 40), (2, 3)]
+    out = []
+    for i, (B, T) in enumerate(shapes):
+        dtype = torch.float64 if i % 2 else torch.float32
+        mask = _context_masks(rng, B, T)
+        s = _logits(g, mask, dtype, scale=2.0)
+        e = _logits(g, mask, dtype, scale=2.0)
+        start = torch.zeros(B, dtype=torch.long)
+        end = torch.zeros(B, dtype=torch.long)
+        for b in range(B):
+            pos = torch.nonzero(mask[b]).flatten()
+            a, c = sorted(int(pos[j]) for j in rng.integers(0, len(pos), size=2))
+            start[b], end[b] = a, c
+        label = f"B={B}, T={T}, {str(dtype).replace('torch.', '')}"
+        out.append((label, s, e, start, end, mask))
+    return out
+
+
+def _ce(logits, target, mask=None, *, reduce="mean", log=True):
+    x = logits.double()
+    if mask is not None:
+        x = x.masked_fill(~mask, NEG)
+    p = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+    picked = p[torch.arange(len(target)), target]
+    return -(picked.mean() if reduce == "mean" else picked.sum())
+
+
+@exercise(
+    "span_loss",
+    forbidden=lambda: [(ref.span_loss, "the reference attention_ref.span_loss")],
+    summary="(CE_start + CE_end) / 2 over the context positions only",
+)
+def check_span_loss(candidate, ctx: Context) -> None:
+    for label, s, e, start, end, mask in _span_loss_cases(ctx):
+        args = (s, e, start, end, mask)
+        case = f"{label}: logits {tuple(s.shape)}, start/end {tuple(start.shape)}"
+        got = ctx.call(candidate, *args, case=case)
+        expected = ref.span_loss(s.double(), e.double(), start, end, mask).to(s.dtype)
+        if isinstance(got, float | int):
+            ctx.fail(
+                f"the loss must be a scalar torch.Tensor (so it can be back-propagated); got a "
+                f"Python {type(got).__name__}.",
+                case=case,
+                hint="don't call .item() or float() on the loss.",
+            )
+        if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == s.shape[0]:
+            ctx.fail(
+                f"the loss has shape {tuple(got.shape)}: one value per example, but it must be "
+                "a scalar, the mean over the batch.",
+                case=case,
+                likely="the loss is not averaged over the batch.",
+                hint="average the per-example losses with .mean().",
+            )
+        ctx.expect_array(got, expected, what="the loss", case=case)
+        mistakes = [
+            Mistake(
+                "the mask is not applied: the softmax runs over every position, question and "
+                "padding included, so padding is not ignored.",
+                "set the logits outside the mask to -inf (masked_fill(~mask, float('-inf'))) "
+                "before the log-softmax.",
+                model=lambda: (_ce(s, start) + _ce(e, end)) / 2,
+            ),
+            Mistake(
+                "the start and end losses are summed; the loss is their average.",
+                "return (loss_start + loss_end) / 2.",
+                model=lambda: _ce(s, start, mask) + _ce(e, end, mask),
+            ),
+            Mistake(
+                "the loss is summed over the batch instead of averaged.",
+                "average over the examples (.mean(), or reduction='mean').",
+                model=lambda: (
+                    (_ce(s, start, mask, reduce="sum") + _ce(e, end, mask, reduce="sum")) / 2
+                ),
+            ),
+            Mistake(
+                "only the start (or only the end) is in the loss.",
+                "the loss is the average of the start and the end cross-entropies.",
+                applies=lambda g_, e_: bool(
+                    np.isclose(g_, _ce(s, start, mask).item() / 2, rtol=1e-3)
+                    or np.isclose(g_, _ce(e, end, mask).item() / 2, rtol=1e-3)
+                    or np.isclose(g_, _ce(s, start, mask).item(), rtol=1e-3)
+                    or np.isclose(g_, _ce(e, end, mask).item(), rtol=1e-3)
+                ),
+            ),
+            Mistake(
+                "probabilities are used where log-probabilities belong (softmax, not log_softmax).",
+                "the cross-entropy is -log p(true position): use torch.log_softmax.",
+                model=lambda: (_ce(s, start, mask, log=False) + _ce(e, end, mask, log=False)) / 2,
+            ),
+            Mistake(
+                "start and end are swapped: the start logits are scored against the true end.",
+                "pair start_logits with start and end_logits with end.",
+                model=lambda: (_ce(s, end, mask) + _ce(e, start, mask)) / 2,
+            ),
+        ]
+        tol = dict(rtol=1e-5, atol=1e-6) if s.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+        ctx.expect_close(got, expected, what="the loss", case=case, mistakes=mistakes, **tol)
+        # Property: logits outside the mask must not matter.
+        s2 = torch.where(mask, s, s + 7.0)
+        got2 = ctx.call(candidate, s2, e, start, end, mask, case=case)
+        if isinstance(got2, torch.Tensor) and not torch.allclose(
+            got2.detach().double(), got.detach().double(), **tol
+        ):
+            ctx.fail(
+                "changing the logits outside the mask (question, padding) changes the loss.",
+                case=case,
+                likely=mistakes[0].name,
+                hint=mistakes[0].hint,
+            )

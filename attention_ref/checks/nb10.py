@@ -1,0 +1,217 @@
+"""Checks for notebook 10 (extractive summarization): ``pool_sentences`` and
+``select_sentences``.
+
+``pool_sentences`` is compared with a float64 model on random token vectors whose
+sentence ids include header tokens (-1), padding (-1) and empty sentence slots.
+``select_sentences`` gets random scores in which the padding slots have the *highest*
+scores, and documents with fewer real sentences than ``k``, so forgetting the mask shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..apps import summarization as ref
+from ._core import Context, Mistake, exercise
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ----------------------------------------------------------------------------- pool_sentences
+def _sentence_ids(rng: np.random.Generator, B: int, T: int, S: int, empty_slot: bool):
+    """``(B, T)`` long: a header (-1), consecutive sentences 0..n-1, padding (-1)."""
+    out = torch.full((B, T), -1, dtype=torch.long)
+    for b in range(B):
+        pos = int(rng.integers(0, 3))  # header length
+        n = int(rng.integers(1, S + 1))
+        if empty_slot and b == 0:
+            n = max(1, S - 1)  # the last slot stays empty
+        for s in range(n):
+            length = int(rng.integers(1, 4))
+            if pos >= T:
+                break
+            out[b, pos : pos + length] = s
+            pos += length
+    return out
+
+
+def _pool_model(h, ids, S, *, mode="mean"):
+    h = h.double()
+    B, T, D = h.shape
+    out = torch.zeros(B, S, D, dtype=torch.float64)
+    for s in range(S):
+        sel = ids == s if mode != "clamp" else ids.clamp(min=0) == s
+        sel = sel.double()[..., None]  # (B, T, 1)
+        total = (h * sel).sum(1)
+        count = sel.sum(1)
+        if mode == "sum":
+            out[:, s] = total
+        elif mode == "all_tokens":
+            out[:, s] = total / T
+        elif mode == "real_tokens":
+            out[:, s] = total / (ids >= 0).sum(1, keepdim=True).clamp(min=1).double()
+        else:
+            out[:, s] = total / count.clamp(min=1)
+    return out
+
+
+def _pool_shifted(h, ids, S):
+    return _pool_model(h, torch.where(ids >= 0, ids + 1, ids), S)
+
+
+@exercise(
+    "pool_sentences",
+    forbidden=lambda: [(ref.pool_sentences, "the reference attention_ref.pool_sentences")],
+    summary="mean of each sentence's token vectors, -1 tokens ignored",
+)
+def check_pool_sentences(candidate, ctx: Context) -> None:
+    rng, g = ctx.rng(101), ctx.torch_gen(101)
+    shapes = [(2, 12, 4, 3, True), (1, 5, 2, 2, False), (3, 20, 8, 5, True), (2, 9, 6, 1, False)]
+    if ctx.thorough:
+        shapes += [(8, 60, 16, 9, True), (4, 30, 32, 7, True)]
+    for i, (B, T, D, S, empty) in enumerate(shapes):
+        dtype = torch.float64 if i % 2 else torch.float32
+        h = torch.randn(B, T, D, generator=g, dtype=dtype) + 1.0
+        ids = _sentence_ids(rng, B, T, S, empty)
+        case = f"h {(B, T, D)} {_dt(dtype)}, sentence_ids {(B, T)}, n_sentences={S}"
+        got = ctx.call(candidate, h, ids, S, case=case)
+        expected = ref.pool_sentences(h.double(), ids, S).to(dtype)
+        ctx.expect_array(got, expected, what="the pooled sentences", case=case)
+        mistakes = [
+            Mistake(
+                "the token vectors are summed, not averaged.",
+                "divide each sentence's sum by its number of tokens.",
+                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="sum"),
+            ),
+            Mistake(
+                "each sum is divided by the sequence length T (or by all real tokens), not by "
+                "the number of tokens in that sentence.",
+                "count the tokens of each sentence: onehot.sum(-1), clamped to at least 1.",
+                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="all_tokens"),
+            ),
+            Mistake(
+                "each sum is divided by the sequence length T (or by all real tokens), not by "
+                "the number of tokens in that sentence.",
+                "count the tokens of each sentence: onehot.sum(-1), clamped to at least 1.",
+                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="real_tokens"),
+            ),
+            Mistake(
+                "tokens with sentence id -1 (header, padding) are counted in sentence 0 (the "
+                "ids were clamped, or -1 wrapped around when used as an index).",
+                "tokens with id -1 belong to no sentence: compare ids with each slot s, so -1 "
+                "never matches.",
+                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="clamp"),
+            ),
+            Mistake(
+                "off by one: sentence s gets the tokens of sentence s - 1.",
+                "slot s averages the tokens whose id equals s (ids start at 0).",
+                model=lambda h=h, ids=ids, S=S: _pool_shifted(h, ids, S),
+            ),
+        ]
+        tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+        ctx.expect_close(
+            got, expected, what="the pooled sentences", case=case, mistakes=mistakes, **tol
+        )
+
+
+# ----------------------------------------------------------------------------- select_sentences
+def _select_cases(ctx: Context):
+    rng, g = ctx.rng(102), ctx.torch_gen(102)
+    cases = []
+    specs = [(4, 7, 2, "int"), (1, 5, 1, "int"), (5, 9, 3, "tensor"), (3, 6, 4, "int")]
+    if ctx.thorough:
+        specs += [(16, 12, 3, "tensor"), (6, 4, 5, "int")]
+    for i, (B, S, k, kind) in enumerate(specs):
+        dtype = torch.float64 if i % 2 else torch.float32
+        n_real = torch.from_numpy(rng.integers(1, S + 1, size=B))
+        n_real[0] = S  # one full document
+        if B > 1:
+            n_real[-1] = max(1, min(S, k) - 1)  # fewer real sentences than k
+        mask = torch.arange(S)[None, :] < n_real[:, None]
+        scores = torch.randn(B, S, generator=g, dtype=torch.float64)
+        scores = torch.where(mask, scores, scores.abs() + 5.0).to(dtype)  # padding scores high
+        if kind == "tensor":
+            kk = torch.from_numpy(rng.integers(1, S, size=B)).long()
+            label = f"k a (B,) tensor {kk.tolist()}"
+        else:
+            kk = k
+            label = f"k={k}"
+        cases.append(
+            (
+                f"scores {(B, S)} {_dt(dtype)}, real sentences {n_real.tolist()}, {label}",
+                scores,
+                mask,
+                kk,
+            )
+        )
+    # Positive scores that are all below zero / a threshold rule must still pick k.
+    scores = -torch.rand(3, 6, generator=g) - 0.1
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    cases.append(("scores (3, 6) all negative, k=2", scores, mask, 2))
+    return cases
+
+
+def _topk_model(scores, mask, k, *, use_mask=True, largest=True):
+    B, S = scores.shape
+    kk = k if isinstance(k, torch.Tensor) else torch.full((B,), k)
+    x = scores.double()
+    if use_mask:
+        x = x.masked_fill(~mask, float("-inf") if largest else float("inf"))
+    order = x.argsort(1, descending=largest)
+    out = torch.zeros(B, S, dtype=torch.bool)
+    for b in range(B):
+        out[b, order[b, : int(kk[b])]] = True
+    return out & mask if use_mask else out
+
+
+@exercise(
+    "select_sentences",
+    forbidden=lambda: [(ref.select_sentences, "the reference attention_ref.select_sentences")],
+    summary="True at the k best real sentences of each document",
+)
+def check_select_sentences(candidate, ctx: Context) -> None:
+    for case, scores, mask, k in _select_cases(ctx):
+        got = ctx.call(candidate, scores, mask, k, case=case)
+        expected = ref.select_sentences(scores, mask, k)
+        if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
+            likely = ""
+            if not got.is_floating_point() and got.dim() == 2 and got.shape[1] != scores.shape[1]:
+                likely = "the indices of the chosen sentences are returned (e.g. topk(...).indices)"
+            ctx.fail(
+                f"the selection must be a boolean tensor of shape {tuple(scores.shape)} (True = "
+                f"in the summary); got dtype {got.dtype} and shape {tuple(got.shape)}.",
+                case=case,
+                likely=likely,
+                hint="build a bool mask, e.g. torch.zeros_like(mask).scatter(1, idx, True), "
+                "or compare each sentence's rank with k.",
+            )
+        ctx.expect_array(got, expected, what="the selection", case=case)
+        mistakes = [
+            Mistake(
+                "padding is selected: the mask is not applied before ranking.",
+                "give padding slots a score of -inf before ranking, and AND the result with "
+                "the mask.",
+                model=lambda s=scores, m=mask, k=k: _topk_model(s, m, k, use_mask=False),
+            ),
+            Mistake(
+                "the lowest scores are selected, not the highest.",
+                "rank in descending order (topk picks the largest by default).",
+                model=lambda s=scores, m=mask, k=k: _topk_model(s, m, k, largest=False),
+            ),
+            Mistake(
+                "k is ignored: sentences are selected by a threshold (score > 0).",
+                "select exactly the k best real sentences of each document.",
+                model=lambda s=scores, m=mask: (s > 0) & m,
+            ),
+            Mistake(
+                "k is ignored: sentences are selected by a threshold (score > 0).",
+                "select exactly the k best real sentences of each document.",
+                model=lambda s=scores: s > 0,
+            ),
+        ]
+        ctx.expect_close(
+            got, expected, what="the selection", case=case, mistakes=mistakes, rtol=0, atol=0
+        )

@@ -1,0 +1,573 @@
+"""Checks for notebook 11: ``online_softmax``, ``online_softmax_attention`` and the cached
+attention step ``cached_self_attention``.
+
+Besides comparing values with a float64 reference, the checks watch the learner's code run
+(:class:`~attention_ref.efficient.OpRecorder`, a ``TorchDispatchMode``) to verify what the
+exercise is about: ``online_softmax`` never reduces the whole vector at once,
+``online_softmax_attention`` never builds a tensor as large as the ``n_q x n_k`` score
+matrix and, with ``causal=True``, skips the key blocks entirely in the future (it does
+about half the work). Mistakes are named by running float64 models of buggy versions
+(no rescale of the running sum, of the accumulator, no running maximum, the last partial
+block dropped, the causal block skip off by one, ...) and seeing which reproduces the
+learner's numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+
+from .. import efficient as ref
+from .. import kv_cache as kv_ref
+from ..attention import sdpa, sdpa_np
+from ..efficient import OpRecorder
+from ..multihead import MultiHeadAttention, merge_heads, split_heads
+from ._core import Context, Mistake, exercise
+from .nb01 import BUILTIN_ATTENTION, TOL
+
+_SOFTMAXES = [
+    (torch.softmax, "torch.softmax"),
+    (torch.nn.functional.softmax, "torch.nn.functional.softmax"),
+    (torch.log_softmax, "torch.log_softmax"),
+    (torch.logsumexp, "torch.logsumexp"),
+]
+_REDUCTIONS = ("max", "amax", "sum", "logsumexp", "_softmax", "_log_softmax", "mean", "cumsum")
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _expect_tensor_like(ctx: Context, got, like: torch.Tensor, what: str, case: str) -> None:
+    """Type and shape first (so a NaN check below can name a mistake)."""
+    if not isinstance(got, torch.Tensor):
+        ctx.fail(f"{what} must be a torch.Tensor; got {type(got).__name__}.", case=case)
+    if tuple(got.shape) != tuple(like.shape):
+        ctx.fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.", case=case)
+
+
+def _name_nonfinite(ctx: Context, got, expected, mistakes, case: str, what: str) -> None:
+    """If ``got`` has NaN/inf, name the mistake whose model has them at the same places."""
+    if isinstance(got, torch.Tensor) and not bool(torch.isfinite(got).all()):
+        likely, hint = ctx.diagnose(got, expected, mistakes, (), {})
+        if likely:
+            ctx.fail(f"{what} contains NaN or inf.", case=case, likely=likely, hint=hint)
+
+
+# ----------------------------------------------------------------------------- online_softmax
+def _softmax_model(
+    x: np.ndarray,
+    bs: int,
+    *,
+    rescale: bool = True,
+    running: bool = True,
+    drop_last: bool = False,
+    m0: float = -np.inf,
+    subtract: bool = True,
+) -> np.ndarray:
+    """What a (possibly buggy) block-by-block softmax computes, in float64."""
+    n = x.size
+    stop = n - n % bs if drop_last and n % bs else n
+    m, l = m0, 0.0  # noqa: E741
+    with np.errstate(all="ignore"):
+        for s in range(0, stop, bs):
+            b = x[s : s + bs]
+            if not subtract:
+                l += np.exp(b).sum()  # noqa: E741
+                continue
+            m_new = max(m, b.max()) if running else b.max()
+            keep = np.exp(m - m_new) if rescale and running else 1.0
+            l = l * keep + np.exp(b - m_new).sum()  # noqa: E741
+            m = m_new
+        return np.exp(x) / l if not subtract else np.exp(x - m) / l
+
+
+SOFTMAX_MISTAKES = [
+    (
+        "the running sum is not rescaled when the maximum grows: l must become "
+        "l * exp(m_old - m_new) + sum(exp(block - m_new)).",
+        "multiply the sum so far by exp(m - m_new) before adding the new block's terms.",
+        dict(rescale=False),
+    ),
+    (
+        "the last partial block is dropped: when n is not a multiple of block_size the "
+        "last n % block_size entries are never read.",
+        "loop with range(0, n, block_size) and slice x[start:start + block_size]; the last "
+        "slice is simply shorter.",
+        dict(drop_last=True),
+    ),
+    (
+        "the running maximum starts at 0 instead of -inf, so when every entry is far below "
+        "0 all exponentials underflow to 0 and the result is 0/0.",
+        "start with m = -inf (float('-inf')) and l = 0.",
+        dict(m0=0.0),
+    ),
+    (
+        "no maximum is subtracted: exp(x) overflows for large entries.",
+        "keep a running maximum m and exponentiate x - m.",
+        dict(subtract=False),
+    ),
+    (
+        "no running maximum: m is set to each block's own maximum instead of max(m, block max).",
+        "m_new = max(m, block.max()); exponentials are then never above 1.",
+        dict(running=False),
+    ),
+]
+
+
+def _whole_vector_reductions(rec: OpRecorder, n: int) -> list[str]:
+    """Names of reductions (max, sum, softmax, ...) that read ``n`` entries at once."""
+    found = []
+    for op in rec.ops:
+        base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
+        arg = op.args[0] if op.args else None
+        if base in _REDUCTIONS and isinstance(arg, torch.Tensor) and arg.numel() == n:
+            found.append(base)
+    return found
+
+
+@exercise(
+    "online_softmax",
+    forbidden=lambda: [
+        (ref.online_softmax, "the reference attention_ref.online_softmax"),
+        *_SOFTMAXES,
+    ],
+    summary="softmax of a vector, one block at a time, with a running max and sum",
+)
+def check_online_softmax(candidate, ctx: Context) -> None:
+    rng = ctx.rng(111)
+    up = np.linspace(-3, 6, 23) + 0.1 * rng.normal(size=23)  # the max grows in every block
+    cases = [
+        ("10 entries, block_size=3 (the last block is shorter)", rng.normal(size=10), 3),
+        ("12 entries, block_size=4", rng.normal(size=12), 4),
+        ("23 increasing entries, block_size=5", up, 5),
+        ("decreasing entries, block_size=4", np.sort(rng.normal(size=14))[::-1].copy(), 4),
+        ("one entry, block_size=1", rng.normal(size=1), 1),
+        ("7 entries, block_size=10 (one block)", rng.normal(size=7), 10),
+        ("large entries (around 1000), block_size=4", 1000 + 50 * rng.normal(size=13), 4),
+        ("entries far below 0 (around -1000), block_size=3", -1000 + rng.normal(size=8), 3),
+        ("a big entry in the last block, block_size=4", np.r_[rng.normal(size=9), 40.0], 4),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("50 entries, block_size=8", 3 * rng.normal(size=50), 8),
+            ("33 increasing entries, block_size=2", np.linspace(-5, 5, 33), 2),
+            ("block_size=1, 9 entries", rng.normal(size=9), 1),
+        ]
+    for label, x_np, bs in cases:
+        for dtype in (torch.float32, torch.float64):
+            x = torch.from_numpy(np.asarray(x_np, dtype=np.float64)).to(dtype)
+            case = f"{label}; x {tuple(x.shape)} {_dt(dtype)}, block_size={bs}"
+            with OpRecorder(keep_args=True) as rec:
+                got = ctx.call(candidate, x, bs, case=case)
+            expected = torch.softmax(x.double(), 0)
+            _expect_tensor_like(ctx, got, x, "the result", case)
+            x64 = x.double().numpy()
+            mistakes = [
+                Mistake(name, hint, model=lambda kw=kw: _softmax_model(x64, bs, **kw))
+                for name, hint, kw in SOFTMAX_MISTAKES
+            ]
+            _name_nonfinite(ctx, got, expected, mistakes, case, "the result")
+            ctx.expect_array(got, x, what="the result", case=case)
+            tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else TOL[dtype]
+            ctx.expect_close(got, expected, what="the result", case=case, mistakes=mistakes, **tol)
+            whole = _whole_vector_reductions(rec, x.numel())
+            if x.numel() > bs and whole:
+                ctx.fail(
+                    f"the whole vector is reduced at once ({whole[0]} over all "
+                    f"{x.numel()} entries); the exercise reads it block_size={bs} "
+                    "entries at a time.",
+                    case=case,
+                    likely="the maximum (or the sum) is computed over the whole vector "
+                    "first, which is the ordinary two-pass softmax.",
+                    hint="keep a running maximum and a running sum, updated block by block.",
+                )
+
+
+# ----------------------------------------------------------------------------- online attention
+def _attn_model(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bs: int,
+    causal: bool,
+    *,
+    rescale_l: bool = True,
+    rescale_acc: bool = True,
+    running: bool = True,
+    drop_last: bool = False,
+    skip_diagonal: bool = False,
+    strict: bool = False,
+    scale: bool = True,
+) -> torch.Tensor:
+    """A (possibly buggy) blocked online attention in float64; queries in blocks of ``bs``
+    when causal, all at once otherwise. ``n_q == n_k`` when causal."""
+    q, k, v = q.double(), k.double(), v.double()
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if scale:
+        q = q / math.sqrt(q.shape[-1])
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    out = torch.zeros(*batch, n_q, v.shape[-1], dtype=torch.float64)
+    qbs = bs if causal else n_q
+    stop_k = n_k - n_k % bs if drop_last and n_k % bs else n_k
+    for i0 in range(0, n_q, qbs):
+        i1 = min(i0 + qbs, n_q)
+        m = torch.full((*batch, i1 - i0, 1), -math.inf, dtype=torch.float64)
+        l = torch.zeros_like(m)  # noqa: E741
+        acc = torch.zeros(*batch, i1 - i0, v.shape[-1], dtype=torch.float64)
+        j_end = stop_k
+        if causal:
+            j_end = min(stop_k, i0 if skip_diagonal else i1)
+        for j0 in range(0, j_end, bs):
+            j1 = min(j0 + bs, n_k)
+            s = q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
+            if causal:
+                rows = torch.arange(i0, i1)[:, None]
+                cols = torch.arange(j0, j1)[None, :]
+                allowed = cols < rows if strict else cols <= rows
+                s = s.masked_fill(~allowed, -math.inf)
+            blk = s.amax(-1, keepdim=True)
+            m_new = torch.maximum(m, blk) if running else blk
+            m_new = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            alpha = torch.exp(m - m_new) if running else torch.ones_like(m)
+            p = torch.exp(s - m_new)
+            l = (l * alpha if rescale_l else l) + p.sum(-1, keepdim=True)  # noqa: E741
+            acc = (acc * alpha if rescale_acc else acc) + p @ v[..., j0:j1, :]
+            m = m_new
+        out[..., i0:i1, :] = acc / torch.where(l > 0, l, torch.ones_like(l))  # 0 if none seen
+    return out
+
+
+ATTN_MISTAKES = [
+    (
+        "the running sum l is not rescaled when the maximum grows (l must become "
+        "l * exp(m_old - m_new) + the new block's sum).",
+        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
+        dict(rescale_l=False),
+    ),
+    (
+        "the accumulator is not rescaled when the maximum grows: acc must become "
+        "acc * exp(m_old - m_new) + p @ v_block.",
+        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
+        dict(rescale_acc=False),
+    ),
+    (
+        "no running maximum: each block is exponentiated with its own maximum and the "
+        "running sums are not rescaled (m_new must be max(m, block max)).",
+        "keep m per query; m_new = torch.maximum(m, s.amax(-1, keepdim=True)); rescale by "
+        "exp(m - m_new).",
+        dict(running=False),
+    ),
+    (
+        "the last partial block is dropped: when n_k is not a multiple of block_size the "
+        "last keys are never read.",
+        "loop with range(0, n_k, block_size) and slice k[..., j0:j0 + block_size, :].",
+        dict(drop_last=True),
+    ),
+    (
+        "the causal block skip is off by one: the key block on the diagonal is skipped, so "
+        "queries never see the keys of their own block.",
+        "for the query block [i0, i1) read key blocks starting at j0 < i1 (not j0 < i0); "
+        "mask inside the diagonal block with key j <= query i.",
+        dict(skip_diagonal=True),
+    ),
+    (
+        "the causal mask is strict (j < i): a query may not attend to itself.",
+        "allowed = key_position <= query_position.",
+        dict(strict=True),
+    ),
+    (
+        "the scores are not scaled by 1/sqrt(d_k).",
+        "multiply q (or each tile of scores) by 1 / math.sqrt(d_k).",
+        dict(scale=False),
+    ),
+]
+
+NO_CAUSAL = (
+    "causal=True is ignored: queries attend to future keys.",
+    "with causal=True, mask each tile with key_position <= query_position and skip key "
+    "blocks that start after the query block ends.",
+)
+
+
+def _attn_inputs(g, shape_q, shape_k, d_v, dtype, scale=1.0):
+    q = scale * torch.randn(*shape_q, generator=g, dtype=torch.float64)
+    k = scale * torch.randn(*shape_k, generator=g, dtype=torch.float64)
+    v = torch.randn(*shape_k[:-1], d_v, generator=g, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _expected_attention(q, k, v, causal: bool) -> torch.Tensor:
+    mask = None
+    if causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    return sdpa(q.double(), k.double(), v.double(), mask)[0]
+
+
+@exercise(
+    "online_softmax_attention",
+    forbidden=lambda: [
+        (ref.online_softmax_attention, "the reference attention_ref.online_softmax_attention"),
+        (ref.naive_attention, "attention_ref.naive_attention (the full score matrix)"),
+        (sdpa, "attention_ref.sdpa (the full score matrix)"),
+        (sdpa_np, "attention_ref.sdpa_np"),
+        *BUILTIN_ATTENTION,
+        *_SOFTMAXES,
+    ],
+    summary="sdpa's output over key blocks with a running max and sum",
+)
+def check_online_softmax_attention(candidate, ctx: Context) -> None:
+    g = ctx.torch_gen(112)
+    f32, f64 = torch.float32, torch.float64
+    cases = [
+        # label, q shape, k shape, d_v, block_size, causal, dtype, input scale
+        ("batch (2, 3), n=40, block_size=16", (2, 3, 40, 8), (2, 3, 40, 8), 8, 16, False, f64),
+        ("the same, causal", (2, 3, 40, 8), (2, 3, 40, 8), 8, 16, True, f64),
+        ("n_q=5, n_k=23, d_k=8, d_v=6, block_size=8", (1, 5, 8), (1, 23, 8), 6, 8, False, f64),
+        ("no batch dimension, n=30, block_size=7, causal", (30, 4), (30, 4), 4, 7, True, f64),
+        ("block_size=64 > n=10", (2, 10, 4), (2, 10, 4), 4, 64, False, f32),
+        ("block_size=1, n=9, causal", (1, 9, 4), (1, 9, 4), 3, 1, True, f64),
+        ("one query, one key", (1, 1, 1, 4), (1, 1, 1, 4), 4, 4, False, f32),
+        ("float32, n=50, block_size=12", (2, 2, 50, 16), (2, 2, 50, 16), 16, 12, False, f32),
+        ("float32, n=50, block_size=12, causal", (2, 50, 16), (2, 50, 16), 16, 12, True, f32),
+        (
+            "broadcast batch: q (2, 1, 12, 8), k (1, 3, 12, 8)",
+            (2, 1, 12, 8),
+            (1, 3, 12, 8),
+            8,
+            5,
+            False,
+            f64,
+        ),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("n=100, block_size=32, causal", (2, 100, 8), (2, 100, 8), 8, 32, True, f64),
+            ("n_q=70, n_k=45, block_size=16", (3, 70, 8), (3, 45, 8), 5, 16, False, f64),
+            ("block_size=3, n=11", (1, 2, 11, 4), (1, 2, 11, 4), 4, 3, False, f32),
+        ]
+    for label, sq, sk, d_v, bs, causal, dtype in cases:
+        q, k, v = _attn_inputs(g, sq, sk, d_v, dtype)
+        _compare_attention(ctx, candidate, q, k, v, bs, causal, label, TOL[dtype])
+    # Large logits: the running maximum keeps exp() in range.
+    for causal in (False, True):
+        q, k, v = _attn_inputs(g, (2, 24, 8), (2, 24, 8), 8, f32, scale=5.0)
+        label = "large scores (up to about 150), float32" + (", causal" if causal else "")
+        _compare_attention(ctx, candidate, q, k, v, 8, causal, label, dict(rtol=1e-3, atol=1e-4))
+    _check_memory_and_skipping(ctx, candidate, g)
+
+
+def _compare_attention(ctx, candidate, q, k, v, bs, causal, label, tol) -> None:
+    case = (
+        f"{label}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+        f"{_dt(q.dtype)}, block_size={bs}, causal={causal}"
+    )
+    got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
+    expected = _expected_attention(q, k, v, causal)
+    like = expected.to(q.dtype)
+    _expect_tensor_like(ctx, got, like, "the output", case)
+    mistakes = [
+        Mistake(name, hint, model=lambda kw=kw: _attn_model(q, k, v, bs, causal, **kw))
+        for name, hint, kw in ATTN_MISTAKES
+    ]
+    if causal:
+        mistakes.append(Mistake(*NO_CAUSAL, model=lambda: _attn_model(q, k, v, bs, False)))
+    _name_nonfinite(ctx, got, expected, mistakes, case, "the output")
+    ctx.expect_array(got, like, what="the output", case=case)
+    ctx.expect_close(got, expected, what="the output", case=case, mistakes=mistakes, **tol)
+
+
+def _check_memory_and_skipping(ctx: Context, candidate, g) -> None:
+    """No n_q x n_k tensor; with causal=True about half the work of causal=False."""
+    n, bs = 256, 64
+    q, k, v = _attn_inputs(g, (2, n, 16), (2, n, 16), 16, torch.float32)
+    work = {}
+    for causal in (False, True):
+        case = (
+            f"q, k, v (2, {n}, 16) float32, block_size={bs}, causal={causal} (watching every "
+            "tensor your code creates)"
+        )
+        with OpRecorder() as rec:
+            got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
+        expected = _expected_attention(q, k, v, causal)
+        _expect_tensor_like(ctx, got, expected, "the output", case)
+        ctx.expect_close(got, expected, what="the output", case=case, **TOL[torch.float32])
+        numel, shape, op = rec.largest()
+        if numel >= n * n:
+            ctx.fail(
+                f"your code builds a tensor of shape {shape} ({numel} elements, made by "
+                f"{op}); the full score matrix of one sequence has n_q * n_k = {n * n}. "
+                "Online attention must never hold a tensor that large.",
+                case=case,
+                likely="the whole score matrix (or a full n_q x n_k mask) is built, e.g. "
+                "q @ k.transpose(-2, -1) over all keys at once.",
+                hint="work on one tile of keys at a time: s = q @ k[..., j0:j1, :].mT; build "
+                "each tile's causal mask from its positions, never an n x n mask.",
+            )
+        work[causal] = rec.work()
+    ratio = work[True] / max(work[False], 1)
+    if ratio > 0.72:
+        ctx.fail(
+            f"with causal=True your code does {ratio:.0%} of the work it does with "
+            f"causal=False; skipping the key blocks entirely in the future should bring it "
+            f"to about 60% here (n={n}, block_size={bs}: 10 of 16 tiles).",
+            case=f"q, k, v (2, {n}, 16) float32, block_size={bs}",
+            likely="the key blocks entirely in the future are not skipped (they are only "
+            "masked), or the causal block skip is off by one and reads one block too many.",
+            hint="process queries in blocks of block_size too; for the query block [i0, i1) "
+            "loop over key blocks j0 in range(0, i1, block_size) only.",
+        )
+
+
+# ----------------------------------------------------------------------------- KV cache
+class _WatchedCache:
+    """A :class:`KVCache` that counts what is appended to it."""
+
+    def __init__(self, max_len: int) -> None:
+        self._cache = kv_ref.KVCache(max_len)
+        self.appended = 0  # positions appended during the current call
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def append(self, k, v):
+        self.calls += 1
+        if isinstance(k, torch.Tensor) and k.dim() == 4:
+            self.appended += k.shape[2]
+        return self._cache.append(k, v)
+
+    def __getattr__(self, name):  # k, v, length, max_len of the real cache
+        return getattr(self._cache, name)
+
+
+def _kv_model(mha, x, s: int, e: int, mode: str) -> torch.Tensor:
+    """Output for the new positions ``s..e-1`` of ``x`` with the past ``0..s-1`` cached."""
+    H = mha.n_heads
+    q = split_heads(mha.w_q(x[:, s:e]), H)  # (B, H, t, d)
+    k = split_heads(mha.w_k(x[:, :e]), H)  # (B, H, e, d)
+    v = split_heads(mha.w_v(x[:, :e]), H)
+    rows = torch.arange(s, e)[:, None]
+    cols = torch.arange(e)[None, :]
+    allowed = {
+        "correct": cols <= rows,
+        "no_mask": torch.ones(e - s, e, dtype=torch.bool),
+        "unshifted": cols <= rows - s,
+        "only_new": (cols <= rows) & (cols >= s),
+        "no_w_o": cols <= rows,
+    }[mode]
+    out, _ = sdpa(q, k, v, allowed)
+    out = merge_heads(out)
+    return out if mode == "no_w_o" else mha.w_o(out)
+
+
+def _kv_no_grad(mha, x, s, e, mode):
+    with torch.no_grad():
+        return _kv_model(mha, x, s, e, mode)
+
+
+KV_MISTAKES = [
+    (
+        "the new positions attend to later new positions: with several new tokens at once "
+        "(t > 1) the causal mask inside the new chunk is missing.",
+        "when t > 1 pass a mask (t, T) with True where key j <= len_before + i.",
+        "no_mask",
+    ),
+    (
+        "the causal mask is not shifted by the number of cached positions: new position i "
+        "is at absolute position len_before + i, so it sees keys j <= len_before + i.",
+        "build the mask as torch.ones(t, T, dtype=torch.bool).tril(T - t).",
+        "unshifted",
+    ),
+    (
+        "the new queries attend only to the new keys, not to the cached ones.",
+        "attend to all keys and values that cache.append(k, v) returns.",
+        "only_new",
+    ),
+    (
+        "the output projection w_o is missing.",
+        "return mha.w_o(merge_heads(out)).",
+        "no_w_o",
+    ),
+]
+
+
+@exercise(
+    "cached_self_attention",
+    forbidden=lambda: [
+        (kv_ref.cached_self_attention, "the reference attention_ref.cached_self_attention"),
+        (MultiHeadAttention.forward, "MultiHeadAttention.forward (recomputing everything)"),
+    ],
+    summary="causal self-attention of the new positions over a key-value cache",
+)
+def check_cached_self_attention(candidate, ctx: Context) -> None:
+    g = ctx.torch_gen(113)
+    schedules = [
+        ("one token at a time", [1, 1, 1, 1, 1, 1, 1], torch.float64),
+        ("a prompt of 3, then 1, 2 and 1 tokens", [3, 1, 2, 1], torch.float64),
+        ("all 7 tokens at once (empty cache)", [7], torch.float32),
+    ]
+    if ctx.thorough:
+        schedules += [
+            ("2, 2, 2 and 1 tokens", [2, 2, 2, 1], torch.float64),
+            ("1 token, then 6", [1, 6], torch.float32),
+        ]
+    for label, chunks, dtype in schedules:
+        torch.manual_seed(ctx.seed * 7 + len(chunks))
+        mha = MultiHeadAttention(12, 3).to(dtype)
+        mha64 = copy.deepcopy(mha).double()
+        T = sum(chunks)
+        x = torch.randn(2, T, 12, generator=g, dtype=torch.float64).to(dtype)
+        cache = _WatchedCache(T)
+        s = 0
+        for t in chunks:
+            e = s + t
+            case = (
+                f"{label}: MultiHeadAttention(d_model=12, n_heads=3) {_dt(dtype)}, batch 2; "
+                f"{s} positions cached, x_new (2, {t}, 12) = positions {s}..{e - 1}"
+            )
+            cache.appended = 0
+            with torch.no_grad():
+                got = ctx.call(candidate, mha, x[:, s:e], cache, case=case)
+            if cache.appended == 0:
+                ctx.fail(
+                    "the cache was not appended: after your call it still holds "
+                    f"{len(cache)} positions, expected {e}.",
+                    case=case,
+                    likely="cache.append(k, v) is never called with the new keys and values "
+                    "(the next step would not see these tokens).",
+                    hint="k_all, v_all = cache.append(k, v) with k, v of shape "
+                    "(B, H, t, d_head), then attend to k_all, v_all.",
+                )
+            if cache.appended != t:
+                twice = cache.appended == 2 * t
+                ctx.fail(
+                    f"{cache.appended} positions were appended to the cache for {t} new "
+                    f"token(s) (cache.append was called {cache.calls} time(s) so far).",
+                    case=case,
+                    likely="the new keys and values are appended twice."
+                    if twice
+                    else "the wrong number of positions is appended.",
+                    hint="call cache.append(k, v) once per call, with the t new positions.",
+                )
+            x64 = x.double()
+            with torch.no_grad():
+                expected = _kv_model(mha64, x64, s, e, "correct")
+            mistakes = [
+                Mistake(
+                    name,
+                    hint,
+                    model=lambda mode=mode, s=s, e=e: _kv_no_grad(mha64, x64, s, e, mode),
+                )
+                for name, hint, mode in KV_MISTAKES
+            ]
+            like = expected.to(dtype)
+            ctx.expect_array(got, like, what="the output", case=case)
+            ctx.expect_close(
+                got, expected, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
+            )
+            s = e

@@ -1,0 +1,294 @@
+"""Efficient attention: notebook 11.
+
+- ``naive_attention``: softmax(q k^T / sqrt(d_k)) v with the whole ``n_q x n_k`` score matrix
+  in memory: the baseline the other two are measured against.
+- ``online_softmax``: the softmax of a vector computed block by block with a running maximum
+  ``m`` and a running sum ``l``.
+- ``online_softmax_attention``: the same trick over key blocks (and query blocks), so the
+  score matrix is never built: memory grows with ``n``, not ``n^2``. With ``causal=True``,
+  key blocks entirely in the future of a query block are skipped.
+- ``OpRecorder`` and ``PeakMemory``: dispatch modes that watch every PyTorch operation, to
+  show the largest tensor an implementation builds and to measure peak memory on the CPU.
+
+The online algorithm in one line: for a row of scores seen in blocks ``s_1, s_2, ...``,
+keep ``m = max`` so far, ``l = sum(exp(s - m))`` so far and ``acc = sum(exp(s - m) v)`` so
+far; when a new block raises the maximum from ``m`` to ``m'``, multiply ``l`` and ``acc`` by
+``exp(m - m')`` before adding the block's terms. At the end ``out = acc / l``.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ._validate import check_qkv, describe, require_tensor
+
+
+def _require_block(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int; got {describe(value)}")
+    return value
+
+
+def _require_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_tensor(name, t)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_qkv(tuple(q.shape), tuple(k.shape), tuple(v.shape))
+
+
+def _causal_allowed(
+    i0: int, i1: int, j0: int, j1: int, offset: int, device: torch.device
+) -> torch.Tensor:
+    """Bool ``(i1 - i0, j1 - j0)``: True where query ``i`` may see key ``j``
+    (``j <= i + offset``)."""
+    rows = torch.arange(i0, i1, device=device)[:, None] + offset  # (bq, 1)
+    cols = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
+    return cols <= rows
+
+
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False
+) -> torch.Tensor:
+    """Attention the direct way: the whole score matrix, then softmax, then ``@ v``.
+
+    Args:
+        q: queries ``(..., n_q, d_k)``; k: keys ``(..., n_k, d_k)``; v: values
+            ``(..., n_k, d_v)``.
+        causal: if True, query ``i`` sees key ``j`` only when ``j <= i + (n_k - n_q)``
+            (queries aligned with the last keys; ``j <= i`` when ``n_q == n_k``).
+
+    Returns:
+        ``out (..., n_q, d_v)``. Builds two ``(..., n_q, n_k)`` tensors (scores and
+        weights): memory grows as ``n_q * n_k``.
+    """
+    _require_qkv(q, k, v)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n_q, n_k)
+    if causal:
+        allowed = _causal_allowed(0, n_q, 0, n_k, n_k - n_q, q.device)  # (n_q, n_k)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see nothing
+    else:
+        weights = torch.softmax(scores, dim=-1)  # (..., n_q, n_k)
+    return weights @ v
+
+
+def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Softmax of a vector, reading it ``block_size`` entries at a time.
+
+    One pass over the blocks keeps a running maximum ``m`` and a running sum
+    ``l = sum(exp(x_seen - m))``; when a block raises the maximum to ``m_new``, the sum so far
+    is rescaled by ``exp(m - m_new)``. A second, elementwise pass gives ``exp(x - m) / l``.
+
+    Args:
+        x: 1-D float tensor ``(n,)``, ``n >= 1``.
+        block_size: how many entries each step reads (the last block may be shorter).
+
+    Returns:
+        ``(n,)``, equal to ``torch.softmax(x, 0)``; same dtype and device as ``x``.
+    """
+    require_tensor("x", x)
+    if x.dim() != 1 or x.numel() == 0:
+        raise ValueError(f"x must be a non-empty 1-D tensor (n,); got shape {tuple(x.shape)}")
+    block_size = _require_block("block_size", block_size)
+    m = x.new_tensor(float("-inf"))  # running maximum
+    l = x.new_tensor(0.0)  # running sum of exp(x_seen - m)  # noqa: E741
+    for start in range(0, x.numel(), block_size):
+        block = x[start : start + block_size]
+        m_new = torch.maximum(m, block.max())
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum()  # noqa: E741
+        m = m_new
+    return torch.exp(x - m) / l
+
+
+def online_softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_size: int = 64,
+    causal: bool = False,
+    *,
+    q_block_size: int | None = None,
+) -> torch.Tensor:
+    """The output of scaled dot-product attention, computed block by block.
+
+    Keys and values are read ``block_size`` at a time; for each query the algorithm keeps a
+    running maximum ``m``, a running sum ``l`` and an unnormalised output ``acc``, rescaled
+    by ``exp(m_old - m_new)`` whenever a block raises the maximum. No ``n_q x n_k`` tensor is
+    ever built: the largest is one tile of scores ``(..., q_block, block_size)``.
+
+    Args:
+        q: queries ``(..., n_q, d_k)``; k: keys ``(..., n_k, d_k)``; v: values
+            ``(..., n_k, d_v)``; batch dimensions broadcast.
+        block_size: keys per block (the last block may be shorter).
+        causal: if True, query ``i`` sees key ``j`` only when ``j <= i + (n_k - n_q)``: the
+            queries are the last ``n_q`` positions of the ``n_k`` keys, so with
+            ``n_q == n_k`` this is ``j <= i`` (``is_causal=True`` of
+            ``scaled_dot_product_attention``). Key blocks entirely in the future of a query
+            block are skipped, roughly halving the work. A query that sees no key gets 0.
+        q_block_size: queries per block; default: ``block_size`` when causal (so that whole
+            future blocks can be skipped), all queries at once otherwise.
+
+    Returns:
+        ``out (..., n_q, d_v)``, the dtype and device of ``q``.
+    """
+    _require_qkv(q, k, v)
+    block_size = _require_block("block_size", block_size)
+    n_q, n_k, d_k, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    if q_block_size is None:
+        q_block_size = block_size if causal else max(n_q, 1)
+    q_block_size = _require_block("q_block_size", q_block_size)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    offset = n_k - n_q  # query i sits at key position i + offset
+    q = q * (1.0 / math.sqrt(d_k))  # scale once, not every tile
+    k_t = k.transpose(-2, -1)  # (..., d_k, n_k), a view
+    out = q.new_empty(*batch, n_q, d_v)
+    for i0 in range(0, n_q, q_block_size):
+        i1 = min(i0 + q_block_size, n_q)
+        q_blk = q[..., i0:i1, :]  # (..., bq, d_k)
+        m = q.new_full((*batch, i1 - i0, 1), float("-inf"))  # running max per query
+        l = q.new_zeros((*batch, i1 - i0, 1))  # running sum of exp(s - m)  # noqa: E741
+        acc = q.new_zeros((*batch, i1 - i0, d_v))  # running sum of exp(s - m) v
+        # Keys after the last visible one of this query block's last query are skipped.
+        j_end = min(n_k, i1 + offset) if causal else n_k
+        for j0 in range(0, max(j_end, 0), block_size):
+            j1 = min(j0 + block_size, n_k)
+            s = q_blk @ k_t[..., j0:j1]  # (..., bq, bk) one tile of scores
+            if causal and j1 - 1 > i0 + offset:  # the tile crosses the diagonal
+                allowed = _causal_allowed(i0, i1, j0, j1, offset, q.device)  # (bq, bk)
+                s.masked_fill_(~allowed, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., bq, 1)
+            if causal:  # a query that has seen nothing yet keeps m = -inf: shift by 0
+                m_new = m_new.masked_fill(m_new == float("-inf"), 0.0)
+            alpha = torch.exp(m - m_new)  # rescales what was accumulated so far
+            p = s.sub_(m_new).exp_()  # (..., bq, bk), in place: no second tile
+            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+            acc.mul_(alpha).add_(p @ v[..., j0:j1, :])  # (..., bq, d_v)
+            m = m_new
+        # A query that saw no key (causal with n_q > n_k) has l = 0 and acc = 0: output 0.
+        out[..., i0:i1, :] = acc / torch.where(l > 0, l, torch.ones_like(l))
+    return out
+
+
+# ----------------------------------------------------------------------------- watching ops
+def _flops(func, args) -> int:
+    """Multiply-adds x 2 of a matrix product (0 for any other operation)."""
+    name = func.overloadpacket.__name__
+    try:
+        if name in ("mm", "bmm"):
+            a, b = args[0], args[1]
+        elif name in ("addmm", "baddbmm", "addbmm"):
+            a, b = args[1], args[2]
+        elif name in ("mv", "dot", "vdot"):
+            a, b = args[0], args[1]
+            return 2 * a.numel()
+        else:
+            return 0
+        return 2 * a.numel() * b.shape[-1]
+    except (AttributeError, IndexError, TypeError):
+        return 0
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One PyTorch operation seen by :class:`OpRecorder`."""
+
+    name: str  # e.g. "aten.bmm.default"
+    shapes: tuple[tuple[int, ...], ...]  # shapes of its tensor results
+    flops: int  # 2 x multiply-adds for matrix products, else 0
+    args: tuple = ()  # (only when OpRecorder(keep_args=True)) the positional arguments
+
+
+class OpRecorder(TorchDispatchMode):
+    """Record every PyTorch operation run inside ``with OpRecorder() as rec:``.
+
+    ``rec.ops`` lists each operation's name, result shapes and matrix-product FLOPs;
+    ``rec.largest()`` is the biggest tensor any operation produced, and ``rec.work()`` a
+    rough amount of work (FLOPs of matrix products plus elements produced by the rest).
+    """
+
+    def __init__(self, keep_args: bool = False) -> None:
+        super().__init__()
+        self.keep_args = keep_args
+        self.ops: list[OpRecord] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shapes = tuple(tuple(t.shape) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        kept = tuple(args) if self.keep_args else ()
+        self.ops.append(OpRecord(str(func), shapes, _flops(func, args), kept))
+        return out
+
+    def largest(self) -> tuple[int, tuple[int, ...], str]:
+        """``(numel, shape, op name)`` of the biggest result of any recorded operation."""
+        best = (0, (), "")
+        for op in self.ops:
+            for shape in op.shapes:
+                n = math.prod(shape)
+                if n > best[0]:
+                    best = (n, shape, op.name)
+        return best
+
+    def work(self) -> int:
+        """FLOPs of matrix products plus the elements every other operation produced."""
+        return sum(
+            op.flops if op.flops else sum(math.prod(s) for s in op.shapes) for op in self.ops
+        )
+
+
+class PeakMemory(TorchDispatchMode):
+    """Peak bytes of tensors created by PyTorch operations inside the ``with`` block and
+    alive at the same time (CPU or any device): a tracemalloc for tensors.
+
+    Tensors that existed before the block (the inputs) are not counted; a view adds
+    nothing (it shares its base's storage). Scratch memory a fused kernel allocates
+    internally, without returning it as a tensor, is invisible to this count: on CUDA
+    prefer ``torch.cuda.max_memory_allocated``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._live: dict[int, list[int]] = {}  # storage address -> [bytes, live tensors]
+
+    def _release(self, ptr: int) -> None:
+        entry = self._live.get(ptr)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.current -= entry[0]
+            del self._live[ptr]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            a.untyped_storage().data_ptr()
+            for a in tree_flatten((args, kwargs))[0]
+            if isinstance(a, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr == 0:
+                continue
+            entry = self._live.get(ptr)
+            if entry is None:
+                if ptr in inputs:
+                    continue  # a view of, or an in-place op on, a tensor from outside
+                entry = self._live[ptr] = [storage.nbytes(), 0]
+                self.current += entry[0]
+                self.peak = max(self.peak, self.current)
+            entry[1] += 1
+            weakref.finalize(t, self._release, ptr)
+        return out

@@ -1,0 +1,253 @@
+"""Training utilities shared by the application notebooks (08-10).
+
+- :func:`seed_everything` and :func:`pick_device`: the same run on every machine, on a
+  GPU when there is one;
+- :func:`masked_cross_entropy`: the token-level loss with padding ignored (an exercise of
+  notebook 08);
+- :func:`train`: a small training loop with AdamW, warm-up and cosine decay, gradient
+  clipping, a plain-text progress bar and a wall-clock cap;
+- :class:`Stream`: endless seeded mini-batches of example indices.
+
+The loop runs a fixed number of steps, so a given seed gives the same model (on the same
+device); the time cap only protects a slow machine, and the result says whether it hit.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._validate import require_tensor
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python's, NumPy's and PyTorch's random generators (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device() -> torch.device:
+    """``cuda`` when a GPU is available, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# ----------------------------------------------------------------------------- the loss
+def masked_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean cross-entropy over the real (unmasked) positions only.
+
+    Args:
+        logits: ``(B, T, V)`` unnormalised scores for each position's next token.
+        targets: ``(B, T)`` integer ids of the correct tokens.
+        mask: ``(B, T)`` bool, True at the positions that count (real tokens), False at
+            padding; at least one position is True.
+
+    Returns:
+        A scalar tensor: ``-sum(mask * log softmax(logits)[targets]) / mask.sum()``, the
+        average over real tokens, so padding changes neither the value nor the gradient.
+        Dtype and device follow ``logits``.
+    """
+    require_tensor("logits", logits)
+    require_tensor("targets", targets, floating=False)
+    require_tensor("mask", mask, floating=False)
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (batch, seq, vocab); got shape {tuple(logits.shape)}")
+    if tuple(targets.shape) != tuple(logits.shape[:2]) or tuple(mask.shape) != tuple(targets.shape):
+        raise ValueError(
+            f"targets and mask must be (batch, seq) = {tuple(logits.shape[:2])}; got targets "
+            f"{tuple(targets.shape)} and mask {tuple(mask.shape)}"
+        )
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be boolean (True = real token); got {mask.dtype}")
+    log_p = torch.log_softmax(logits, dim=-1)  # (B, T, V)
+    picked = log_p.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, T)
+    picked = torch.where(mask, picked, torch.zeros_like(picked))
+    return -picked.sum() / mask.sum().clamp(min=1).to(logits.dtype)
+
+
+# ----------------------------------------------------------------------------- batches
+class Stream:
+    """Endless mini-batches of indices into ``range(n)``: epoch after epoch, each in a new
+    seeded random order. ``next(stream)`` gives an int64 array of ``batch_size`` indices."""
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0) -> None:
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"n and batch_size must be >= 1; got n={n}, batch_size={batch_size}")
+        self.n, self.batch_size = n, batch_size
+        self.rng = np.random.default_rng(seed)
+        self._order = np.empty(0, dtype=np.int64)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        while len(self._order) < self.batch_size:
+            self._order = np.concatenate([self._order, self.rng.permutation(self.n)])
+        out, self._order = self._order[: self.batch_size], self._order[self.batch_size :]
+        return out
+
+
+# ----------------------------------------------------------------------------- progress
+class ProgressBar:
+    """A plain-text progress bar: redrawn in place (``\\r``) in a terminal or a notebook,
+    a line every ``total / lines`` steps elsewhere (a log file, a CI run). No widgets."""
+
+    def __init__(self, total: int, desc: str = "", width: int = 24, lines: int = 5) -> None:
+        self.total, self.desc, self.width = max(1, total), desc, width
+        self.inplace = sys.stdout.isatty() or "ipykernel" in sys.modules
+        self.every = max(1, self.total // max(1, lines))
+        self.start = time.perf_counter()
+        self._last_draw = 0.0
+
+    def update(self, step: int, **metrics: float) -> None:
+        now = time.perf_counter()
+        done = step >= self.total
+        if self.inplace:
+            if not done and now - self._last_draw < 0.25:
+                return
+        elif not done and step % self.every:
+            return
+        self._last_draw = now
+        filled = int(self.width * step / self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        stats = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+        line = f"{self.desc} [{bar}] {step}/{self.total} {now - self.start:5.1f}s {stats}"
+        end = "\n" if done or not self.inplace else ""
+        print(("\r" if self.inplace else "") + line, end=end, flush=True)
+
+    def close(self, note: str = "") -> None:
+        if note:
+            print(("\n" if self.inplace else "") + note, flush=True)
+
+
+# ----------------------------------------------------------------------------- training
+@dataclass
+class TrainResult:
+    """What :func:`train` did: the loss of every step, how many steps, how long."""
+
+    losses: list[float] = field(default_factory=list)
+    steps: int = 0
+    seconds: float = 0.0
+    timed_out: bool = False
+
+    def __repr__(self) -> str:
+        tail = f", final loss {self.losses[-1]:.4f}" if self.losses else ""
+        cut = " (stopped by the time limit)" if self.timed_out else ""
+        return f"TrainResult({self.steps} steps in {self.seconds:.1f} s{tail}{cut})"
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up for ``warmup`` steps, then cosine decay to 5% of ``lr``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+    batches: Iterator[Any],
+    *,
+    steps: int,
+    lr: float = 3e-3,
+    warmup: int = 50,
+    weight_decay: float = 0.01,
+    clip: float = 1.0,
+    time_limit: float | None = 60.0,
+    progress: bool = True,
+    desc: str = "training",
+    cpu_threads: int | None = 1,
+) -> TrainResult:
+    """Train ``model`` for ``steps`` steps of AdamW on ``loss_fn(model, next(batches))``.
+
+    Args:
+        model: the module to train (put in train mode for the loop, eval mode after).
+        loss_fn: returns the scalar loss of one batch.
+        batches: an iterator of batches (anything ``loss_fn`` understands).
+        steps: the number of optimisation steps; with the seeds fixed, the same steps
+            give the same model.
+        lr, warmup: peak learning rate and warm-up steps (then cosine decay).
+        clip: the gradient-norm clip (None for none).
+        time_limit: stop early after this many seconds (None: no limit); the result's
+            ``timed_out`` says whether it did.
+        progress: draw a text progress bar.
+        cpu_threads: PyTorch intra-op threads while training on the CPU, restored after
+            (None: leave PyTorch's setting). The course's models are small: one thread is
+            as fast as two on an idle machine, many times faster on a busy one (threads
+            that wait for each other at every operation), and gives the same model on
+            every machine whatever its number of cores.
+
+    Returns:
+        A :class:`TrainResult` with the per-step losses, steps done and seconds taken.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1; got {steps}")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    bar = ProgressBar(steps, desc) if progress else None
+    result = TrainResult()
+    model.train()
+    on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+    threads = torch.get_num_threads()
+    if on_cpu and cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    try:
+        _loop(model, loss_fn, batches, opt, result, bar, steps, lr, warmup, clip, time_limit)
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    if bar is not None:
+        bar.close(
+            f"stopped by the time limit after {result.steps} steps" if result.timed_out else ""
+        )
+    return result
+
+
+def _loop(model, loss_fn, batches, opt, result, bar, steps, lr, warmup, clip, time_limit):
+    start = time.perf_counter()
+    running = None
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        loss = loss_fn(model, next(batches))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        value = float(loss.detach())
+        result.losses.append(value)
+        running = value if running is None else 0.9 * running + 0.1 * value
+        result.steps = step + 1
+        elapsed = time.perf_counter() - start
+        if bar is not None:
+            bar.update(step + 1, loss=running)
+        if time_limit is not None and elapsed > time_limit and step + 1 < steps:
+            result.timed_out = True
+            break
+    result.seconds = time.perf_counter() - start
+
+
+@contextmanager
+def evaluating(model: nn.Module):
+    """``with evaluating(model):`` eval mode and no gradients inside, the previous mode
+    restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)

@@ -1,0 +1,334 @@
+"""Catalog for notebook 05: sinusoidal_encoding, rope."""
+
+import math
+
+import numpy as np
+import torch
+
+from . import alternative, mistake
+
+
+def _require_even(d_model):
+    if d_model % 2:
+        raise ValueError(f"d_model must be even; got d_model={d_model}")
+
+
+def _interleave(sin, cos):
+    return torch.stack([sin, cos], dim=-1).flatten(-2)
+
+
+# ----------------------------------------------------------------------------- sinusoidal
+
+
+def _angles(n_positions, d_model, exponent):
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
+    return pos / 10000.0**exponent
+
+
+@mistake("sinusoidal_encoding", expect="sin and cos are swapped")
+def pe_swapped(n_positions, d_model):
+    _require_even(d_model)
+    ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
+    return _interleave(torch.cos(ang), torch.sin(ang))
+
+
+@mistake("sinusoidal_encoding", expect="i/d instead of 2i/d")
+def pe_half_exponent(n_positions, d_model):
+    _require_even(d_model)
+    i = torch.arange(d_model // 2)
+    ang = _angles(n_positions, d_model, i / d_model)
+    return _interleave(torch.sin(ang), torch.cos(ang))
+
+
+@mistake("sinusoidal_encoding", expect="column's own index")
+def pe_column_exponent(n_positions, d_model):
+    _require_even(d_model)
+    pe = torch.zeros(n_positions, d_model)
+    for p in range(n_positions):
+        for j in range(d_model):
+            angle = p / 10000 ** (j / d_model)
+            pe[p, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return pe
+
+
+@mistake("sinusoidal_encoding", expect="counted from 1")
+def pe_from_one(n_positions, d_model):
+    _require_even(d_model)
+    pos = torch.arange(1, n_positions + 1, dtype=torch.float32)[:, None]
+    ang = pos / 10000.0 ** (torch.arange(0, d_model, 2) / d_model)
+    return _interleave(torch.sin(ang), torch.cos(ang))
+
+
+@mistake("sinusoidal_encoding", expect="concatenated")
+def pe_concatenated(n_positions, d_model):
+    _require_even(d_model)
+    ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
+    return torch.cat([torch.sin(ang), torch.cos(ang)], dim=1)
+
+
+@mistake("sinusoidal_encoding", expect="multiplied")
+def pe_multiplied(n_positions, d_model):
+    _require_even(d_model)
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
+    ang = pos * 10000.0 ** (torch.arange(0, d_model, 2) / d_model)
+    return _interleave(torch.sin(ang), torch.cos(ang))
+
+
+@mistake("sinusoidal_encoding", expect="integer division")
+def pe_integer_division(n_positions, d_model):
+    _require_even(d_model)
+    ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) // d_model)
+    return _interleave(torch.sin(ang), torch.cos(ang))
+
+
+@mistake("sinusoidal_encoding", expect="transposed")
+def pe_transposed(n_positions, d_model):
+    _require_even(d_model)
+    ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
+    return _interleave(torch.sin(ang), torch.cos(ang)).T
+
+
+@mistake("sinusoidal_encoding", expect="float32")
+def pe_float64(n_positions, d_model):
+    _require_even(d_model)
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    ang = pos / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    return _interleave(torch.sin(ang), torch.cos(ang))
+
+
+@mistake("sinusoidal_encoding", expect="torch.Tensor")
+def pe_numpy(n_positions, d_model):
+    _require_even(d_model)
+    ang = np.arange(n_positions)[:, None] / 10000.0 ** (np.arange(0, d_model, 2) / d_model)
+    pe = np.zeros((n_positions, d_model), dtype=np.float32)
+    pe[:, 0::2], pe[:, 1::2] = np.sin(ang), np.cos(ang)
+    return pe
+
+
+@mistake("sinusoidal_encoding", expect="must raise ValueError")
+def pe_no_odd_check(n_positions, d_model):
+    pe = torch.zeros(n_positions, d_model)
+    ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
+    pe[:, 0::2] = torch.sin(ang)
+    pe[:, 1::2] = torch.cos(ang[:, : d_model // 2])
+    return pe
+
+
+@mistake("sinusoidal_encoding", expect="must name d_model")
+def pe_vague_error(n_positions, d_model):
+    if d_model % 2:
+        raise ValueError("must be even")
+    ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
+    return _interleave(torch.sin(ang), torch.cos(ang))
+
+
+@alternative("sinusoidal_encoding")
+def pe_loops_math(n_positions, d_model):
+    """Two loops and the math module, as the formula reads."""
+    if d_model % 2 != 0:
+        raise ValueError(f"d_model={d_model} is odd")
+    rows = []
+    for p in range(n_positions):
+        row = []
+        for i in range(d_model // 2):
+            angle = p / 10000 ** (2 * i / d_model)
+            row += [math.sin(angle), math.cos(angle)]
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32).reshape(n_positions, d_model)
+
+
+@alternative("sinusoidal_encoding")
+def pe_exp_log_float32(n_positions, d_model):
+    """The exp(-log(10000) * 2i/d) form, all in float32, filled by slices."""
+    if d_model % 2:
+        raise ValueError("d_model must be even, got " + str(d_model))
+    pe = torch.zeros(n_positions, d_model)
+    position = torch.arange(0, n_positions).unsqueeze(1).float()
+    div_term = torch.exp(torch.arange(0, d_model, 2).float() * -(math.log(10000.0) / d_model))
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term)
+    return pe
+
+
+@alternative("sinusoidal_encoding")
+def pe_numpy_float64(n_positions, d_model):
+    """NumPy in float64, converted once at the end."""
+    if d_model % 2:
+        raise ValueError(f"odd d_model: {d_model}")
+    i = np.arange(d_model // 2)
+    angles = np.outer(np.arange(n_positions), 1.0 / np.power(10000.0, 2 * i / d_model))
+    pe = np.stack([np.sin(angles), np.cos(angles)], axis=-1).reshape(n_positions, d_model)
+    return torch.from_numpy(pe).float()
+
+
+@alternative("sinusoidal_encoding")
+def pe_einsum_pow(n_positions, d_model):
+    """Outer product by einsum, frequencies by torch.pow."""
+    if d_model % 2 == 1:
+        raise ValueError(f"sinusoidal_encoding needs an even d_model, got {d_model}")
+    freqs = torch.pow(torch.tensor(10000.0), -torch.arange(0, d_model, 2) / d_model)
+    angles = torch.einsum("p,f->pf", torch.arange(n_positions, dtype=torch.float32), freqs)
+    return torch.stack((angles.sin(), angles.cos()), dim=2).reshape(n_positions, d_model)
+
+
+# ----------------------------------------------------------------------------- rope
+
+
+def _theta(x, positions, base, exponent_scale=2.0):
+    T, d = x.shape[-2], x.shape[-1]
+    if positions is None:
+        positions = torch.arange(T)
+    i = torch.arange(d // 2, dtype=torch.float32)
+    inv_freq = base ** (-exponent_scale * i / d)
+    return positions.float()[:, None] * inv_freq  # (T, d/2), float32 tables
+
+
+def _rope_from_parts(x, cos, sin, sign=1.0):
+    xe, xo = x[..., 0::2], x[..., 1::2]
+    return _interleave(xe * cos - sign * xo * sin, sign * xe * sin + xo * cos)
+
+
+@mistake("rope", expect="opposite direction")
+def rope_reversed(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    return _rope_from_parts(x, th.cos(), th.sin(), sign=-1.0)
+
+
+@mistake("rope", expect="sin and cos are swapped")
+def rope_swapped(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    return _rope_from_parts(x, th.sin(), th.cos())
+
+
+@mistake("rope", expect="rotate_half")
+def rope_rotate_half(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    cos, sin = th.cos().repeat(1, 2), th.sin().repeat(1, 2)  # (T, d): halves
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rotated * sin
+
+
+@mistake("rope", expect="concatenated")
+def rope_concat(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    xe, xo = x[..., 0::2], x[..., 1::2]
+    return torch.cat([xe * th.cos() - xo * th.sin(), xe * th.sin() + xo * th.cos()], dim=-1)
+
+
+@mistake("rope", expect="overwritten")
+def rope_overwritten(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    out = x.clone()
+    out[..., 0::2] = x[..., 0::2] * th.cos() - x[..., 1::2] * th.sin()
+    out[..., 1::2] = out[..., 0::2] * th.sin() + x[..., 1::2] * th.cos()
+    return out
+
+
+@mistake("rope", expect="i/d instead of 2i/d")
+def rope_half_exponent(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base, exponent_scale=1.0)
+    return _rope_from_parts(x, th.cos(), th.sin())
+
+
+@mistake("rope", expect="multiplied")
+def rope_multiplied(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base, exponent_scale=-2.0)
+    return _rope_from_parts(x, th.cos(), th.sin())
+
+
+@mistake("rope", expect="positions argument is ignored")
+def rope_ignores_positions(x, positions=None, base=10000.0):
+    th = _theta(x, None, base)
+    return _rope_from_parts(x, th.cos(), th.sin())
+
+
+@mistake("rope", expect="counted from 1")
+def rope_from_one(x, positions=None, base=10000.0):
+    if positions is None:
+        positions = torch.arange(1, x.shape[-2] + 1)
+    th = _theta(x, positions, base)
+    return _rope_from_parts(x, th.cos(), th.sin())
+
+
+@mistake("rope", expect="added")
+def rope_added(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    return x + _interleave(th.sin(), th.cos())
+
+
+@mistake("rope", expect="modified its input")
+def rope_in_place(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    xe, xo = x[..., 0::2].clone(), x[..., 1::2].clone()
+    x[..., 0::2] = xe * th.cos() - xo * th.sin()
+    x[..., 1::2] = xe * th.sin() + xo * th.cos()
+    return x
+
+
+@mistake("rope", expect="dtype")
+def rope_float32_output(x, positions=None, base=10000.0):
+    th = _theta(x, positions, base)
+    return _rope_from_parts(x.float(), th.cos(), th.sin())
+
+
+@alternative("rope")
+def rope_complex(x, positions=None, base=10000.0):
+    """Pairs as complex numbers, rotated by multiplying with e^{i theta}."""
+    T, d = x.shape[-2], x.shape[-1]
+    pos = torch.arange(T) if positions is None else positions
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    theta = pos.double()[:, None] * inv_freq  # (T, d/2)
+    xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    rotated = xc * torch.polar(torch.ones_like(theta), theta)
+    return torch.view_as_real(rotated).reshape(x.shape).to(x.dtype)
+
+
+@alternative("rope")
+def rope_rotation_matrices(x, positions=None, base=10000.0):
+    """One explicit (d, d) block-diagonal rotation matrix per position."""
+    T, d = x.shape[-2], x.shape[-1]
+    pos = torch.arange(T) if positions is None else positions
+    mats = []
+    for p in pos.tolist():
+        blocks = []
+        for i in range(d // 2):
+            a = p * base ** (-2 * i / d)
+            blocks.append(
+                torch.tensor(
+                    [[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]], dtype=x.dtype
+                )
+            )
+        mats.append(torch.block_diag(*blocks))
+    R = torch.stack(mats)  # (T, d, d)
+    return torch.einsum("tij,...tj->...ti", R, x)
+
+
+@alternative("rope")
+def rope_rotate_every_two(x, positions=None, base=10000.0):
+    """GPT-J style: x * cos + rotate_every_two(x) * sin, float32 tables, repeat_interleave."""
+    T, d = x.shape[-2], x.shape[-1]
+    if positions is None:
+        positions = torch.arange(T, device=x.device)
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, d/2)
+    cos = freqs.cos().repeat_interleave(2, dim=-1).to(x.dtype)  # (T, d)
+    sin = freqs.sin().repeat_interleave(2, dim=-1).to(x.dtype)
+    x_even, x_odd = x[..., ::2], x[..., 1::2]
+    rotated = torch.stack((-x_odd, x_even), dim=-1).flatten(-2)
+    return x * cos + rotated * sin
+
+
+@alternative("rope")
+def rope_pair_loop(x, positions=None, base=10000.0):
+    """A loop over the pairs, writing into a new tensor."""
+    T, d = x.shape[-2], x.shape[-1]
+    pos = (torch.arange(T) if positions is None else positions).to(torch.float32)
+    out = torch.empty_like(x)
+    for i in range(d // 2):
+        theta = pos * base ** (-2 * i / d)  # (T,)
+        c, s = torch.cos(theta).to(x.dtype), torch.sin(theta).to(x.dtype)
+        a, b = x[..., 2 * i], x[..., 2 * i + 1]
+        out[..., 2 * i] = a * c - b * s
+        out[..., 2 * i + 1] = a * s + b * c
+    return out

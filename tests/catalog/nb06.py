@@ -1,0 +1,458 @@
+"""Catalog for notebook 06: feed_forward, encoder_layer."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import attention_ref
+from attention_ref import MultiHeadAttention
+
+from . import alternative, mistake
+
+# ----------------------------------------------------------------------------- feed_forward
+
+
+class _FFBase(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+
+@mistake("feed_forward", expect="ReLU is missing")
+class FFNoReLU(_FFBase):
+    def forward(self, x):
+        return self.linear2(self.dropout(self.linear1(x)))
+
+
+@mistake("feed_forward", expect="ReLU is applied after linear2")
+class FFReLUAfterLinear2(_FFBase):
+    def forward(self, x):
+        return torch.relu(self.linear2(self.dropout(self.linear1(x))))
+
+
+@mistake("feed_forward", expect="ReLU is applied after linear2")
+class FFReLUAfterBoth(_FFBase):
+    def forward(self, x):
+        return torch.relu(self.linear2(self.dropout(torch.relu(self.linear1(x)))))
+
+
+@mistake("feed_forward", expect="GELU")
+class FFGelu(_FFBase):
+    def forward(self, x):
+        return self.linear2(self.dropout(F.gelu(self.linear1(x))))
+
+
+@mistake("feed_forward", expect="dropout argument is ignored")
+class FFDropoutHardCoded(_FFBase):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__(d_model, d_ff, dropout)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+@mistake("feed_forward", expect="no dropout was applied")
+class FFDropoutNeverUsed(_FFBase):
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(x)))
+
+
+@mistake("feed_forward", expect="output of linear2 instead of the hidden")
+class FFDropoutOnOutput(_FFBase):
+    def forward(self, x):
+        return self.dropout(self.linear2(torch.relu(self.linear1(x))))
+
+
+@mistake("feed_forward", expect="in and out sizes of the nn.Linear are swapped")
+class FFLinearSizesSwapped(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_ff, d_model)
+        self.linear2 = nn.Linear(d_model, d_ff)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+@mistake("feed_forward", expect="has no bias")
+class FFNoBias(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff, bias=False)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+@mistake("feed_forward", expect="calls the reference attention_ref.FeedForward")
+class FFSubclassesReference(attention_ref.FeedForward):
+    pass
+
+
+@alternative("feed_forward")
+class FFSequential(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.net = nn.Sequential(self.linear1, nn.ReLU(), self.dropout, self.linear2)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@alternative("feed_forward")
+class FFSequentialFirst(nn.Module):
+    """The Sequential is registered first, so its names come first in named_parameters."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
+        )
+        self.linear1, self.dropout, self.linear2 = self.net[0], self.net[2], self.net[3]
+
+    def forward(self, x):
+        return self.net(x)
+
+
+@alternative("feed_forward")
+class FFFunctional(_FFBase):
+    def forward(self, x):
+        h = F.relu(F.linear(x, self.linear1.weight, self.linear1.bias))
+        h = F.dropout(h, p=self.dropout.p, training=self.training)
+        return F.linear(h, self.linear2.weight, self.linear2.bias)
+
+
+@alternative("feed_forward")
+class FFEinsumClamp(_FFBase):
+    def forward(self, x):
+        h = torch.einsum("...d,fd->...f", x, self.linear1.weight) + self.linear1.bias
+        h = self.dropout(h.clamp(min=0))
+        return torch.einsum("...f,df->...d", h, self.linear2.weight) + self.linear2.bias
+
+
+# ----------------------------------------------------------------------------- encoder_layer
+
+
+class FeedForward(_FFBase):
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+class _LayerBase(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def attn(self, h, mask):
+        out, w = self.self_attn(h, h, h, mask)
+        return self.dropout1(out), w
+
+
+@mistake("encoder_layer", expect="no residual connection around the self-attention")
+class LayerNoAttnResidual(_LayerBase):
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(self.norm1(x), mask)
+            x = a
+            return x + self.dropout2(self.ff(self.norm2(x))), w
+        a, w = self.attn(x, mask)
+        x = self.norm1(a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="no residual connection around the feed-forward")
+class LayerNoFFResidual(_LayerBase):
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(self.norm1(x), mask)
+            x = x + a
+            return self.dropout2(self.ff(self.norm2(x))), w
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="norm_first=True is ignored")
+class LayerAlwaysPostNorm(_LayerBase):
+    def forward(self, x, mask=None):
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="pre-norm although norm_first=False")
+class LayerAlwaysPreNorm(_LayerBase):
+    def forward(self, x, mask=None):
+        a, w = self.attn(self.norm1(x), mask)
+        x = x + a
+        return x + self.dropout2(self.ff(self.norm2(x))), w
+
+
+@mistake("encoder_layer", expect="norm in the wrong place")
+class LayerPreNormOnSublayerOutput(_LayerBase):
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(x, mask)
+            x = x + self.norm1(a)
+            return x + self.norm2(self.dropout2(self.ff(x))), w
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="residual taken from the normalised x")
+class LayerPreNormResidualFromNormed(_LayerBase):
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            h = self.norm1(x)
+            a, w = self.attn(h, mask)
+            x = h + a
+            h = self.norm2(x)
+            return h + self.dropout2(self.ff(h)), w
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="norm1 and norm2 are swapped")
+class LayerNormsSwapped(_LayerBase):
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(self.norm2(x), mask)
+            x = x + a
+            return x + self.dropout2(self.ff(self.norm1(x))), w
+        a, w = self.attn(x, mask)
+        x = self.norm2(x + a)
+        return self.norm1(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="mask is ignored")
+class LayerMaskIgnored(_LayerBase):
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(self.norm1(x), None)
+            x = x + a
+            return x + self.dropout2(self.ff(self.norm2(x))), w
+        a, w = self.attn(x, None)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="given the layer's input x")
+class LayerFFOnLayerInput(_LayerBase):
+    def forward(self, x, mask=None):
+        a, w = self.attn(x, mask)
+        h = self.norm1(x + a)
+        return self.norm2(h + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="dropout argument is ignored")
+class LayerDropoutHardCoded(_LayerBase):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, 0.1, norm_first)
+
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(self.norm1(x), mask)
+            x = x + a
+            return x + self.dropout2(self.ff(self.norm2(x))), w
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="no dropout was applied")
+class LayerDropoutNeverUsed(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff)  # dropout not passed on, and not used below
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.norm_first = norm_first
+
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            h = self.norm1(x)
+            a, w = self.self_attn(h, h, h, mask)
+            x = x + a
+            return x + self.ff(self.norm2(x)), w
+        a, w = self.self_attn(x, x, x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.ff(x)), w
+
+
+@mistake("encoder_layer", expect="no parameter named self_attn.w_q")
+class LayerWrongAttributeName(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.attention = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+
+    def forward(self, x, mask=None):
+        a, w = self.attention(x, x, x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.ff(x)), w
+
+
+@mistake("encoder_layer", expect="must return a tuple (out, weights)")
+class LayerReturnsOnlyOut(_LayerBase):
+    def forward(self, x, mask=None):
+        a, _ = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x)))
+
+
+@mistake("encoder_layer", expect="calls the reference attention_ref.EncoderLayer")
+class LayerSubclassesReference(attention_ref.EncoderLayer):
+    pass
+
+
+class _SDPAAttention(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, q, k, v, mask=None):
+        B, T, D = q.shape
+        H = self.n_heads
+
+        def split(t):
+            return t.view(B, -1, H, D // H).transpose(1, 2)
+
+        q, k, v = split(self.w_q(q)), split(self.w_k(k)), split(self.w_v(v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // H)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return self.w_o(out.transpose(1, 2).reshape(B, T, D)), s.softmax(-1)
+
+
+@mistake("encoder_layer", expect="calls torch.nn.functional.scaled_dot_product_attention")
+class LayerUsesTorchSDPA(_LayerBase):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.self_attn = _SDPAAttention(d_model, n_heads)
+
+    def forward(self, x, mask=None):
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@alternative("encoder_layer")
+class LayerReference(_LayerBase):
+    """Straight from the spec."""
+
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            h = self.norm1(x)
+            a, weights = self.self_attn(h, h, h, mask)
+            x = x + self.dropout1(a)
+            x = x + self.dropout2(self.ff(self.norm2(x)))
+        else:
+            a, weights = self.self_attn(x, x, x, mask)
+            x = self.norm1(x + self.dropout1(a))
+            x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x, weights
+
+
+@alternative("encoder_layer")
+class LayerSublayerHelper(_LayerBase):
+    """One helper for 'residual + dropout + norm', functional LayerNorm, reference FFN."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.ff = attention_ref.FeedForward(d_model, d_ff, dropout)
+
+    def sublayer(self, x, norm, drop, f):
+        def ln(t):
+            return F.layer_norm(t, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+        if self.norm_first:
+            y, extra = f(ln(x))
+            return x + drop(y), extra
+        y, extra = f(x)
+        return ln(x + drop(y)), extra
+
+    def forward(self, x, mask=None):
+        x, weights = self.sublayer(
+            x, self.norm1, self.dropout1, lambda h: self.self_attn(h, h, h, mask)
+        )
+        x, _ = self.sublayer(x, self.norm2, self.dropout2, lambda h: (self.ff(h), None))
+        return x, weights
+
+
+class _MyLayerNorm(nn.Module):
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.bias = nn.Parameter(torch.zeros(d))
+        self.eps = eps
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = ((x - mu) ** 2).mean(-1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class _MyMHA(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.h = n_heads
+        self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, query, key, value, mask=None):
+        def split(t):
+            return t.unflatten(-1, (self.h, -1))  # (B, T, H, d_head)
+
+        q, k, v = split(self.w_q(query)), split(self.w_k(key)), split(self.w_v(value))
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        out = torch.einsum("bhqk,bkhd->bqhd", w, v).flatten(2)
+        return self.w_o(out), w
+
+
+@alternative("encoder_layer")
+class LayerOwnParts(nn.Module):
+    """Hand-written LayerNorm and einsum attention, functional dropout."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = _MyMHA(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = _MyLayerNorm(d_model), _MyLayerNorm(d_model)
+        self.p, self.norm_first = dropout, norm_first
+
+    def forward(self, x, mask=None):
+        def drop(t):
+            return F.dropout(t, self.p, self.training)
+
+        h = self.norm1(x) if self.norm_first else x
+        a, weights = self.self_attn(h, h, h, mask)
+        x = x + drop(a) if self.norm_first else self.norm1(x + drop(a))
+        h = self.norm2(x) if self.norm_first else x
+        x = x + drop(self.ff(h))
+        return (x if self.norm_first else self.norm2(x)), weights

@@ -1,0 +1,325 @@
+"""Catalog for notebook 07: decoder_layer and transformer (module exercises: each entry is
+a class)."""
+
+import math
+
+import torch
+from torch import nn
+
+import attention_ref
+from attention_ref import DecoderLayer, Encoder, FeedForward, MultiHeadAttention
+from attention_ref.positional import sinusoidal_encoding
+
+from . import alternative, mistake
+
+# ----------------------------------------------------------------------------- decoder_layer
+
+
+class _DecoderBase(nn.Module):
+    """The right parts; subclasses write forward (a knob per mistake)."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def run(self, y, memory, self_mask, memory_mask, *, kv="memory", residual=True, nf=None):
+        nf = self.norm_first if nf is None else nf
+
+        def cross(h):
+            kv_ = memory if kv == "memory" else h
+            return self.cross_attn(h, kv_, kv_, memory_mask if kv == "memory" else None)
+
+        blocks = (
+            (lambda h: self.self_attn(h, h, h, self_mask), self.norm1),
+            (cross, self.norm2),
+            (lambda h: (self.ff(h), None), self.norm3),
+        )
+        ws = []
+        for fn, norm in blocks:
+            if nf:
+                a, w = fn(norm(y))
+                y = y + a if residual else a
+            else:
+                a, w = fn(y)
+                y = norm(y + a if residual else a)
+            ws.append(w)
+        return y, ws[0], ws[1]
+
+
+@mistake("decoder_layer", expect="self-attention mask (self_mask, the causal mask) is ignored")
+class DecoderNoCausalMask(_DecoderBase):
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return self.run(y, memory, None, memory_mask)
+
+
+@mistake("decoder_layer", expect="keys and values from the decoder")
+class DecoderCrossKeysFromDecoder(_DecoderBase):
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return self.run(y, memory, self_mask, memory_mask, kv="decoder")
+
+
+@mistake("decoder_layer", expect="memory mask (source padding) is ignored")
+class DecoderMemoryMaskIgnored(_DecoderBase):
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return self.run(y, memory, self_mask, None)
+
+
+@mistake("decoder_layer", expect="residual connection is missing")
+class DecoderNoResidual(_DecoderBase):
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return self.run(y, memory, self_mask, memory_mask, residual=False)
+
+
+@mistake("decoder_layer", expect="wrong norm order")
+class DecoderAlwaysPreNorm(_DecoderBase):
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return self.run(y, memory, self_mask, memory_mask, nf=True)
+
+
+@mistake("decoder_layer", expect="calls the reference")
+class DecoderCallsReference(_DecoderBase):
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return DecoderLayer.forward(self, y, memory, self_mask, memory_mask)
+
+
+@mistake("decoder_layer", expect="torch.nn.TransformerDecoderLayer")
+class DecoderCallsTorch(_DecoderBase):
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        D = y.shape[-1]
+        layer = nn.TransformerDecoderLayer(D, self.self_attn.n_heads, 8, 0.0, batch_first=True)
+        out = layer.to(y.dtype)(y, memory)
+        return out, None, None
+
+
+@alternative("decoder_layer")
+class DecoderWithSublayerHelper(_DecoderBase):
+    """A helper that wraps any sub-layer in residual + norm, in either order."""
+
+    def _sub(self, y, norm, fn):
+        if self.norm_first:
+            out, w = fn(norm(y))
+            return y + out, w
+        out, w = fn(y)
+        return norm(y + out), w
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        y, w_self = self._sub(y, self.norm1, lambda h: self.self_attn(h, h, h, self_mask))
+        y, w_cross = self._sub(
+            y, self.norm2, lambda h: self.cross_attn(h, memory, memory, memory_mask)
+        )
+        y, _ = self._sub(y, self.norm3, lambda h: (self.ff(h), None))
+        return y, w_self, w_cross
+
+
+class _OwnMHA(nn.Module):
+    """Multi-head attention written with einsum (same parameter names as the reference)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.h = n_heads
+        self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, q, k, v, mask=None):
+        B, Tq, D = q.shape
+        Tk, dh = k.shape[1], D // self.h
+        q = self.w_q(q).view(B, Tq, self.h, dh)
+        k = self.w_k(k).view(B, Tk, self.h, dh)
+        v = self.w_v(v).view(B, Tk, self.h, dh)
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dh)
+        if mask is not None:
+            if mask.dim() == 3:
+                mask = mask[:, None]
+            mask = mask.expand_as(s)
+            s = s.masked_fill(~mask, float("-inf"))
+            w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        else:
+            w = torch.softmax(s, dim=-1)
+        out = torch.einsum("bhqk,bkhd->bqhd", w, v).reshape(B, Tq, D)
+        return self.w_o(out), w
+
+
+class _OwnFF(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(x)))
+
+
+@alternative("decoder_layer")
+class DecoderOwnParts(nn.Module):
+    """Everything written by hand (einsum attention, own FFN), two explicit branches."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = _OwnMHA(d_model, n_heads)
+        self.cross_attn = _OwnMHA(d_model, n_heads)
+        self.ff = _OwnFF(d_model, d_ff)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.norm_first = norm_first
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        if self.norm_first:
+            h = self.norm1(y)
+            a, ws = self.self_attn(h, h, h, self_mask)
+            y = y + a
+            a, wc = self.cross_attn(self.norm2(y), memory, memory, memory_mask)
+            y = y + a
+            return y + self.ff(self.norm3(y)), ws, wc
+        a, ws = self.self_attn(y, y, y, self_mask)
+        y = self.norm1(y + a)
+        a, wc = self.cross_attn(y, memory, memory, memory_mask)
+        y = self.norm2(y + a)
+        return self.norm3(y + self.ff(y)), ws, wc
+
+
+# ----------------------------------------------------------------------------- transformer
+
+
+class _TransformerBase(nn.Module):
+    """The right parts (reference Encoder and DecoderLayer); forward has knobs."""
+
+    def __init__(
+        self, src_vocab, tgt_vocab, d_model=64, n_heads=4, n_layers=2, d_ff=128,
+        dropout=0.0, max_len=256, pad_id=0, norm_first=False,
+    ):  # fmt: skip
+        super().__init__()
+        self.d_model, self.pad_id = d_model, pad_id
+        self.encoder = Encoder(
+            src_vocab, d_model, n_heads, d_ff, n_layers, dropout, max_len, pad_id, norm_first
+        )
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.out_proj = nn.Linear(d_model, tgt_vocab)
+
+    def encode(self, src, encoder_causal=False):
+        src_mask = (src != self.pad_id)[:, None, None, :]
+        enc_mask = src_mask
+        if encoder_causal:
+            S = src.shape[1]
+            enc_mask = src_mask & torch.ones(S, S, dtype=torch.bool, device=src.device).tril()
+        return self.encoder(src, enc_mask)[0], src_mask
+
+    def decode(self, tgt_in, memory, src_mask, *, causal=True, scale=True, final=True, mm=True):
+        T = tgt_in.shape[1]
+        y = self.tgt_embed(tgt_in) * (math.sqrt(self.d_model) if scale else 1.0)
+        y = y + self.pe[:T].to(y.dtype)
+        mask = (tgt_in != self.pad_id)[:, None, None, :]
+        if causal:
+            mask = mask & torch.ones(T, T, dtype=torch.bool, device=y.device).tril()
+        for layer in self.decoder_layers:
+            y = layer(y, memory, mask, src_mask if mm else None)[0]
+        return self.out_proj(self.final_norm(y) if final else y)
+
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src))
+
+
+@mistake("transformer", expect="no causal mask in the decoder")
+class TransformerNoCausal(_TransformerBase):
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src), causal=False)
+
+
+@mistake("transformer", expect="causal mask is put on the encoder")
+class TransformerCausalEncoder(_TransformerBase):
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src, encoder_causal=True))
+
+
+@mistake("transformer", expect="source padding mask is not passed to the cross-attention")
+class TransformerNoMemoryMask(_TransformerBase):
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src), mm=False)
+
+
+@mistake("transformer", expect="not scaled by sqrt(d_model)")
+class TransformerNoScale(_TransformerBase):
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src), scale=False)
+
+
+@mistake("transformer", expect="final layernorm after the last decoder layer is missing")
+class TransformerNoFinalNorm(_TransformerBase):
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src), final=False)
+
+
+@mistake("transformer", expect="torch.nn.Transformer")
+class TransformerCallsTorch(_TransformerBase):
+    def forward(self, src, tgt_in):
+        D = self.d_model
+        core = nn.Transformer(D, 2, 1, 1, 8, 0.0, batch_first=True).to(self.out_proj.weight.dtype)
+        x = core(self.encoder.embed(src), self.tgt_embed(tgt_in))
+        return self.out_proj(x)
+
+
+@mistake("transformer", expect="calls the reference")
+class TransformerCallsReference(_TransformerBase):
+    def forward(self, src, tgt_in):
+        ref = attention_ref.Transformer(self.encoder.embed.num_embeddings, 5)
+        return ref(src, tgt_in)
+
+
+@alternative("transformer")
+class TransformerReferenceLayers(_TransformerBase):
+    """The straightforward version (reference Encoder and DecoderLayer)."""
+
+
+@alternative("transformer")
+class TransformerCausalOnlyOwnLoop(nn.Module):
+    """Causal mask only (no target padding in the self mask: it changes only the padded
+    positions, which the loss ignores), positions computed inline, weights collected."""
+
+    def __init__(
+        self, src_vocab, tgt_vocab, d_model=64, n_heads=4, n_layers=2, d_ff=128,
+        dropout=0.0, max_len=256, pad_id=0, norm_first=False,
+    ):  # fmt: skip
+        super().__init__()
+        self.pad_id, self.scale = pad_id, d_model**0.5
+        self.encoder = Encoder(
+            src_vocab, d_model, n_heads, d_ff, n_layers, dropout, max_len, pad_id, norm_first
+        )
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        self.decoder_layers = nn.ModuleList(
+            [DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)]
+        )
+        self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.out_proj = nn.Linear(d_model, tgt_vocab)
+        pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+        inv = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+        pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
+        self.register_buffer("pe", pe.float(), persistent=False)
+
+    def encode(self, src):
+        keep = src.ne(self.pad_id).unsqueeze(1).unsqueeze(2)
+        memory, _ = self.encoder(src)  # the default mask is the same padding mask
+        return memory, keep
+
+    def decode(self, tgt_in, memory, src_mask):
+        T = tgt_in.shape[1]
+        y = self.tgt_embed(tgt_in) * self.scale + self.pe[:T].to(memory.dtype)
+        causal = torch.tril(torch.ones(T, T, device=y.device)).bool()
+        for layer in self.decoder_layers:
+            y, _, _ = layer(y, memory, self_mask=causal, memory_mask=src_mask)
+        return self.out_proj(self.final_norm(y))
+
+    def forward(self, src, tgt_in):
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)

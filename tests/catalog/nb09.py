@@ -1,0 +1,186 @@
+"""Catalog for notebook 09: best_span, span_loss."""
+
+import torch
+import torch.nn.functional as F
+
+from . import alternative, mistake
+
+NEG = float("-inf")
+
+# ----------------------------------------------------------------------------- best_span
+
+
+@mistake("best_span", expect="end may come before the start")
+def best_span_two_argmaxes(start_logits, end_logits, mask, max_len=None):
+    s = start_logits.masked_fill(~mask, NEG).argmax(1)
+    e = end_logits.masked_fill(~mask, NEG).argmax(1)
+    return s, e
+
+
+@mistake("best_span", expect="end may come before the start")
+def best_span_no_triangle(start_logits, end_logits, mask, max_len=None):
+    T = mask.shape[1]
+    scores = start_logits[:, :, None] + end_logits[:, None, :]
+    ok = mask[:, :, None] & mask[:, None, :]
+    if max_len is not None:
+        i = torch.arange(T)
+        ok = ok & ((i[None, :] - i[:, None]) < max_len)
+    flat = scores.masked_fill(~ok, NEG).flatten(1).argmax(1)
+    return flat // T, flat % T
+
+
+@mistake("best_span", expect="mask is ignored")
+def best_span_no_mask(start_logits, end_logits, mask, max_len=None):
+    T = mask.shape[1]
+    scores = start_logits[:, :, None] + end_logits[:, None, :]
+    ok = torch.ones(T, T, dtype=torch.bool).triu()
+    if max_len is not None:
+        ok = ok & ~torch.ones(T, T, dtype=torch.bool).triu(max_len)
+    flat = scores.masked_fill(~ok, NEG).flatten(1).argmax(1)
+    return flat // T, flat % T
+
+
+@mistake("best_span", expect="one-token answers")
+def best_span_strict(start_logits, end_logits, mask, max_len=None):
+    T = mask.shape[1]
+    scores = start_logits[:, :, None] + end_logits[:, None, :]
+    ok = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if max_len is not None:
+        ok = ok & ~torch.ones(T, T, dtype=torch.bool).triu(max_len)
+    ok = ok & mask[:, :, None] & mask[:, None, :]
+    flat = scores.masked_fill(~ok, NEG).flatten(1).argmax(1)
+    return flat // T, flat % T
+
+
+@mistake("best_span", expect="max_len is ignored")
+def best_span_ignores_max_len(start_logits, end_logits, mask, max_len=None):
+    T = mask.shape[1]
+    scores = start_logits[:, :, None] + end_logits[:, None, :]
+    ok = torch.ones(T, T, dtype=torch.bool).triu() & mask[:, :, None] & mask[:, None, :]
+    flat = scores.masked_fill(~ok, NEG).flatten(1).argmax(1)
+    return flat // T, flat % T
+
+
+@mistake("best_span", expect="swapped")
+def best_span_swapped_decode(start_logits, end_logits, mask, max_len=None):
+    T = mask.shape[1]
+    scores = start_logits[:, :, None] + end_logits[:, None, :]
+    ok = torch.ones(T, T, dtype=torch.bool).triu()
+    if max_len is not None:
+        ok = ok & ~torch.ones(T, T, dtype=torch.bool).triu(max_len)
+    ok = ok & mask[:, :, None] & mask[:, None, :]
+    flat = scores.masked_fill(~ok, NEG).flatten(1).argmax(1)
+    return flat % T, flat // T
+
+
+@alternative("best_span")
+def best_span_loops(start_logits, end_logits, mask, max_len=None):
+    B, T = start_logits.shape
+    starts, ends = [], []
+    for b in range(B):
+        best, arg = None, None
+        for s in range(T):
+            if not mask[b, s]:
+                continue
+            for e in range(s, T if max_len is None else min(T, s + max_len)):
+                if not mask[b, e]:
+                    continue
+                score = float(start_logits[b, s]) + float(end_logits[b, e])
+                if best is None or score > best:
+                    best, arg = score, (s, e)
+        starts.append(arg[0])
+        ends.append(arg[1])
+    kw = dict(dtype=torch.long, device=start_logits.device)
+    return torch.tensor(starts, **kw), torch.tensor(ends, **kw)
+
+
+@alternative("best_span")
+def best_span_running_max(start_logits, end_logits, mask, max_len=None):
+    # For each end, the best start at or before it (a running maximum), when there is no
+    # length limit; with one, score a band of diagonals.
+    B, T = start_logits.shape
+    s = start_logits.double().masked_fill(~mask, NEG)
+    e = end_logits.double().masked_fill(~mask, NEG)
+    best = torch.full((B,), NEG, dtype=torch.float64)
+    out_s = torch.zeros(B, dtype=torch.long)
+    out_e = torch.zeros(B, dtype=torch.long)
+    width = T if max_len is None else min(T, max_len)
+    for d in range(width):  # spans of d + 1 tokens: start i, end i + d
+        score = s[:, : T - d] + e[:, d:]  # (B, T - d)
+        val, i = score.max(1)
+        better = val > best
+        best = torch.where(better, val, best)
+        out_s = torch.where(better, i, out_s)
+        out_e = torch.where(better, i + d, out_e)
+    return out_s, out_e
+
+
+# ----------------------------------------------------------------------------- span_loss
+
+
+def _ce(logits, target, mask):
+    log_p = torch.log_softmax(logits.masked_fill(~mask, NEG), dim=-1)
+    return -log_p[torch.arange(len(target)), target].mean()
+
+
+@mistake("span_loss", expect="mask is not applied")
+def span_loss_no_mask(start_logits, end_logits, start, end, mask):
+    return (F.cross_entropy(start_logits, start) + F.cross_entropy(end_logits, end)) / 2
+
+
+@mistake("span_loss", expect="summed")
+def span_loss_summed(start_logits, end_logits, start, end, mask):
+    return _ce(start_logits, start, mask) + _ce(end_logits, end, mask)
+
+
+@mistake("span_loss", expect="only the start")
+def span_loss_start_only(start_logits, end_logits, start, end, mask):
+    return _ce(start_logits, start, mask)
+
+
+@mistake("span_loss", expect="summed over the batch")
+def span_loss_batch_sum(start_logits, end_logits, start, end, mask):
+    return (_ce(start_logits, start, mask) + _ce(end_logits, end, mask)) / 2 * len(start)
+
+
+@mistake("span_loss", expect="not averaged over the batch")
+def span_loss_per_example(start_logits, end_logits, start, end, mask):
+    def ce(x, t):
+        return F.cross_entropy(x.masked_fill(~mask, NEG), t, reduction="none")
+
+    return (ce(start_logits, start) + ce(end_logits, end)) / 2
+
+
+@mistake("span_loss", expect="probabilities are used")
+def span_loss_probs(start_logits, end_logits, start, end, mask):
+    rows = torch.arange(len(start))
+    ps = torch.softmax(start_logits.masked_fill(~mask, NEG), -1)[rows, start]
+    pe = torch.softmax(end_logits.masked_fill(~mask, NEG), -1)[rows, end]
+    return -(ps.mean() + pe.mean()) / 2
+
+
+@alternative("span_loss")
+def span_loss_cross_entropy(start_logits, end_logits, start, end, mask):
+    ls = F.cross_entropy(start_logits.masked_fill(~mask, float("-inf")), start)
+    le = F.cross_entropy(end_logits.masked_fill(~mask, float("-inf")), end)
+    return (ls + le) / 2
+
+
+@alternative("span_loss")
+def span_loss_logsumexp(start_logits, end_logits, start, end, mask):
+    # -log p = logsumexp over the context - the true logit; -1e9 plays the role of -inf.
+    total = 0.0
+    for logits, target in ((start_logits, start), (end_logits, end)):
+        x = torch.where(mask, logits, torch.full_like(logits, -1e9))
+        true = x.gather(1, target[:, None]).squeeze(1)
+        total = total + (torch.logsumexp(x, dim=1) - true).mean()
+    return total / 2
+
+
+@alternative("span_loss")
+def span_loss_stacked(start_logits, end_logits, start, end, mask):
+    logits = torch.stack([start_logits, end_logits])  # (2, B, T)
+    logits = logits.masked_fill(~mask, float("-inf"))
+    targets = torch.stack([start, end])  # (2, B)
+    log_p = logits.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
+    return -log_p.mean()

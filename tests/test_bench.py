@@ -1,0 +1,119 @@
+"""The benchmark command runs a tiny configuration quickly and prints well-formed lines; the
+apps benchmark reports a missing or failing application and exits non-zero."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import pytest
+
+from attention_ref import bench
+
+TINY = [
+    "attention",
+    "--device",
+    "cpu",
+    "--lengths",
+    "64",
+    "96",
+    "--heads",
+    "2",
+    "--d-head",
+    "8",
+    "--block-size",
+    "32",
+    "--q-block-size",
+    "16",
+    "--repeats",
+    "1",
+    "--kv-tokens",
+    "6",
+    "--kv-d-model",
+    "16",
+]
+
+
+def test_registry_names_the_benchmarks():
+    assert {"attention", "apps"} <= set(bench.BENCHMARKS)
+
+
+def test_attention_benchmark_prints_one_line_per_length_and_the_cache_speedup(capsys):
+    assert bench.main(TINY) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("attention device=cpu")
+    num = r"\d+\.\d+"
+    row = re.compile(
+        rf"n=(\d+) naive_ms={num} naive_mib={num} online_ms={num} online_mib={num} "
+        rf"torch_ms={num} torch_mib={num} naive/torch_time={num}x online/torch_time={num}x "
+        rf"online/naive_mem={num}x$"
+    )
+    rows = [row.match(line) for line in lines[1:3]]
+    assert all(rows), lines
+    assert [int(m.group(1)) for m in rows] == [64, 96]
+    assert re.match(
+        rf"kv_cache tokens=6 recompute_s={num} cached_s={num} speedup={num}x same_tokens=True$",
+        lines[3],
+    ), lines[3]
+
+
+def test_naive_attention_is_skipped_with_its_memory_requirement(capsys):
+    assert bench.main([*TINY, "--naive-limit-gib", "0.0001", "--kv-tokens", "0"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"n=96 naive=skipped\(needs 0\.1 MiB for scores\+weights > limit", out)
+    row = next(line for line in out.splitlines() if line.startswith("n=96 "))
+    assert "online_ms=" in row and "torch_ms=" in row and "online/naive_mem" not in row
+
+
+def test_naive_memory_requirement_is_two_n_by_n_matrices_per_head():
+    assert bench.naive_bytes(1, 8, 16384, 4) == 16 * 2**30  # scores and weights, 8 GiB each
+
+
+def _fake_app(metric, value, seconds):
+    result = types.SimpleNamespace(metric=metric, value=value, train_seconds=seconds)
+    return lambda: result
+
+
+def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
+    modules = {
+        "attention_ref.apps.translation": types.SimpleNamespace(
+            train_translation=_fake_app("exact_match", 0.9951, 48.12)
+        ),
+        "attention_ref.apps.qa": types.SimpleNamespace(train_qa=_fake_app("exact_match", 0.9, 5)),
+        "attention_ref.apps.summarization": types.SimpleNamespace(
+            train_summarization=_fake_app("sentence_f1", 0.875, 12.0)
+        ),
+    }
+    monkeypatch.setattr(bench.importlib, "import_module", modules.__getitem__)
+    assert bench.main(["apps"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "app=translation metric=exact_match value=0.995 train_seconds=48.1",
+        "app=qa metric=exact_match value=0.900 train_seconds=5.0",
+        "app=summarization metric=sentence_f1 value=0.875 train_seconds=12.0",
+    ]
+
+
+def test_apps_benchmark_reports_a_missing_or_failing_app_and_exits_nonzero(monkeypatch, capsys):
+    def boom():
+        raise RuntimeError("diverged")
+
+    modules = {
+        "attention_ref.apps.translation": types.SimpleNamespace(),
+        "attention_ref.apps.qa": types.SimpleNamespace(train_qa=boom),
+        "attention_ref.apps.summarization": types.SimpleNamespace(
+            train_summarization=_fake_app("sentence_f1", 0.875, 12.0)
+        ),
+    }
+    monkeypatch.setattr(bench.importlib, "import_module", modules.__getitem__)
+    assert bench.main(["apps"]) == 1
+    out = capsys.readouterr().out
+    assert "app=translation FAILED: LookupError: attention_ref.apps.translation has no " in out
+    assert "app=qa FAILED: RuntimeError: diverged" in out
+    assert "app=summarization metric=sentence_f1 value=0.875" in out
+    assert out.rstrip().endswith("FAILED: apps")
+
+
+def test_unknown_benchmark_is_a_usage_error():
+    with pytest.raises(SystemExit):
+        bench.main(["nonsense"])

@@ -1,0 +1,248 @@
+"""Efficient attention (notebook 11): the online softmax and blocked attention equal PyTorch's
+softmax and fused attention, never build the full score matrix and skip future blocks;
+the key-value cache decodes the same tokens as recomputation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attention_ref import (
+    KVCache,
+    MultiHeadAttention,
+    cached_self_attention,
+    naive_attention,
+    online_softmax,
+    online_softmax_attention,
+    split_heads,
+)
+from attention_ref.efficient import OpRecorder, PeakMemory
+from attention_ref.kv_cache import CachedDecoder, greedy_decode
+
+
+def _qkv(shape_q, shape_k, d_v, dtype=torch.float64, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = scale * torch.randn(*shape_q, generator=g, dtype=dtype)
+    k = scale * torch.randn(*shape_k, generator=g, dtype=dtype)
+    v = torch.randn(*shape_k[:-1], d_v, generator=g, dtype=dtype)
+    return q, k, v
+
+
+# ----------------------------------------------------------------------------- online softmax
+@pytest.mark.parametrize("n,block", [(1, 1), (10, 3), (12, 4), (7, 10), (50, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_online_softmax_equals_torch_softmax(n, block, dtype):
+    x = 5 * torch.randn(n, generator=torch.Generator().manual_seed(n), dtype=dtype)
+    torch.testing.assert_close(online_softmax(x, block), torch.softmax(x, 0))
+
+
+def test_online_softmax_is_stable_for_huge_and_tiny_logits():
+    for x in (torch.tensor([1000.0, 1001.0, 999.0, 1002.0, 0.0]), torch.full((6,), -1000.0)):
+        got = online_softmax(x, 2)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, torch.softmax(x, 0))
+
+
+def test_online_softmax_rejects_bad_input():
+    with pytest.raises(ValueError, match="1-D"):
+        online_softmax(torch.zeros(2, 3), 2)
+    with pytest.raises(ValueError, match="block_size"):
+        online_softmax(torch.zeros(3), 0)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        online_softmax([1.0, 2.0], 1)
+
+
+# ----------------------------------------------------------------------------- online attention
+CASES = [
+    ((2, 3, 40, 8), (2, 3, 40, 8), 8, 16),  # n not a multiple of the block size
+    ((1, 64, 16), (1, 64, 16), 16, 64),  # one block
+    ((2, 33, 4), (2, 33, 4), 6, 1),  # block_size 1, d_v != d_k
+    ((3, 100, 8), (3, 100, 8), 8, 32),
+    ((7, 4), (7, 4), 4, 3),  # no batch dimension
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,d_v,block", CASES)
+def test_online_attention_equals_pytorch_sdpa(sq, sk, d_v, block, causal):
+    q, k, v = _qkv(sq, sk, d_v)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    got = online_softmax_attention(q, k, v, block_size=block, causal=causal)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("block", [5, 16, 64])
+def test_online_attention_with_fewer_queries_than_keys(block):
+    q, k, v = _qkv((2, 9, 8), (2, 45, 8), 5)
+    torch.testing.assert_close(
+        online_softmax_attention(q, k, v, block), F.scaled_dot_product_attention(q, k, v)
+    )
+    # causal: the queries are the last 9 of the 45 positions (bottom-right alignment).
+    mask = torch.ones(9, 45, dtype=torch.bool).tril(45 - 9)
+    torch.testing.assert_close(
+        online_softmax_attention(q, k, v, block, causal=True),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    )
+
+
+def test_online_attention_float32_large_logits_and_query_blocks():
+    q, k, v = _qkv((2, 4, 130, 16), (2, 4, 130, 16), 16, dtype=torch.float32, scale=4.0)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double()).float()
+    for qbs in (None, 17, 64):
+        got = online_softmax_attention(q, k, v, 32, q_block_size=qbs)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_naive_attention_equals_pytorch_sdpa():
+    q, k, v = _qkv((2, 2, 20, 8), (2, 2, 20, 8), 8)
+    for causal in (False, True):
+        torch.testing.assert_close(
+            naive_attention(q, k, v, causal=causal),
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        )
+
+
+def test_online_attention_never_materialises_the_score_matrix():
+    n = 512
+    q, k, v = _qkv((1, n, 16), (1, n, 16), 16, dtype=torch.float32)
+    for causal in (False, True):
+        with OpRecorder() as rec:
+            online_softmax_attention(q, k, v, block_size=64, causal=causal)
+        numel, shape, _ = rec.largest()
+        assert numel <= n * 64, f"a tensor of shape {shape} was built"
+    with OpRecorder() as rec:
+        naive_attention(q, k, v)
+    assert rec.largest()[0] == n * n  # the recorder does see a full score matrix
+
+
+def test_causal_skips_future_blocks():
+    n, block = 512, 64
+    q, k, v = _qkv((1, n, 16), (1, n, 16), 16, dtype=torch.float32)
+    flops = {}
+    for causal in (False, True):
+        with OpRecorder() as rec:
+            online_softmax_attention(q, k, v, block_size=block, q_block_size=block, causal=causal)
+        flops[causal] = sum(op.flops for op in rec.ops)
+    blocks = n // block
+    assert flops[False] == 2 * 2 * n * n * 16  # q k^T and p v, every tile
+    assert flops[True] == flops[False] * (blocks * (blocks + 1) // 2) // blocks**2
+
+
+def test_peak_memory_of_online_is_a_fraction_of_naive():
+    q, k, v = _qkv((1, 2, 512, 16), (1, 2, 512, 16), 16, dtype=torch.float32)
+    with PeakMemory() as naive:
+        naive_attention(q, k, v)
+    with PeakMemory() as online:
+        online_softmax_attention(q, k, v, 64, q_block_size=64)
+    assert naive.peak >= 2 * 2 * 512 * 512 * 4  # scores and weights
+    assert online.peak < naive.peak / 10
+
+
+def test_online_attention_rejects_bad_input():
+    q, k, v = _qkv((2, 5, 4), (2, 6, 4), 4)
+    with pytest.raises(ValueError, match="block_size"):
+        online_softmax_attention(q, k, v, block_size=0)
+    with pytest.raises(ValueError, match="d_k"):
+        online_softmax_attention(q, k[..., :3], v)
+    with pytest.raises(ValueError, match="n_k"):
+        online_softmax_attention(q, k, v[:, :5])
+    with pytest.raises(TypeError, match="dtype"):
+        online_softmax_attention(q, k.float(), v)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        online_softmax_attention(q.numpy(), k, v)
+
+
+# ----------------------------------------------------------------------------- KV cache
+def test_cached_self_attention_equals_full_causal_attention_for_any_chunking():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    mask = torch.ones(9, 9, dtype=torch.bool).tril()
+    with torch.no_grad():
+        full, _ = mha(x, x, x, mask)
+        for chunks in ([1] * 9, [4, 1, 3, 1], [9]):
+            cache, outs, s = KVCache(9), [], 0
+            for t in chunks:
+                outs.append(cached_self_attention(mha, x[:, s : s + t], cache))
+                s += t
+                assert len(cache) == s
+            torch.testing.assert_close(torch.cat(outs, dim=1), full)
+
+
+def test_kv_cache_appends_and_rejects_overflow_and_mismatch():
+    cache = KVCache(3)
+    k_all, v_all = cache.append(torch.zeros(1, 2, 2, 4), torch.ones(1, 2, 2, 5))
+    assert k_all.shape == (1, 2, 2, 4) and v_all.shape == (1, 2, 2, 5) and len(cache) == 2
+    with pytest.raises(ValueError, match="exceed"):
+        cache.append(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 5))
+    with pytest.raises(ValueError, match="do not match"):
+        cache.append(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 5))
+    with pytest.raises(ValueError, match="max_len"):
+        KVCache(0)
+    with pytest.raises(ValueError, match="batch, heads, t, d"):
+        KVCache(2).append(torch.zeros(2, 4), torch.zeros(2, 4))
+
+
+def test_cached_greedy_decoding_gives_the_same_tokens_as_recomputation():
+    torch.manual_seed(0)
+    model = CachedDecoder(vocab_size=30, d_model=32, n_heads=4, d_ff=64, max_len=64).eval()
+    memory = torch.randn(3, 7, 32)
+    cached = greedy_decode(model, memory, 40)
+    recomputed = greedy_decode(model, memory, 40, use_cache=False)
+    assert cached.shape == (3, 41)
+    assert torch.equal(cached, recomputed)
+    # the logits of every step agree too, not just their argmax
+    with torch.no_grad():
+        full = model(cached[:, :-1], memory)
+        caches, kv = [KVCache(41) for _ in model.layers], model.memory_kv(memory)
+        steps = torch.cat([model.step(cached[:, i : i + 1], caches, kv) for i in range(40)], 1)
+    torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_decode_rejects_bad_input():
+    model = CachedDecoder(vocab_size=10, d_model=8, n_heads=2, d_ff=16, max_len=8)
+    with pytest.raises(ValueError, match="max_len"):
+        greedy_decode(model, torch.zeros(1, 3, 8), 8)
+    with pytest.raises(ValueError, match="memory must be"):
+        greedy_decode(model, torch.zeros(3, 8), 2)
+    with pytest.raises(ValueError, match="n_tokens"):
+        greedy_decode(model, torch.zeros(1, 3, 8), -1)
+    with pytest.raises(ValueError, match="x_new must be"):
+        cached_self_attention(model.layers[0].self_attn, torch.zeros(1, 2, 5), KVCache(2))
+
+
+def test_math_of_the_merge_rule():
+    """Merging two partial (max, sum) pairs equals the sum over the union."""
+    a, b = torch.randn(5, dtype=torch.float64), torch.randn(7, dtype=torch.float64) + 3
+    m_a, m_b = a.max(), b.max()
+    l_a, l_b = torch.exp(a - m_a).sum(), torch.exp(b - m_b).sum()
+    m = torch.maximum(m_a, m_b)
+    merged = l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m)
+    assert math.isclose(float(merged * torch.exp(m)), float(torch.exp(torch.cat([a, b])).sum()))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_layer_step_equals_the_notebook_07_decoder_layer(norm_first):
+    from attention_ref import DecoderLayer
+    from attention_ref.kv_cache import CachedDecoderLayer
+
+    torch.manual_seed(0)
+    layer = DecoderLayer(16, 4, 32, norm_first=norm_first).double().eval()
+    cached = CachedDecoderLayer.from_layer(layer)
+    y, memory = torch.randn(2, 6, 16, dtype=torch.float64), torch.randn(2, 5, 16).double()
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    with torch.no_grad():
+        full = layer(y, memory, mask)[0]
+        cache, kv = (
+            KVCache(6),
+            (
+                split_heads(layer.cross_attn.w_k(memory), 4),
+                split_heads(layer.cross_attn.w_v(memory), 4),
+            ),
+        )
+        steps = torch.cat([cached.step(y[:, i : i + 1], cache, kv) for i in range(6)], dim=1)
+    torch.testing.assert_close(steps, full)
