@@ -1,6 +1,6 @@
 """The course's benchmarks: ``python -m attention_ref.bench attention|apps|all``.
 
-- ``attention`` (notebook 11): time and peak extra memory of naive attention, the reference
+- ``attention`` (notebook 12): time and peak extra memory of naive attention, the reference
   :func:`~attention_ref.efficient.online_softmax_attention` and PyTorch's fused
   ``scaled_dot_product_attention``, for several sequence lengths, with the ratios to
   PyTorch; then the speed-up of key-value-cached decoding over recomputation. It prints

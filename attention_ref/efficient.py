@@ -1,4 +1,4 @@
-"""Efficient attention: notebook 11.
+"""Efficient attention: notebook 12.
 
 - ``naive_attention``: softmax(q k^T / sqrt(d_k)) v with the whole ``n_q x n_k`` score matrix
   in memory: the baseline the other two are measured against.

@@ -1,4 +1,4 @@
-"""The key-value cache and cached (incremental) decoding: notebook 11.
+"""The key-value cache and cached (incremental) decoding: notebook 12.
 
 When a decoder generates token ``t``, its self-attention needs the keys and values of
 tokens ``0..t``. Recomputing them each step repeats all the work of the previous steps; a

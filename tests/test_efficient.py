@@ -1,4 +1,4 @@
-"""Efficient attention (notebook 11): the online softmax and blocked attention equal PyTorch's
+"""Efficient attention (notebook 12): the online softmax and blocked attention equal PyTorch's
 softmax and fused attention, never build the full score matrix and skip future blocks;
 the key-value cache decodes the same tokens as recomputation."""
 

@@ -236,6 +236,23 @@ def encode_qa(examples: Sequence[QAExample], vocab: Vocab) -> QABatch:
 
 
 # ----------------------------------------------------------------------------- the reader
+def encoder_for_app(
+    vocab_size: int, d_model: int, n_heads: int, d_ff: int, n_layers: int, max_len: int
+) -> Encoder:
+    """The pre-norm :class:`~attention_ref.encoder.Encoder` the readers of notebooks 09
+    and 10 are built on.
+
+    Its embeddings start at scale ``d_model**-0.5``, so that after the encoder's
+    ``sqrt(d_model)`` scaling tokens and sinusoidal positions have comparable sizes
+    (``nn.Embedding``'s default N(0, 1) would drown the positions, and both tasks need them).
+    """
+    encoder = Encoder(
+        vocab_size, d_model, n_heads, d_ff, n_layers, max_len=max_len, norm_first=True
+    )
+    nn.init.normal_(encoder.embed.weight, std=d_model**-0.5)
+    return encoder
+
+
 class Reader(nn.Module):
     """The span-extraction reader: :class:`~attention_ref.encoder.Encoder` over
     ``<cls> question <sep> context`` and a :class:`SpanScorer` on top.
@@ -256,13 +273,7 @@ class Reader(nn.Module):
         max_len: int = 128,
     ) -> None:
         super().__init__()
-        self.encoder = Encoder(
-            vocab_size, d_model, n_heads, d_ff, n_layers, max_len=max_len, norm_first=True
-        )
-        # Embeddings start at scale d_model**-0.5, so that after the encoder's sqrt(d_model)
-        # scaling tokens and sinusoidal positions have comparable sizes (nn.Embedding's
-        # default N(0, 1) would drown the positions, and this task needs them).
-        nn.init.normal_(self.encoder.embed.weight, std=d_model**-0.5)
+        self.encoder = encoder_for_app(vocab_size, d_model, n_heads, d_ff, n_layers, max_len)
         self.scorer = SpanScorer(d_model)
 
     def forward(

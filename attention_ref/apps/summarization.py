@@ -19,9 +19,8 @@ from torch import nn
 from .._validate import require_tensor
 from ..data.summarization import SummaryData, SummaryExample, make_summarization_data
 from ..data.vocab import Vocab, pad_batch
-from ..encoder import Encoder
 from ..training import Stream, evaluating, pick_device, seed_everything, train
-from .qa import AppResult
+from .qa import AppResult, encoder_for_app
 
 
 def _k_per_row(k: int | torch.Tensor, B: int, device: torch.device) -> torch.Tensor:
@@ -223,11 +222,7 @@ class Summarizer(nn.Module):
         max_len: int = 128,
     ) -> None:
         super().__init__()
-        self.encoder = Encoder(
-            vocab_size, d_model, n_heads, d_ff, n_layers, max_len=max_len, norm_first=True
-        )
-        # Embeddings at scale d_model**-0.5 so positions are not drowned (see apps/qa.py).
-        nn.init.normal_(self.encoder.embed.weight, std=d_model**-0.5)
+        self.encoder = encoder_for_app(vocab_size, d_model, n_heads, d_ff, n_layers, max_len)
         self.score = nn.Linear(d_model, 1)
 
     def forward(

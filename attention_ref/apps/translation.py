@@ -381,26 +381,19 @@ def train_translation(
         logits = m(src.to(device), tgt_in.to(device))  # (B, T, V)
         return masked_cross_entropy(logits, tgt_out.to(device), mask.to(device))
 
-    # A model this small gains little from intra-op threads, and on a busy CPU two threads
-    # that wait for each other at every operation can run many times slower than one.
-    threads = torch.get_num_threads()
-    if device.type == "cpu" and cfg.get("cpu_threads"):
-        torch.set_num_threads(cfg["cpu_threads"])
-    try:
-        history = train(
-            model,
-            loss_fn,
-            stream,
-            steps=cfg["steps"],
-            lr=cfg["lr"],
-            warmup=cfg["warmup"],
-            time_limit=None,
-            progress=progress,
-            desc="translator",
-        )
-        predictions = translate(model, data.test_src, src_vocab, tgt_vocab)
-    finally:
-        torch.set_num_threads(threads)
+    history = train(
+        model,
+        loss_fn,
+        stream,
+        steps=cfg["steps"],
+        lr=cfg["lr"],
+        warmup=cfg["warmup"],
+        time_limit=None,
+        progress=progress,
+        desc="translator",
+        cpu_threads=cfg["cpu_threads"],
+    )
+    predictions = translate(model, data.test_src, src_vocab, tgt_vocab)
     return TranslationResult(
         "exact_match",
         exact_match(predictions, data.test_tgt),

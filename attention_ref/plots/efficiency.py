@@ -1,4 +1,4 @@
-"""Figures of notebook 11: how time and memory grow with the sequence length, which tiles
+"""Figures of notebook 12: how time and memory grow with the sequence length, which tiles
 causal blocked attention computes, and what a key-value cache saves while decoding."""
 
 from __future__ import annotations

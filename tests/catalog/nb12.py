@@ -1,4 +1,4 @@
-"""Catalog for notebook 11: online_softmax, online_softmax_attention, cached_self_attention."""
+"""Catalog for notebook 12: online_softmax, online_softmax_attention, cached_self_attention."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 11: ``online_softmax``, ``online_softmax_attention`` and the cached
+"""Checks for notebook 12: ``online_softmax``, ``online_softmax_attention`` and the cached
 attention step ``cached_self_attention``.
 
 Besides comparing values with a float64 reference, the checks watch the learner's code run
