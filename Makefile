@@ -5,6 +5,8 @@
 #   make grade     autograde new submissions under submitted/ and export grades.csv
 #                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it)
 #   make bench     print the benchmark figures
+#   make student-edition  build the bytecode-only package for students' environments
+#                  into $(EDITION) (default build/student-edition; see the instructor guide)
 #   make lock      re-resolve requirements.lock and environment.yml (maintainers)
 
 PYTHON ?= python3
@@ -25,7 +27,8 @@ ASSIGNMENTS ?=
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: lab test test-class-lane test-other-lane release grade bench lint format lock venv clean
+.PHONY: lab test test-class-lane test-other-lane release grade bench lint format lock venv clean \
+	student-edition
 
 venv: $(STAMP)
 
@@ -58,6 +61,10 @@ grade: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m attention_ref.bench all
+
+EDITION ?= build/student-edition
+student-edition: $(STAMP)
+	$(BIN)/python -m attention_ref.edition build $(EDITION)
 
 lint: $(STAMP)
 	$(BIN)/ruff check attention_ref tests
