@@ -130,6 +130,13 @@ def check_softmax_np(candidate, ctx: Context) -> None:
                 "result is unchanged mathematically.",
             )
         ctx.expect_array(got, expected, what="the result", case=case)
+        if got.dtype != x.dtype:
+            ctx.fail(
+                f"the result has dtype {got.dtype}, expected {x.dtype} (the dtype of x).",
+                case=case,
+                hint="NumPy keeps float32 as float32 unless something upcasts it: avoid "
+                "np.float64(...), astype(float) or dtype=float in your code.",
+            )
         tol = TOL[np.float32] if x.dtype == np.float32 else TOL[np.float64]
         mistakes = [make(x.astype(np.float64), axis) for make in SOFTMAX_MISTAKES_FOR.values()]
         ctx.expect_close(got, expected, what="the result", case=case, mistakes=mistakes, **tol)
@@ -152,9 +159,12 @@ def attention_cases(ctx: Context, dtype=np.float64) -> list[AttnCase]:
     def r(*shape, scale=1.0):
         return (scale * rng.normal(size=shape)).astype(dtype)
 
-    fully = rng.random((3, 5)) < 0.6
-    fully[:, 0] = True  # every row but the next one has a key
-    fully[1, :] = False  # query 1 may attend to nothing
+    # Every query of notebook 01 may attend to at least one key: what to do for a query
+    # with none (zeros, not NaN) is notebook 02's exercise, masked_softmax.
+    sparse = rng.random((3, 5)) < 0.6
+    sparse[:, 0] = True
+    sparse[1, :] = False
+    sparse[1, 3] = True  # query 1 may attend to key 3 only
     pad = np.ones((2, 1, 5), dtype=bool)
     pad[1, :, 3:] = False  # second sequence has 3 real keys
     causal = np.tril(np.ones((4, 4), dtype=bool))
@@ -173,7 +183,11 @@ def attention_cases(ctx: Context, dtype=np.float64) -> list[AttnCase]:
             pad,
         ),
         AttnCase(
-            "a mask (3, 5) with a fully masked row (query 1)", r(3, 4), r(5, 4), r(5, 2), fully
+            "a mask (3, 5) where query 1 may attend to one key only",
+            r(3, 4),
+            r(5, 4),
+            r(5, 2),
+            sparse,
         ),
         AttnCase(
             "large logits (scores around 1000)", r(2, 64, scale=32.0), r(3, 64, scale=32.0), r(3, 4)
@@ -273,7 +287,34 @@ def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
                     mask_mode="fill",
                 )
             )
+            out.append(additive_mask_mistake(q, k, v, mask, which))
     return out
+
+
+ADDITIVE_MASK = (
+    "an additive mask (scores + (1 - mask) * -1e10, the convention of much published code): "
+    "on a row where every key is masked, every score gets the same constant, and softmax "
+    "ignores a constant shift, so the row attends as if there were no mask (zeros are "
+    "required)."
+)
+ADDITIVE_MASK_HINT = (
+    "an additive mask is fine where a query has at least one allowed key; rows with no "
+    "allowed key must still get zero weights: torch.where(mask.any(dim, keepdim=True), w, 0)."
+)
+
+
+def additive_softmax(s: np.ndarray, mask: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The additive-mask softmax, softmax(s + (1 - mask) * -1e10), in float64: exact zeros
+    where a row has an allowed key, the unmasked softmax of a fully masked row."""
+    return M.softmax(s + np.where(mask, 0.0, -1e10), axis)
+
+
+def additive_mask_mistake(q, k, v, mask, which: int) -> Mistake:
+    def model():
+        w = additive_softmax(M.scores(q, k), mask)
+        return (w @ v, w)[which]
+
+    return Mistake(ADDITIVE_MASK, ADDITIVE_MASK_HINT, model=model)
 
 
 def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:
@@ -341,6 +382,16 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
                 hint="end with `return out, weights`.",
             )
         swap_msg = "returned (weights, out) instead of (out, weights)."
+        if c.mask is not None and _nan_rows_where_mask_is_full(got[1], c.mask):
+            ctx.fail(
+                "the weights contain NaN in the rows of queries that may attend to every key.",
+                case=case,
+                likely="the mask is inverted: True must mean 'may attend'. Filling where the "
+                "mask is True leaves those queries no key at all, and softmax of a row that "
+                "is all -inf is NaN.",
+                hint="keep the scores where the mask is True and fill where it is False "
+                "(np.where(mask, scores, -np.inf), or masked_fill(~mask, ...)).",
+            )
         ctx.expect_array(got[1], like[1], what="weights", case=case)
         ctx.expect_array(got[0], like[0], what="out", case=case)
         if (
@@ -378,6 +429,20 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
         )
     if torch_dtype is not None and ctx.thorough:
         _check_causal_leak(candidate, ctx, torch_dtype)
+
+
+def _nan_rows_where_mask_is_full(weights, mask: np.ndarray) -> bool:
+    """NaN rows exactly where the mask allows every key: the mark of an inverted mask
+    filled with -inf."""
+    if not isinstance(weights, np.ndarray | torch.Tensor) or weights.ndim < 2:
+        return False
+    w = _np(weights)
+    try:
+        full = np.broadcast_to(mask.all(axis=-1), w.shape[:-1])
+    except ValueError:
+        return False
+    nan_rows = np.isnan(w).any(axis=-1)
+    return bool(nan_rows.any() and np.array_equal(nan_rows, full))
 
 
 def _np(x) -> np.ndarray:

@@ -8,7 +8,7 @@ import torch
 from .. import masking as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
-from .nb01 import TOL, inverted_mask_mistake
+from .nb01 import ADDITIVE_MASK, ADDITIVE_MASK_HINT, TOL, additive_softmax, inverted_mask_mistake
 
 
 def _forbid(name):
@@ -182,7 +182,9 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
             ),
         ]
     for label, scores, mask, dim in cases:
-        for dtype in (torch.float32, torch.float64):
+        # float64 first: there an additive mask keeps the scores of a fully masked row (and
+        # is named as such); in float32 a constant of -1e10 swamps them (uniform weights).
+        for dtype in (torch.float64, torch.float32):
             s = scores.to(dtype)
             case = f"{label}; {str(dtype).replace('torch.', '')}"
             got = ctx.call(candidate, s, mask, dim=dim, case=case)
@@ -219,10 +221,18 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
                     model=lambda: M.masked_softmax(s64, mnp, -1 if dim != -1 else 0),
                 ),
                 Mistake(
-                    "a fully masked row gets uniform weights instead of zeros (a large "
-                    "negative fill such as -1e9 makes all its scores equal).",
-                    "set rows with no allowed position to 0 after the softmax.",
+                    "a fully masked row gets uniform weights instead of zeros: every score of "
+                    "the row became the same large negative number (masked_fill(~mask, -1e9), "
+                    "the 0/1-mask idiom scores * mask - 1e9 * (1 - mask), or, in float32, an "
+                    "additive mask whose constant swamps the scores).",
+                    "set rows with no allowed position to 0 after the softmax, e.g. "
+                    "torch.where(mask.any(dim, keepdim=True), weights, 0).",
                     applies=_uniform_fully_masked(mnp, dim),
+                ),
+                Mistake(
+                    ADDITIVE_MASK,
+                    ADDITIVE_MASK_HINT,
+                    model=lambda: additive_softmax(s64, mnp, dim),
                 ),
             ]
             if np.any(w[masked] != 0):

@@ -46,6 +46,13 @@ def softmax_returns_list(x, axis=-1):
     return (e / e.sum(axis=axis, keepdims=True)).tolist()
 
 
+@mistake("softmax_np", expect="dtype")
+def softmax_upcasts_to_float64(x, axis=-1):
+    x = np.asarray(x, dtype=float)  # float32 in, float64 out
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 @alternative("softmax_np")
 def softmax_logsumexp(x, axis=-1):
     m = np.max(x, axis=axis, keepdims=True)
@@ -112,6 +119,16 @@ def sdpa_np_inverted_mask(Q, K, V, mask=None):
     return w @ V, w
 
 
+@mistake("sdpa_np", expect="mask is inverted")
+def sdpa_np_inverted_mask_inf(Q, K, V, mask=None):
+    s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, -np.inf, s)  # fills the allowed keys: full rows become all -inf
+    with np.errstate(invalid="ignore"):
+        w = _np_softmax(s)
+    return w @ V, w
+
+
 @mistake("sdpa_np", expect="wrong order")
 def sdpa_np_wrong_order(Q, K, V, mask=None):
     s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
@@ -154,6 +171,28 @@ def sdpa_np_loops(Q, K, V, mask=None):
             weights[b][i][allowed] = e / e.sum()
             out[b][i] = weights[b][i] @ Vb[b]
     return out, weights
+
+
+@alternative("sdpa_np")
+def sdpa_np_additive_mask(Q, K, V, mask=None):
+    """The additive mask of much published NumPy code; every query in notebook 01 has at
+    least one allowed key, so it is correct there."""
+    s = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+    if mask is not None:
+        s = s + (1 - mask) * -1e10
+    w = _np_softmax(s)
+    return w @ V, w
+
+
+@alternative("sdpa_np")
+def sdpa_np_seed_idiom(Q, K, V, mask=None):
+    """scores * mask + -1e9 * (1 - mask), with the mask as 0/1 floats."""
+    s = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+    if mask is not None:
+        m = np.asarray(mask, dtype=s.dtype)
+        s = s * m + -1e9 * (1 - m)
+    w = _np_softmax(s)
+    return w @ V, w
 
 
 # ----------------------------------------------------------------------------- sdpa
@@ -203,8 +242,9 @@ def sdpa_multiply_scores(q, k, v, mask=None):
     return w @ v, w
 
 
-@mistake("sdpa", expect="fully masked row gets uniform weights")
+@alternative("sdpa")
 def sdpa_minus_1e9(q, k, v, mask=None):
+    """A -1e9 fill: correct wherever a query has an allowed key (always, in notebook 01)."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
         s = s.masked_fill(~mask, -1e9)
@@ -212,8 +252,9 @@ def sdpa_minus_1e9(q, k, v, mask=None):
     return w @ v, w
 
 
-@mistake("sdpa", expect="NaN")
-def sdpa_nan_rows(q, k, v, mask=None):
+@alternative("sdpa")
+def sdpa_inf_fill(q, k, v, mask=None):
+    """The plain -inf fill; fully masked rows (NaN here) are notebook 02's topic."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -278,4 +319,14 @@ def sdpa_renormalised_after_softmax(q, k, v, mask=None):
     e = (s - m).exp()
     total = e.sum(-1, keepdim=True)
     w = e / total.clamp_min(torch.finfo(e.dtype).tiny)
+    return w @ v, w
+
+
+@alternative("sdpa")
+def sdpa_additive_mask(q, k, v, mask=None):
+    """An additive float mask built from the boolean one."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s + (~mask).to(s.dtype) * -1e10
+    w = torch.softmax(s, dim=-1)
     return w @ v, w

@@ -93,6 +93,24 @@ def masked_softmax_minus_1e9(scores, mask, dim=-1):
     return torch.softmax(scores.masked_fill(~mask, -1e9), dim=dim)
 
 
+@mistake("masked_softmax", expect="additive mask")
+def masked_softmax_additive(scores, mask, dim=-1):
+    return torch.softmax(scores + (~mask).to(scores.dtype) * -1e10, dim=dim)
+
+
+@mistake("masked_softmax", expect="additive mask")
+def masked_softmax_additive_bert(scores, mask, dim=-1):
+    """BERT's extended attention mask: (1.0 - mask) * -10000.0."""
+    return torch.softmax(scores + (1.0 - mask.to(scores.dtype)) * -10000.0, dim=dim)
+
+
+@mistake("masked_softmax", expect="uniform weights")
+def masked_softmax_seed_idiom(scores, mask, dim=-1):
+    """scores * mask + -1e9 * (1 - mask) with a 0/1 float mask."""
+    m = mask.to(scores.dtype)
+    return torch.softmax(scores * m + -1e9 * (1 - m), dim=dim)
+
+
 @mistake("masked_softmax", expect="mask is inverted")
 def masked_softmax_inverted(scores, mask, dim=-1):
     w = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=dim)
@@ -143,3 +161,10 @@ def masked_softmax_logsumexp(scores, mask, dim=-1):
     lse = torch.logsumexp(filled, dim=dim, keepdim=True)
     w = torch.exp(filled - lse)
     return torch.nan_to_num(w, nan=0.0)
+
+
+@alternative("masked_softmax")
+def masked_softmax_additive_then_zero_rows(scores, mask, dim=-1):
+    """The additive mask, with the rows that have no allowed position zeroed afterwards."""
+    w = torch.softmax(scores + (~mask).to(scores.dtype) * -1e10, dim=dim)
+    return w * mask.any(dim=dim, keepdim=True)
