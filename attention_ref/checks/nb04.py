@@ -67,6 +67,38 @@ def _expect_tensor(ctx: Context, got, what: str, case: str) -> None:
         ctx.fail(f"{what} must be a torch.Tensor; got {type(got).__name__}.", case=case)
 
 
+def _check_rearrangement(
+    ctx: Context,
+    candidate,
+    x: torch.Tensor,
+    args: tuple,
+    case: str,
+    *,
+    expected: torch.Tensor,
+    shape_name: str,
+    wrong_shapes: dict[tuple, tuple[str, str]],
+    mistakes: list[Mistake],
+    hint: str,
+) -> None:
+    """The shared body of the split_heads and merge_heads checks: call, then the type, the
+    shape (naming a known wrong shape), dtype and device, then every value exactly."""
+    got = ctx.call(candidate, x, *args, case=case)
+    _expect_tensor(ctx, got, "the result", case)
+    shape, want = tuple(got.shape), tuple(expected.shape)
+    if shape != want:
+        likely, shape_hint = wrong_shapes.get(shape, ("", ""))
+        ctx.fail(
+            f"the result has shape {shape}, expected {shape_name} = {want}.",
+            case=case,
+            likely=likely,
+            hint=shape_hint,
+        )
+    ctx.expect_array(got, expected, what="the result", case=case)
+    ctx.expect_close(
+        got, expected, what="the result", case=case, rtol=0, atol=0, mistakes=mistakes, hint=hint
+    )
+
+
 @exercise(
     "split_heads",
     forbidden=lambda: [(ref.split_heads, "the reference attention_ref.split_heads")],
@@ -92,44 +124,36 @@ def check_split_heads(candidate, ctx: Context) -> None:
             x = torch.arange(B * T * D, dtype=torch.float32).reshape(B, T, D)
         else:
             x = torch.from_numpy(rng.normal(size=(B, T, D))).to(getattr(torch, kind))
-        case = f"{label}: x {tuple(x.shape)} {_dt(x.dtype)}, n_heads={H}"
-        got = ctx.call(candidate, x, H, case=case)
-        _expect_tensor(ctx, got, "the result", case)
-        expected = ref.split_heads(x, H)
         dh = D // H
-        shape = tuple(got.shape)
-        if shape != (B, H, T, dh):
-            likely, hint = "", ""
-            if shape == (B, T, H, dh):
-                likely = "the last dimension is split into heads, but the heads are not moved "
-                likely += "in front of the tokens."
-                hint = "add .transpose(1, 2): (B, T, H, D/H) -> (B, H, T, D/H)."
-            elif shape == (B * H, T, dh):
-                likely = "batch and heads are folded into one dimension (B*H, T, D/H)."
-                hint = "keep them separate: the result is (B, H, T, D/H)."
-            elif shape == (B, H, dh, T):
-                likely = "the last two axes are swapped: the result is (B, H, D/H, T)."
-                hint = "x.view(B, T, H, D // H).transpose(1, 2) moves only axes 1 and 2."
-            ctx.fail(
-                f"the result has shape {shape}, expected (B, H, T, D/H) = {(B, H, T, dh)}.",
-                case=case,
-                likely=likely,
-                hint=hint,
-            )
-        ctx.expect_array(got, expected, what="the result", case=case)
-        ctx.expect_close(
-            got,
-            expected,
-            what="the result",
-            case=case,
-            rtol=0,
-            atol=0,
+        _check_rearrangement(
+            ctx,
+            candidate,
+            x,
+            (H,),
+            f"{label}: x {tuple(x.shape)} {_dt(x.dtype)}, n_heads={H}",
+            expected=ref.split_heads(x, H),
+            shape_name="(B, H, T, D/H)",
+            wrong_shapes={
+                (B, T, H, dh): (
+                    "the last dimension is split into heads, but the heads are not moved "
+                    "in front of the tokens.",
+                    "add .transpose(1, 2): (B, T, H, D/H) -> (B, H, T, D/H).",
+                ),
+                (B * H, T, dh): (
+                    "batch and heads are folded into one dimension (B*H, T, D/H).",
+                    "keep them separate: the result is (B, H, T, D/H).",
+                ),
+                (B, H, dh, T): (
+                    "the last two axes are swapped: the result is (B, H, D/H, T).",
+                    "x.view(B, T, H, D // H).transpose(1, 2) moves only axes 1 and 2.",
+                ),
+            },
             mistakes=[
-                Mistake(SPLIT_VIEW, SPLIT_VIEW_HINT, model=lambda: _split_view(x, H)),
+                Mistake(SPLIT_VIEW, SPLIT_VIEW_HINT, model=lambda x=x, H=H: _split_view(x, H)),
                 Mistake(
                     SPLIT_INTERLEAVED,
                     SPLIT_INTERLEAVED_HINT,
-                    model=lambda: _split_interleaved(x, H),
+                    model=lambda x=x, H=H: _split_interleaved(x, H),
                 ),
             ],
             hint="head h must hold features h*D/H .. (h+1)*D/H - 1 of every token: "
@@ -183,43 +207,36 @@ def check_merge_heads(candidate, ctx: Context) -> None:
             x = ref.split_heads(x0, H)  # a transposed view, as in a real model
         else:
             x = torch.from_numpy(rng.normal(size=(B, H, T, dh))).to(getattr(torch, kind))
-        case = f"{label}: x {tuple(x.shape)} {_dt(x.dtype)}"
-        got = ctx.call(candidate, x, case=case)
-        _expect_tensor(ctx, got, "the result", case)
-        expected = ref.merge_heads(x)
-        shape = tuple(got.shape)
-        if shape != (B, T, H * dh):
-            likely, hint = "", ""
-            if shape == (B, T, H, dh):
-                likely = "the heads are moved back but not flattened into one feature axis."
-                hint = "reshape the result to (B, T, H * d_head)."
-            elif shape == (B, H * T, dh) or shape == (B, H, T * dh):
-                likely = "the wrong axes are flattened together."
-                hint = "the heads join the features: (B, T, H, d_head) -> (B, T, H * d_head)."
-            ctx.fail(
-                f"the result has shape {shape}, expected (B, T, H*d_head) = {(B, T, H * dh)}.",
-                case=case,
-                likely=likely,
-                hint=hint,
-            )
-        ctx.expect_array(got, expected, what="the result", case=case)
-        ctx.expect_close(
-            got,
-            expected,
-            what="the result",
-            case=case,
-            rtol=0,
-            atol=0,
+        flattened_wrong = (
+            "the wrong axes are flattened together.",
+            "the heads join the features: (B, T, H, d_head) -> (B, T, H * d_head).",
+        )
+        _check_rearrangement(
+            ctx,
+            candidate,
+            x,
+            (),
+            f"{label}: x {tuple(x.shape)} {_dt(x.dtype)}",
+            expected=ref.merge_heads(x),
+            shape_name="(B, T, H*d_head)",
+            wrong_shapes={
+                (B, T, H, dh): (
+                    "the heads are moved back but not flattened into one feature axis.",
+                    "reshape the result to (B, T, H * d_head).",
+                ),
+                (B, H * T, dh): flattened_wrong,
+                (B, H, T * dh): flattened_wrong,
+            },
             mistakes=[
                 Mistake(
                     MERGE_NO_TRANSPOSE,
                     MERGE_NO_TRANSPOSE_HINT,
-                    model=lambda: x.reshape(B, T, H * dh),
+                    model=lambda x=x, s=(B, T, H * dh): x.reshape(s),
                 ),
                 Mistake(
                     MERGE_WRONG_ORDER,
                     MERGE_WRONG_ORDER_HINT,
-                    model=lambda: x.permute(0, 2, 3, 1).reshape(B, T, H * dh),
+                    model=lambda x=x, s=(B, T, H * dh): x.permute(0, 2, 3, 1).reshape(s),
                 ),
             ],
             hint="merge_heads must undo split_heads exactly: result[b, t, h*d_head:(h+1)*d_head]"
@@ -377,6 +394,16 @@ def _mha_cases(ctx: Context) -> list[MHACase]:
             r(2, 5, 8),
             per_batch,
         ),
+        MHACase(
+            "a padding mask (3, 1, 1, 5), as later notebooks pass it: lengths 5, 2 and 0",
+            8,
+            2,
+            True,
+            r(3, 4, 8),
+            r(3, 5, 8),
+            r(3, 5, 8),
+            pad[:, None],
+        ),
         self_case("a per-head mask (2, 2, 4, 4)", 6, 2, False, 2, 4, per_head),
         self_case("large inputs (scores in the tens)", 8, 2, True, 2, 5, scale=4.0),
     ]
@@ -386,6 +413,15 @@ def _mha_cases(ctx: Context) -> list[MHACase]:
         cases += [
             self_case("a batch of 3, T=9, d_model=32, 8 heads", 32, 8, True, 3, 9),
             self_case("a mask (3, 7, 7) with 4 heads (B != H)", 16, 4, False, 3, 7, m3),
+            self_case(
+                "a mask (3, 1, 7, 7), one per batch element with its head axis",
+                16,
+                4,
+                True,
+                3,
+                7,
+                m3[:, None],
+            ),
             MHACase(
                 "cross-attention, one query, 2 heads",
                 10,

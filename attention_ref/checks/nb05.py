@@ -59,6 +59,8 @@ def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) ->
     two_i = np.arange(0, d, 2, dtype=np.float64)  # (d/2,)
     if variant == "half_exponent":
         w = base ** (-(two_i / 2) / d)
+    elif variant == "half_layout_t2t":  # tensor2tensor / fairseq: 10000^(-i / (d/2 - 1))
+        w = base ** (-(two_i / 2) / max(d // 2 - 1, 1))
     elif variant == "multiplied":
         w = base ** (two_i / d)
     elif variant == "int_division":
@@ -69,7 +71,7 @@ def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) ->
     s, c = np.sin(ang), np.cos(ang)
     if variant == "swapped":
         s, c = c, s
-    if variant == "concat":
+    if variant in ("concat", "half_layout_t2t"):
         return np.concatenate([s, c], axis=1)
     out = np.empty((n, d))
     out[:, 0::2], out[:, 1::2] = s, c
@@ -112,6 +114,14 @@ PE_MISTAKES = [
         "then flatten the last two dimensions.",
     ),
     (
+        "half_layout_t2t",
+        "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
+        "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
+        "valid encoding, but not this exercise's (nor the paper's).",
+        "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle "
+        "p * 10000^(-2i/d) for pair i = 0 .. d/2 - 1.",
+    ),
+    (
         "multiplied",
         "the position is multiplied by 10000^(2i/d) instead of divided by it, so "
         "the frequencies grow instead of shrinking.",
@@ -141,6 +151,28 @@ def _matches_where_resolvable(model: np.ndarray, angles: np.ndarray, limit: floa
     return applies
 
 
+HALF_LAYOUT = (
+    "the [sin | cos] half layout: the first d/2 columns hold sines and the last d/2 their "
+    "cosines (as some codebases lay it out), and the frequencies are not 10000^(-2i/d) "
+    "either.",
+    "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle "
+    "p * 10000^(-2i/d) for pair i = 0 .. d/2 - 1.",
+)
+
+
+def _is_half_layout(got: np.ndarray, expected: np.ndarray) -> bool:
+    """Any [sin | cos] table: row 0 is (0, ..., 0, 1, ..., 1) and column j is the cosine
+    partner of column j - d/2 (sin^2 + cos^2 = 1), whatever the frequencies."""
+    if got.ndim != 2 or got.shape[1] < 4 or got.shape[0] < 2 or got.shape[1] % 2:
+        return False
+    h = got.shape[1] // 2
+    return bool(
+        np.allclose(got[0, :h], 0.0, atol=1e-4)
+        and np.allclose(got[0, h:], 1.0, atol=1e-4)
+        and np.allclose(got[:, :h] ** 2 + got[:, h:] ** 2, 1.0, atol=1e-3)
+    )
+
+
 def _pe_mistakes(n: int, d: int) -> list[Mistake]:
     out = []
     for v, name, hint in PE_MISTAKES:
@@ -152,6 +184,7 @@ def _pe_mistakes(n: int, d: int) -> list[Mistake]:
             )
         else:
             out.append(Mistake(name, hint, model=lambda v=v: pe_model(n, d, v)))
+    out.append(Mistake(*HALF_LAYOUT, applies=_is_half_layout))  # any other frequencies
     return out
 
 
@@ -235,6 +268,8 @@ def rope_model(x, positions=None, base: float = 10000.0, variant: str = "correct
     two_i = np.arange(0, d, 2, dtype=np.float64)
     if variant == "half_exponent":
         w = base ** (-(two_i / 2) / d)
+    elif variant == "half_layout_t2t":  # tensor2tensor / fairseq: 10000^(-i / (d/2 - 1))
+        w = base ** (-(two_i / 2) / max(d // 2 - 1, 1))
     elif variant == "multiplied":
         w = base ** (two_i / d)
     else:
@@ -297,6 +332,14 @@ ROPE_MISTAKES = [
         "half_exponent",
         "the frequency exponent is i/d instead of 2i/d.",
         "the angle of pair i is p * base^(-2i/d), i = 0 .. d/2 - 1.",
+    ),
+    (
+        "half_layout_t2t",
+        "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
+        "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
+        "valid encoding, but not this exercise's (nor the paper's).",
+        "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle "
+        "p * 10000^(-2i/d) for pair i = 0 .. d/2 - 1.",
     ),
     (
         "multiplied",

@@ -39,8 +39,9 @@ def plot_heads(
         _, axes = plt.subplots(1, H, figsize=(size * H, size + 0.4), squeeze=False)
         axes = axes[0]
     axes = np.asarray(axes).ravel()
+    image = None
     for h, ax in enumerate(axes[:H]):
-        ax.imshow(w[h], cmap=cmap, vmin=0.0, vmax=1.0, aspect="equal")
+        image = ax.imshow(w[h], cmap=cmap, vmin=0.0, vmax=1.0, aspect="equal")
         ax.set_title(head_names[h] if head_names is not None else f"head {h}", fontsize=10)
         ax.set_xticks(range(n_k), labels=list(tokens) if tokens else None, rotation=90)
         ax.set_yticks(range(n_q), labels=list(tokens) if tokens and h == 0 else None)
@@ -50,5 +51,7 @@ def plot_heads(
     axes[0].set_ylabel("query")
     if title:
         axes[0].figure.suptitle(title)
-    axes[0].figure.tight_layout()
+    fig = axes[0].figure
+    fig.tight_layout()
+    fig.colorbar(image, ax=list(axes[:H]), fraction=0.02, pad=0.01, label="attention weight")
     return axes

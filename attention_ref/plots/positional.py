@@ -17,9 +17,10 @@ def _table(pe) -> np.ndarray:
     return table
 
 
-def plot_encoding(pe, *, ax=None, title: str = "", cmap: str = "RdBu_r"):
+def plot_encoding(pe, *, ax=None, title: str = "", cmap: str = "viridis"):
     """Heatmap of a positional encoding table ``(n_positions, d_model)``: one row per
-    position, one column per feature, from -1 (blue) to +1 (red)."""
+    position, one column per feature, from -1 (dark) to +1 (light). The default colour map
+    is sequential, so the picture still reads in greyscale."""
     table = _table(pe)
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
@@ -27,7 +28,7 @@ def plot_encoding(pe, *, ax=None, title: str = "", cmap: str = "RdBu_r"):
     ax.set_xlabel("feature (column of PE)")
     ax.set_ylabel("position p")
     ax.set_title(title or f"positional encoding {table.shape[0]} x {table.shape[1]}")
-    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="PE[p, feature]")
     return ax
 
 
@@ -37,14 +38,20 @@ def plot_encoding_dims(pe, dims: Sequence[int], *, ax=None, title: str = ""):
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3))
     positions = np.arange(table.shape[0])
-    for j in dims:
+    styles = ("-", "--", "-.", ":")  # told apart without colour, too
+    for n_curve, j in enumerate(dims):
         if not 0 <= j < table.shape[1]:
             raise ValueError(f"dims must be in 0..{table.shape[1] - 1}; got {j}")
         kind = "sin" if j % 2 == 0 else "cos"
-        ax.plot(positions, table[:, j], label=f"feature {j} ({kind}, pair {j // 2})")
+        ax.plot(
+            positions,
+            table[:, j],
+            styles[n_curve % len(styles)],
+            label=f"feature {j} ({kind}, pair {j // 2})",
+        )
     ax.set_xlabel("position p")
     ax.set_ylabel("PE[p, feature]")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
     ax.set_title(title or "single features of the encoding")
     return ax
 
@@ -59,11 +66,13 @@ def plot_similarity_by_distance(pe, anchors: Sequence[int] = (0,), *, ax=None, t
     n = table.shape[0]
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3))
-    for a in anchors:
+    styles = ("-", "--", ":", "-.")
+    for n_curve, a in enumerate(anchors):
         if not 0 <= a < n:
             raise ValueError(f"anchors must be in 0..{n - 1}; got {a}")
         sims = table[a:] @ table[a]  # (n - a,)
-        ax.plot(np.arange(n - a), sims, label=f"from position {a}", alpha=0.8)
+        style = styles[n_curve % len(styles)]
+        ax.plot(np.arange(n - a), sims, style, label=f"from position {a}", alpha=0.8)
     ax.set_xlabel("distance delta = p - a")
     ax.set_ylabel("PE[a] . PE[a + delta]")
     ax.legend(loc="upper right", fontsize=8)

@@ -66,6 +66,25 @@ def pe_concatenated(n_positions, d_model):
     return torch.cat([torch.sin(ang), torch.cos(ang)], dim=1)
 
 
+@mistake("sinusoidal_encoding", expect="half layout of tensor2tensor and fairseq")
+def pe_fairseq_half_layout(n_positions, d_model):
+    """fairseq's SinusoidalPositionalEmbedding (and tensor2tensor's timing signal)."""
+    _require_even(d_model)
+    half_dim = d_model // 2
+    emb = math.log(10000) / max(half_dim - 1, 1)
+    emb = torch.exp(torch.arange(half_dim, dtype=torch.float) * -emb)
+    emb = torch.arange(n_positions, dtype=torch.float).unsqueeze(1) * emb.unsqueeze(0)
+    return torch.cat([torch.sin(emb), torch.cos(emb)], dim=1)
+
+
+@mistake("sinusoidal_encoding", expect="half layout: the first d/2 columns hold sines")
+def pe_half_layout_other_frequencies(n_positions, d_model):
+    """All sines, then all cosines, with the exponent i/d (pairs counted, not columns)."""
+    _require_even(d_model)
+    ang = _angles(n_positions, d_model, torch.arange(d_model // 2) / d_model)
+    return torch.cat([torch.sin(ang), torch.cos(ang)], dim=1)
+
+
 @mistake("sinusoidal_encoding", expect="multiplied")
 def pe_multiplied(n_positions, d_model):
     _require_even(d_model)
