@@ -72,6 +72,10 @@ class DecoderLayer(nn.Module):
 
     forward(y ``(B, T, D)``, memory ``(B, S, D)``, self_mask, memory_mask) returns
     ``(out (B, T, D), self_weights (B, H, T, T), cross_weights (B, H, T, S))``.
+
+    ``dropout`` is used as in ``nn.TransformerDecoderLayer``: on the attention weights of
+    both attentions, inside ``ff`` and by ``dropout1..3``; in training mode the returned
+    weights are the dropped ones. The two layers agree exactly in eval mode.
     """
 
     def __init__(
@@ -84,8 +88,8 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.d_model, self.n_heads, self.norm_first = d_model, n_heads, norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)

@@ -10,6 +10,17 @@
 - ``Encoder``: token embedding scaled by ``sqrt(d_model)``, sinusoidal positions, dropout
   and a stack of ``n_layers`` encoder layers (plus a final LayerNorm for pre-norm).
 
+Embedding scale (the paper's scheme, one for the whole course): the token embedding is
+initialised ``N(0, 1/d_model)`` and multiplied by ``sqrt(d_model)`` in forward, so the
+scaled token vectors have per-coordinate std 1, the same size as the sinusoidal positions
+(values in [-1, 1], per-coordinate RMS about 0.71). ``nn.Embedding``'s own ``N(0, 1)``
+initialisation would make the scaled tokens ``sqrt(d_model)`` times larger and drown the
+positions. See :func:`init_embedding`.
+
+Dropout, as in ``nn.TransformerEncoderLayer``: one probability for the attention weights
+(inside ``MultiHeadAttention``), the hidden activations of the feed-forward network and
+each sublayer's output before the residual add. In eval mode none is applied.
+
 Shapes: batch first, ``(B, T, d_model)``. Masks are boolean, True = may attend,
 broadcastable to ``(B, H, T, T)``; a padding mask is ``(B, 1, 1, T)``.
 """
@@ -24,6 +35,19 @@ from torch import nn
 from ._validate import describe, require_tensor
 from .multihead import MultiHeadAttention
 from .positional import sinusoidal_encoding
+
+
+def init_embedding(embed: nn.Embedding) -> nn.Embedding:
+    """Rescale ``embed.weight`` in place from ``nn.Embedding``'s ``N(0, 1)`` to
+    ``N(0, 1/d)`` (``d = embedding_dim``): multiplied by ``sqrt(d)`` in forward, a token
+    vector then has per-coordinate std 1, like the sinusoidal positions it is added to.
+
+    It rescales the weights ``nn.Embedding`` drew (no new random numbers), so seeded models
+    draw the same random stream as before. Returns ``embed``.
+    """
+    with torch.no_grad():
+        embed.weight.mul_(embed.embedding_dim**-0.5)
+    return embed
 
 
 class FeedForward(nn.Module):
@@ -64,7 +88,12 @@ class EncoderLayer(nn.Module):
         x = x + dropout2(ff(norm2(x)))
 
     forward(x ``(B, T, d_model)``, mask bool broadcastable to ``(B, H, T, T)``, True = may
-    attend) returns ``(out (B, T, d_model), weights (B, H, T, T))``.
+    attend) returns ``(out (B, T, d_model), weights (B, H, T, T))``; in training mode with
+    ``dropout > 0`` the weights are the dropped ones the attention used.
+
+    ``dropout`` is used three ways, as in ``nn.TransformerEncoderLayer``: on the attention
+    weights (``self_attn``), inside ``ff`` and by ``dropout1``/``dropout2``. The two layers
+    agree exactly in eval mode.
     """
 
     def __init__(
@@ -76,7 +105,7 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
@@ -147,8 +176,9 @@ class EncoderLayer(nn.Module):
 class Encoder(nn.Module):
     """A stack of ``n_layers`` encoder layers over embedded tokens.
 
-    ``x = dropout(embed(src) * sqrt(d_model) + PE[:S])``, then each layer in turn, then
-    ``final_norm`` (a LayerNorm for pre-norm, whose residual stream is never normalised
+    ``x = dropout(embed(src) * sqrt(d_model) + PE[:S])``, with ``embed`` initialised
+    ``N(0, 1/d_model)`` (the paper's scheme, see the module docstring), then each layer in
+    turn, then ``final_norm`` (a LayerNorm for pre-norm, whose residual stream is never normalised
     otherwise; the identity for post-norm).
 
     forward(src ``(B, S)`` long token ids, mask optional bool broadcastable to
@@ -171,7 +201,7 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         self.d_model, self.max_len, self.pad_id = d_model, max_len, pad_id
-        self.embed = nn.Embedding(vocab_size, d_model)
+        self.embed = init_embedding(nn.Embedding(vocab_size, d_model))  # N(0, 1/d_model)
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(

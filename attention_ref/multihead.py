@@ -53,16 +53,35 @@ class MultiHeadAttention(nn.Module):
     forward(query ``(B, n_q, d_model)``, key ``(B, n_k, d_model)``, value
     ``(B, n_k, d_model)``, mask bool broadcastable to ``(B, H, n_q, n_k)``, True = may
     attend) returns ``(out (B, n_q, d_model), weights (B, H, n_q, n_k))``.
+
+    ``dropout`` is attention-weight dropout, as in ``nn.MultiheadAttention``: in training
+    mode each weight is zeroed with probability ``dropout`` after the softmax (the kept ones
+    scaled by ``1 / (1 - dropout)``) and the values are averaged with those dropped weights.
+    The returned ``weights`` are the ones used, i.e. AFTER dropout, which is PyTorch's
+    choice too (``nn.MultiheadAttention`` returns its dropped weights in training mode). In
+    eval mode, or with ``dropout=0.0`` (the default), nothing is dropped and each row of
+    ``weights`` sums to 1 (0 for a fully masked row).
     """
 
-    def __init__(self, d_model: int, n_heads: int, bias: bool = True) -> None:
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
         _check_sizes(d_model, n_heads)
+        if not isinstance(bias, bool):
+            raise TypeError(
+                f"bias must be a bool; got {bias!r}. The third positional argument is bias: "
+                f"for attention dropout write MultiHeadAttention(d_model, n_heads, "
+                f"dropout={bias!r})"
+            )
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float):
+            raise TypeError(f"dropout must be a float in [0, 1); got {dropout!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, d_model, bias=bias)
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
+        self.attn_dropout = nn.Dropout(float(dropout))  # on the weights, after the softmax
 
     def forward(
         self,
@@ -84,12 +103,17 @@ class MultiHeadAttention(nn.Module):
         k = split_heads(self.w_k(key), self.n_heads)  # (B, H, n_k, d_head)
         v = split_heads(self.w_v(value), self.n_heads)  # (B, H, n_k, d_head)
         out, weights = sdpa(q, k, v, mask)  # (B, H, n_q, d_head), (B, H, n_q, n_k)
+        if self.training and self.attn_dropout.p > 0:
+            weights = self.attn_dropout(weights)  # dropped and rescaled, as PyTorch does
+            out = weights @ v  # (B, H, n_q, d_head): the values under the dropped weights
         return self.w_o(merge_heads(out)), weights
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention) -> MultiHeadAttention:
         """Copy the weights of a ``torch.nn.MultiheadAttention`` (same embed_dim for q, k,
         v; no bias_k/bias_v). Its packed ``in_proj_weight`` stacks W_Q, W_K, W_V as rows.
+        Its attention dropout probability and training mode are copied too, so the two agree
+        exactly in eval mode (in training mode they draw different dropout masks).
         """
         if not mha._qkv_same_embed_dim or mha.bias_k is not None:
             raise ValueError(
@@ -97,7 +121,7 @@ class MultiHeadAttention(nn.Module):
                 "embed_dim and add_bias_kv=False"
             )
         bias = mha.in_proj_bias is not None
-        new = cls(mha.embed_dim, mha.num_heads, bias=bias)
+        new = cls(mha.embed_dim, mha.num_heads, bias=bias, dropout=float(mha.dropout))
         new = new.to(device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype)
         w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3, dim=0)  # 3 x (D, D)
         with torch.no_grad():
@@ -109,7 +133,7 @@ class MultiHeadAttention(nn.Module):
                 for lin, b in ((new.w_q, b_q), (new.w_k, b_k), (new.w_v, b_v)):
                     lin.bias.copy_(b)
                 new.w_o.bias.copy_(mha.out_proj.bias)
-        return new
+        return new.train(mha.training)
 
 
 def mask_from_key_padding(key_padding_mask: torch.Tensor) -> torch.Tensor:

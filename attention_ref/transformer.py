@@ -25,7 +25,7 @@ from torch import nn
 
 from ._validate import describe
 from .decoder import DecoderLayer
-from .encoder import Encoder, EncoderLayer
+from .encoder import Encoder, EncoderLayer, init_embedding
 from .positional import sinusoidal_encoding
 from .training import masked_cross_entropy
 
@@ -62,11 +62,13 @@ class Transformer(nn.Module):
     """An encoder-decoder Transformer for sequence-to-sequence tasks.
 
     Attributes: ``encoder`` (:class:`Encoder`: source embedding, positions, layers, its
-    final norm), ``tgt_embed`` (``nn.Embedding(tgt_vocab, d_model)``, scaled by
-    ``sqrt(d_model)``), the buffer ``pe`` (sinusoidal, ``(max_len, d_model)``), ``dropout``,
+    final norm), ``tgt_embed`` (``nn.Embedding(tgt_vocab, d_model)`` initialised
+    ``N(0, 1/d_model)`` and scaled by ``sqrt(d_model)``, the scheme of
+    :mod:`attention_ref.encoder`, as the source embedding), the buffer ``pe``
+    (sinusoidal, ``(max_len, d_model)``), ``dropout``,
     ``decoder_layers`` (``nn.ModuleList`` of :class:`DecoderLayer`), ``final_norm``
     (``nn.LayerNorm`` when ``norm_first``, else ``nn.Identity``) and ``out_proj``
-    (``nn.Linear(d_model, tgt_vocab)``).
+    (``nn.Linear(d_model, tgt_vocab)``, its own weights: NOT tied to ``tgt_embed``).
 
     - ``encode(src (B, S))`` -> ``(memory (B, S, D), src_mask (B, 1, 1, S))``;
     - ``decode(tgt_in (B, T), memory, src_mask)`` -> ``logits (B, T, tgt_vocab)``; with
@@ -96,7 +98,7 @@ class Transformer(nn.Module):
         self.encoder = Encoder(
             src_vocab, d_model, n_heads, d_ff, n_layers, dropout, max_len, pad_id, norm_first
         )
-        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        self.tgt_embed = init_embedding(nn.Embedding(tgt_vocab, d_model))  # N(0, 1/d_model)
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
         self.dropout = nn.Dropout(dropout)
         self.decoder_layers = nn.ModuleList(

@@ -217,3 +217,33 @@ def test_plot_layer_heads_draws_one_map_per_layer_and_head():
     ax = plot_per_layer({"post-norm": [1.0, 2.0, 3.0]}, logy=True)
     assert len(ax.lines) == 1 and ax.get_yscale() == "log"
     plt.close("all")
+
+
+# ----------------------------------------------------------------------------- dropout, embeddings
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_drops_attention_weights_in_training_like_pytorch(norm_first):
+    theirs = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
+    assert theirs.self_attn.dropout == 0.3  # PyTorch uses the layer's dropout for attention
+    ours = EncoderLayer.from_torch(theirs)
+    assert ours.self_attn.attn_dropout.p == 0.3
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    _, w_train = ours.train()(x)
+    _, w_eval = ours.eval()(x)
+    assert (w_train == 0).any() and not torch.allclose(w_train, w_eval)
+    torch.testing.assert_close(w_eval.sum(-1), torch.ones(2, 2, 6))
+    assert EncoderLayer(8, 2, 16, dropout=0.2).self_attn.attn_dropout.p == 0.2
+
+
+def test_encoder_embedding_follows_the_papers_scheme():
+    """N(0, 1/d_model) times sqrt(d_model): scaled tokens have std ~1, like the positions."""
+    torch.manual_seed(0)
+    d = 64
+    enc = Encoder(vocab_size=1000, d_model=d, n_heads=4, d_ff=16, n_layers=1)
+    assert abs(enc.embed.weight.std().item() - d**-0.5) < 0.05 * d**-0.5
+    src = torch.randint(0, 1000, (4, 50))
+    with torch.no_grad():
+        tokens = enc.embed(src) * d**0.5
+    token_rms = tokens.pow(2).mean().sqrt().item()
+    position_rms = enc.pe[:50].pow(2).mean().sqrt().item()
+    assert 0.9 < token_rms < 1.1 and 0.65 < position_rms < 0.75

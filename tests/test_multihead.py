@@ -273,3 +273,46 @@ def test_plot_heads_draws_one_heatmap_per_head():
     with pytest.raises(ValueError, match=r"\(heads, n_q, n_k\)"):
         plot_heads(w[0])
     assert math.isclose(float(w.sum()), 12.0)
+
+
+# ----------------------------------------------------------------------------- dropout
+def test_attention_dropout_drops_the_weights_in_training_mode_only():
+    """Like nn.MultiheadAttention: dropout on the weights after the softmax, the returned
+    weights are the dropped ones (kept entries scaled by 1/(1-p)) and the output uses them."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, dropout=0.5).double()
+    x = randn(2, 7, 16)
+    mha.eval()
+    out_eval, w_eval = mha(x, x, x)
+    torch.testing.assert_close(w_eval.sum(-1), torch.ones(2, 4, 7, dtype=torch.float64))
+    mha.train()
+    out, w = mha(x, x, x)
+    dropped = w == 0
+    assert 0.3 < dropped.double().mean() < 0.7, "about half the weights are dropped"
+    torch.testing.assert_close(w[~dropped], 2.0 * w_eval[~dropped])  # kept: scaled by 1/(1-p)
+    v = split_heads(mha.w_v(x), 4)
+    torch.testing.assert_close(out, mha.w_o(merge_heads(w @ v)))  # the output uses them
+    assert not torch.allclose(out, out_eval)
+
+
+def test_attention_dropout_zero_is_deterministic_and_from_torch_copies_p():
+    mha = MultiHeadAttention(8, 2).double().train()
+    x = randn(1, 5, 8)
+    torch.testing.assert_close(mha(x, x, x)[1], mha(x, x, x)[1], rtol=0, atol=0)
+    theirs = nn.MultiheadAttention(8, 2, dropout=0.25, batch_first=True).double()
+    ours = MultiHeadAttention.from_torch(theirs)
+    assert ours.attn_dropout.p == 0.25 and ours.training
+    # equivalence holds in eval mode (in training mode the two draw different masks)
+    ours.eval(), theirs.eval()
+    with torch.no_grad():
+        expected, w_expected = theirs(x, x, x, average_attn_weights=False)
+    out, w = ours(x, x, x)
+    torch.testing.assert_close(out, expected, **TOL[torch.float64])
+    torch.testing.assert_close(w, w_expected, **TOL[torch.float64])
+
+
+def test_constructor_rejects_a_dropout_given_as_bias_or_out_of_range():
+    with pytest.raises(TypeError, match="bias must be a bool.*dropout=0.1"):
+        MultiHeadAttention(8, 2, 0.1)
+    with pytest.raises(ValueError, match="dropout"):
+        MultiHeadAttention(8, 2, dropout=1.0)

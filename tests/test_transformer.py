@@ -316,3 +316,31 @@ def test_bad_inputs_raise_clear_errors():
         greedy_decode(model, torch.ones(1, 2, dtype=torch.long), BOS, EOS, max_len=0)
     with pytest.raises(ValueError, match="task must be"):
         make_reversal_data(3, task="sort")
+
+
+def test_target_embedding_follows_the_papers_scheme_and_is_not_tied():
+    torch.manual_seed(0)
+    d = 32
+    model = Transformer(50, 400, d_model=d)
+    for emb in (model.encoder.embed, model.tgt_embed):
+        assert abs(emb.weight.std().item() - d**-0.5) < 0.1 * d**-0.5
+    assert model.out_proj.weight.data_ptr() != model.tgt_embed.weight.data_ptr()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_drops_both_attention_maps_in_training(norm_first):
+    theirs = nn.TransformerDecoderLayer(
+        D, H, F, dropout=0.3, batch_first=True, norm_first=norm_first
+    )
+    ours = DecoderLayer.from_torch(theirs)
+    assert ours.self_attn.attn_dropout.p == ours.cross_attn.attn_dropout.p == 0.3
+    g = torch.Generator().manual_seed(0)
+    y, memory = torch.randn(2, 5, D, generator=g), torch.randn(2, 6, D, generator=g)
+    torch.manual_seed(0)
+    _, ws, wc = ours.train()(y, memory, _causal(5))
+    _, ws_eval, wc_eval = ours.eval()(y, memory, _causal(5))
+    assert not torch.allclose(ws, ws_eval) and not torch.allclose(wc, wc_eval)
+    with torch.no_grad():
+        theirs.eval()
+        expected = theirs(y, memory, tgt_mask=~_causal(5))
+    torch.testing.assert_close(ours(y, memory, _causal(5))[0], expected, rtol=1e-5, atol=1e-5)

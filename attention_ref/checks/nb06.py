@@ -2,7 +2,9 @@
 
 Both checks build the learner's class, copy known weights into it by parameter name
 (``linear1``, ``linear2`` for ``FeedForward``; ``self_attn.w_q`` ... ``self_attn.w_o``,
-``ff.linear1``, ``ff.linear2``, ``norm1``, ``norm2`` for ``EncoderLayer``) and compare its
+``ff.linear1``, ``ff.linear2``, ``norm1``, ``norm2`` for ``EncoderLayer``, whose
+``self_attn`` and ``ff`` are first replaced by the reference parts, so that a bug in an
+earlier exercise costs points once) and compare its
 forward with the reference computed in float64 on the same (dtype-rounded) weights. A
 mismatch is named by running buggy variants of the reference (no residual, the norm in the
 wrong place, no ReLU, the mask ignored, ...) and seeing which reproduces the learner's
@@ -19,8 +21,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.dropout import _DropoutNd
+from torch.nn.parameter import is_lazy
+from torch.nn.utils import parametrize
 
 from .. import encoder as ref
+from .. import multihead as ref_mha
 from ._core import Context, Mistake, exercise
 from .nb01 import BUILTIN_ATTENTION
 from .nb03 import build_module
@@ -33,6 +39,80 @@ def _dt(dtype) -> str:
 
 
 # ----------------------------------------------------------------------------- loading
+def materialise(ctx: Context, mod: nn.Module, dry_run, case: str) -> None:
+    """Give lazy parameters (``nn.LazyLinear`` ...) their shapes before weights are loaded.
+
+    ``dry_run()`` runs the learner's module once on a small input of the right dtype (under
+    ``ctx.call``, so an exception in it is feedback); a parameter still uninitialised after
+    it is reported, never touched.
+    """
+    if not any(is_lazy(p) for p in mod.parameters()):
+        return
+    with torch.no_grad():
+        dry_run()
+    still = [n for n, p in mod.named_parameters() if is_lazy(p)]
+    if still:
+        ctx.fail(
+            f"the lazy parameters {', '.join(still)} were still uninitialised after a first "
+            "forward pass, so the check cannot load known weights into them.",
+            case=case,
+            hint="declare the layers with their sizes (nn.Linear(in_features, out_features)) "
+            "or make sure forward uses every layer.",
+        )
+
+
+def _assign(ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: str, spec: str):
+    """Copy ``value`` into the tensor ``name`` of ``mod`` (a parameter, or a parametrized
+    tensor such as a weight under ``weight_norm``); return the ids of the parameters that
+    hold it, or None when ``mod`` has no such tensor. Shape mismatches become feedback."""
+    owner, _, leaf = name.rpartition(".")
+    try:
+        sub = mod.get_submodule(owner) if owner else mod
+    except AttributeError:
+        return None
+    if parametrize.is_parametrized(sub, leaf):
+        current = getattr(sub, leaf)
+        if tuple(current.shape) != tuple(value.shape):
+            ctx.fail(
+                f"{name} has shape {tuple(current.shape)}, expected {tuple(value.shape)}: "
+                f"declare self.{owner} = {spec}.",
+                case=case,
+            )
+        try:
+            with torch.no_grad():
+                setattr(sub, leaf, value.to(dtype=current.dtype, device=current.device))
+        except Exception as err:  # a parametrization without right_inverse, ...
+            ctx.fail(
+                f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
+                "the check cannot set it to known values.",
+                case=case,
+                hint="use a parametrization with a right_inverse (e.g. weight_norm), or a "
+                "plain nn.Linear for the check.",
+            )
+        if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
+            ctx.fail(f"{name} changed shape when it was set.", case=case)
+        return {id(p) for p in sub.parametrizations[leaf].parameters()}
+    p = sub._parameters.get(leaf) if leaf else None
+    if p is None:
+        return None
+    if tuple(p.shape) != tuple(value.shape):
+        why = ""
+        if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
+            why = (
+                "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out) "
+                "maps `in` features to `out` features."
+            )
+        ctx.fail(
+            f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
+            f"self.{owner} = {spec}.",
+            case=case,
+            likely=why,
+        )
+    with torch.no_grad():
+        p.copy_(value.to(dtype=p.dtype, device=p.device))
+    return {id(p)}
+
+
 def load_named(
     ctx: Context,
     mod: nn.Module,
@@ -45,16 +125,18 @@ def load_named(
 
     ``specs`` maps a submodule name (``"ff.linear1"``) to how the learner must declare it.
     A parameter reachable under several names (e.g. a layer that is also inside an
-    ``nn.Sequential``) counts once. Missing, misshapen and extra parameters are reported.
+    ``nn.Sequential``) counts once; a parametrized weight is set through its
+    parametrization. Missing, misshapen and extra parameters are reported. Call
+    :func:`materialise` first when the module may hold lazy parameters.
     """
     likely = likely or {}
-    params = dict(mod.named_parameters(remove_duplicate=False))
     used: set[int] = set()
     for name, value in values.items():
         owner = name.rsplit(".", 1)[0]
         spec = specs.get(owner, "")
-        p = params.get(name)
-        if p is None:
+        ids = _assign(ctx, mod, name, value, case, spec)
+        if ids is None:
+            params = dict(mod.named_parameters(remove_duplicate=False))
             has = ", ".join(dict(mod.named_parameters())) or "none"
             if name.endswith(".bias") and f"{owner}.weight" in params:
                 ctx.fail(
@@ -69,22 +151,7 @@ def load_named(
                 case=case,
                 likely=likely.get(f"missing {owner}", ""),
             )
-        if tuple(p.shape) != tuple(value.shape):
-            why = likely.get(f"shape {owner}", "")
-            if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
-                why = (
-                    "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out) "
-                    "maps `in` features to `out` features."
-                )
-            ctx.fail(
-                f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
-                f"self.{owner} = {spec}.",
-                case=case,
-                likely=why,
-            )
-        with torch.no_grad():
-            p.copy_(value.to(dtype=p.dtype, device=p.device))
-        used.add(id(p))
+        used |= ids
     extra = [n for n, p in mod.named_parameters() if id(p) not in used]
     if extra:
         ctx.fail(
@@ -94,6 +161,34 @@ def load_named(
             + ", ".join(specs)
             + "); anything else is left at a random value and changes the output.",
         )
+
+
+def dropout_p(part: nn.Module) -> float:
+    """The dropout probability a learner's part uses: the largest ``p`` of its dropout
+    modules, else a float attribute ``dropout``/``dropout_p``/``p``, else 0."""
+    ps = [float(m.p) for m in part.modules() if isinstance(m, _DropoutNd)]
+    if ps:
+        return max(ps)
+    for attr in ("dropout", "dropout_p", "attn_dropout", "p"):
+        v = getattr(part, attr, None)
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1:
+            return float(v)
+    return 0.0
+
+
+def substitute(ctx: Context, mod: nn.Module, name: str, make, case: str, spec: str) -> None:
+    """Replace the learner's part ``mod.<name>`` (an earlier exercise) by the reference one
+    built by ``make(p)``, ``p`` the dropout probability found in the learner's part, so a
+    bug in the earlier exercise does not cost points again here."""
+    part = getattr(mod, name, None) if isinstance(mod, nn.Module) else None
+    if not isinstance(part, nn.Module):
+        subs = ", ".join(n for n, _ in mod.named_children()) or "none"
+        ctx.fail(
+            f"your module has no submodule named {name} (its submodules: {subs}): use exactly "
+            f"the attribute names of the exercise: self.{name} = {spec}.",
+            case=case,
+        )
+    setattr(mod, name, make(dropout_p(part)))
 
 
 def _random_values(
@@ -140,13 +235,17 @@ RELU_AFTER = (
 RELU_AFTER_HINT = "linear2(dropout(relu(linear1(x)))), with nothing after linear2."
 GELU = "the activation is GELU (or another one); this network uses ReLU."
 GELU_HINT = "use torch.relu (or nn.ReLU()) between linear1 and linear2."
+GELU_TANH = (
+    "the activation is the tanh-approximate GELU (nn.GELU(approximate='tanh'), as in GPT-2 "
+    "and BERT code); this network uses ReLU, as in the paper and nn.TransformerEncoderLayer."
+)
 
 
 def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "relu", prefix: str = ""):
     """The feed-forward network in float64 with one knob per mistake.
 
     act: "relu", "none", "after" (ReLU after linear2 only), "both" (after each layer),
-    "gelu".
+    "gelu" (exact), "gelu_tanh" (the tanh approximation).
     """
     w1, b1 = P[f"{prefix}linear1.weight"], P[f"{prefix}linear1.bias"]
     w2, b2 = P[f"{prefix}linear2.weight"], P[f"{prefix}linear2.bias"]
@@ -155,6 +254,8 @@ def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "relu", pre
         h = torch.relu(h)
     elif act == "gelu":
         h = F.gelu(h)
+    elif act == "gelu_tanh":
+        h = F.gelu(h, approximate="tanh")
     y = F.linear(h, w2, b2)
     if act in ("after", "both"):
         y = torch.relu(y)
@@ -165,10 +266,24 @@ def _ff_mistakes(x64, P, prefix="") -> list[Mistake]:
     def m(name, hint, act):
         return Mistake(name, hint, model=lambda: ff_model(x64, P, act, prefix))
 
+    def nearer(act, other):
+        """The learner's output matches ``act``'s model, and is nearer to it than to
+        ``other``'s (the two GELUs differ by less than the diagnosis tolerance)."""
+
+        def applies(g, _e):
+            a = ff_model(x64, P, act, prefix).numpy()
+            b = ff_model(x64, P, other, prefix).numpy()
+            if a.shape != g.shape or not np.allclose(g, a, rtol=1e-3, atol=1e-4):
+                return False
+            return float(np.abs(g - a).max()) < float(np.abs(g - b).max())
+
+        return applies
+
     return [
         m(NO_RELU, NO_RELU_HINT, "none"),
         m(RELU_AFTER, RELU_AFTER_HINT, "after"),
         m(RELU_AFTER, RELU_AFTER_HINT, "both"),
+        Mistake(GELU_TANH, GELU_HINT, applies=nearer("gelu_tanh", "gelu")),
         m(GELU, GELU_HINT, "gelu"),
     ]
 
@@ -185,6 +300,7 @@ def _ff_build(cls, ctx, D, Fd, dropout, P, dtype, case) -> nn.Module:
     args = (D, Fd) if dropout is None else (D, Fd, dropout)
     mod = build_module(ctx, cls, args, {}, case)
     mod.to(dtype)
+    materialise(ctx, mod, lambda: ctx.call(mod, torch.zeros(1, D, dtype=dtype), case=case), case)
     load_named(ctx, mod, P, FF_SPECS, case)
     return mod
 
@@ -367,17 +483,22 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- encoder_layer
 LAYER_SPECS = {
-    "self_attn": "MultiHeadAttention(d_model, n_heads) (from attention_ref, or yours from "
-    "notebook 04)",
-    "self_attn.w_q": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
-    "self_attn.w_k": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
-    "self_attn.w_v": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
-    "self_attn.w_o": "nn.Linear(d_model, d_model) inside MultiHeadAttention(d_model, n_heads)",
-    "ff.linear1": "FeedForward(d_model, d_ff, dropout) (its linear1 is nn.Linear(d_model, d_ff))",
-    "ff.linear2": "FeedForward(d_model, d_ff, dropout) (its linear2 is nn.Linear(d_ff, d_model))",
+    "self_attn": "MultiHeadAttention(d_model, n_heads, dropout=dropout) (from attention_ref)",
+    "self_attn.w_q": "MultiHeadAttention(d_model, n_heads, dropout=dropout)",
+    "self_attn.w_k": "MultiHeadAttention(d_model, n_heads, dropout=dropout)",
+    "self_attn.w_v": "MultiHeadAttention(d_model, n_heads, dropout=dropout)",
+    "self_attn.w_o": "MultiHeadAttention(d_model, n_heads, dropout=dropout)",
+    "ff": "FeedForward(d_model, d_ff, dropout)",
+    "ff.linear1": "FeedForward(d_model, d_ff, dropout)",
+    "ff.linear2": "FeedForward(d_model, d_ff, dropout)",
     "norm1": "nn.LayerNorm(d_model)",
     "norm2": "nn.LayerNorm(d_model)",
 }
+# The parts that are earlier exercises (multi-head attention from notebook 04, the
+# feed-forward network from exercise 1) are replaced by the reference ones before grading,
+# with the dropout probability found in the learner's part: a bug in them costs points
+# once, in their own exercise.
+SUBSTITUTED = "self_attn (reference MultiHeadAttention) and ff (reference FeedForward)"
 
 
 def _layer_shapes(D: int, Fd: int) -> dict[str, tuple[int, ...]]:
@@ -515,9 +636,6 @@ def _layer_mistakes(r, x64, mask, which: int) -> list[Mistake]:
             "feed that x to the feed-forward sublayer.",
             ff_input="layer_input",
         ),
-        m(f"feed-forward: {NO_RELU}", NO_RELU_HINT, act="none"),
-        m(f"feed-forward: {RELU_AFTER}", RELU_AFTER_HINT, act="after"),
-        m(f"feed-forward: {RELU_AFTER}", RELU_AFTER_HINT, act="both"),
     ]
     if nf:
         out += [
@@ -643,20 +761,25 @@ def _layer_build(cls, ctx, c: LayerCase, P, dtype, case, dropout=None) -> nn.Mod
     if c.norm_first is not None:
         kwargs["norm_first"] = c.norm_first
     mod = build_module(ctx, cls, args, kwargs, case)
+    substitute(
+        ctx,
+        mod,
+        "self_attn",
+        lambda p: ref_mha.MultiHeadAttention(c.D, c.H, dropout=p),
+        case,
+        LAYER_SPECS["self_attn"],
+    )
+    substitute(ctx, mod, "ff", lambda p: ref.FeedForward(c.D, c.Fd, p), case, LAYER_SPECS["ff"])
     mod.to(dtype)
+    x0 = torch.zeros(1, 2, c.D, dtype=dtype)
+    materialise(ctx, mod, lambda: ctx.call(mod, x0, case=case), case)
     load_named(
         ctx,
         mod,
         P,
         LAYER_SPECS,
         case,
-        likely={
-            "missing self_attn.w_q": "the attention must be a MultiHeadAttention stored as "
-            "self.self_attn (with w_q, w_k, w_v, w_o inside).",
-            "missing ff.linear1": "the feed-forward network must be a FeedForward stored as "
-            "self.ff (with linear1 and linear2 inside).",
-            "missing norm2": "each sublayer has its own LayerNorm: norm1 and norm2.",
-        },
+        likely={"missing norm2": "each sublayer has its own LayerNorm: norm1 and norm2."},
     )
     return mod
 
@@ -828,4 +951,23 @@ def _check_layer_dropout(cls, ctx: Context) -> None:
                 hint="self.dropout1 = nn.Dropout(dropout), self.dropout2 = nn.Dropout(dropout)"
                 " applied to each sublayer's output before the residual add, and "
                 "FeedForward(d_model, d_ff, dropout).",
+            )
+        mod.train()
+        _, train_w = _layer_call(ctx, mod, x, None, case + ", training mode")
+        mod.eval()
+        _, eval_w = _layer_call(ctx, mod, x, None, case + ", eval mode")
+        if (
+            isinstance(train_w, torch.Tensor)
+            and isinstance(eval_w, torch.Tensor)
+            and train_w.shape == eval_w.shape
+            and torch.allclose(train_w, eval_w)
+        ):
+            ctx.fail(
+                "with dropout=0.3 the attention weights in training mode are the eval-mode "
+                "weights: the attention weights are not dropped. nn.TransformerEncoderLayer "
+                "applies its dropout to the attention weights too.",
+                case=case + ", training mode",
+                likely="the dropout is not passed on to the self-attention.",
+                hint="self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout) "
+                "(as a keyword: the third positional argument is bias).",
             )

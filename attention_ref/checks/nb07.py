@@ -1,5 +1,10 @@
 """Checks for notebook 07: the module exercises ``decoder_layer`` and ``transformer``.
 
+No cascading penalties: the decoder layer is graded with the reference
+``MultiHeadAttention`` and ``FeedForward`` in place of the learner's, the Transformer with
+the reference ``DecoderLayer`` in place of the learner's (each with the learner's dropout
+probability), so a bug in an earlier exercise costs points once.
+
 ``decoder_layer``: the learner's ``DecoderLayer(d_model, n_heads, d_ff, dropout=0.0,
 norm_first=False)`` must hold ``self_attn`` and ``cross_attn`` (``MultiHeadAttention``
 with ``w_q, w_k, w_v, w_o``), ``ff`` (``FeedForward`` with ``linear1, linear2``) and
@@ -24,12 +29,16 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .. import decoder as ref_dec
+from .. import encoder as ref_enc
+from .. import multihead as ref_mha
 from .. import transformer as ref_tf
 from ._core import Context, Mistake, exercise
 from .nb01 import BUILTIN_ATTENTION, TOL
 from .nb03 import build_module
+from .nb06 import _assign, dropout_p, materialise, substitute
 
 
 def _dt(dtype) -> str:
@@ -66,8 +75,9 @@ def load_reference_weights(
     ctx: Context, mod: nn.Module, ref: nn.Module, specs: dict[str, str], case: str
 ) -> None:
     """Copy the reference's parameters into the learner's module by name, reporting
-    missing, misshapen and extra parameters with the declaration the spec asks for."""
-    theirs = dict(mod.named_parameters(remove_duplicate=False))
+    missing, misshapen and extra parameters with the declaration the spec asks for.
+    Parametrized weights are set through their parametrization; lazy parameters must have
+    been materialised first (:func:`~attention_ref.checks.nb06.materialise`)."""
     ours = dict(ref.named_parameters())
 
     def spec_for(name: str) -> str:
@@ -76,25 +86,21 @@ def load_reference_weights(
                 return f"self.{prefix} = {spec}"
         return ""
 
+    used: set[int] = set()
     for name, value in ours.items():
-        p = theirs.get(name)
-        if p is None:
+        owner = name.rpartition(".")[0]
+        ids = _assign(ctx, mod, name, value, case, spec_for(name).partition(" = ")[2] or "...")
+        if ids is None:
+            theirs = dict(mod.named_parameters(remove_duplicate=False))
             has = ", ".join(sorted({n.split(".")[0] for n in theirs})) or "none"
             ctx.fail(
                 f"your module has no parameter named {name} (its top-level parts: {has}): the "
                 "check copies known weights in by name, so use exactly the attribute names "
-                f"of the exercise: {spec_for(name)}.",
+                f"of the exercise: {spec_for(name) or owner}.",
                 case=case,
             )
-        if tuple(p.shape) != tuple(value.shape):
-            ctx.fail(
-                f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: "
-                f"{spec_for(name)}.",
-                case=case,
-            )
-        with torch.no_grad():
-            p.copy_(value.to(dtype=p.dtype, device=p.device))
-    extra = sorted(set(dict(mod.named_parameters())) - set(ours))
+        used |= ids
+    extra = sorted(n for n, p in mod.named_parameters() if id(p) not in used)
     if extra:
         ctx.fail(
             f"your module has parameters the exercise does not ask for: {', '.join(extra[:6])}"
@@ -109,13 +115,28 @@ def load_reference_weights(
 
 # ----------------------------------------------------------------------------- decoder_layer
 DEC_SPECS = {
-    "self_attn": "MultiHeadAttention(d_model, n_heads) (from attention_ref or notebook 04)",
-    "cross_attn": "MultiHeadAttention(d_model, n_heads)",
+    "self_attn": "MultiHeadAttention(d_model, n_heads, dropout=dropout) (from attention_ref)",
+    "cross_attn": "MultiHeadAttention(d_model, n_heads, dropout=dropout)",
     "ff": "FeedForward(d_model, d_ff, dropout) (from attention_ref or notebook 06)",
     "norm1": "nn.LayerNorm(d_model)",
     "norm2": "nn.LayerNorm(d_model)",
     "norm3": "nn.LayerNorm(d_model)",
 }
+
+
+def _dec_substitute(ctx, mod, D, H, Fd, case) -> None:
+    """Grade the layer with the reference attention (notebook 04) and feed-forward network
+    (notebook 06) in place of the learner's, each with the learner's dropout probability."""
+    for name in ("self_attn", "cross_attn"):
+        substitute(
+            ctx,
+            mod,
+            name,
+            lambda p: ref_mha.MultiHeadAttention(D, H, dropout=p),
+            case,
+            DEC_SPECS[name],
+        )
+    substitute(ctx, mod, "ff", lambda p: ref_enc.FeedForward(D, Fd, p), case, DEC_SPECS["ff"])
 
 
 def decoder_model(
@@ -306,10 +327,15 @@ def _dec_masks(c: DecCase):
     return sm, mm
 
 
-def _dec_build(cls, ctx, c: DecCase, r, dtype, case) -> nn.Module:
+def _dec_build(cls, ctx, c: DecCase, r, dtype, case, dropout=None) -> nn.Module:
     kwargs = {} if c.norm_first is None else {"norm_first": c.norm_first}
+    if dropout is not None:
+        kwargs["dropout"] = dropout
     mod = build_module(ctx, cls, (c.D, c.H, c.Fd), kwargs, case)
+    _dec_substitute(ctx, mod, c.D, c.H, c.Fd, case)
     mod.to(dtype)
+    y0, m0 = torch.zeros(1, 2, c.D, dtype=dtype), torch.zeros(1, 3, c.D, dtype=dtype)
+    materialise(ctx, mod, lambda: ctx.call(mod, y0, m0, case=case), case)
     load_reference_weights(ctx, mod, r, DEC_SPECS, case)
     mod.eval()
     return mod
@@ -343,6 +369,70 @@ def check_decoder_layer(cls, ctx: Context) -> None:
         for dtype in (torch.float64, torch.float32):
             _check_dec_case(cls, ctx, c, i, dtype)
     _check_dec_causality(cls, ctx)
+    _check_dec_dropout(cls, ctx)
+
+
+def _check_dec_dropout(cls, ctx: Context) -> None:
+    """dropout=0.3: the reference in eval mode; in training mode the output and both
+    attention maps are dropped (PyTorch's layer applies its dropout to the weights too)."""
+    gen = ctx.torch_gen(795)
+    D, H, Fd, T, S = 8, 2, 16, 5, 6
+    for nf in (False, True):
+        r = ref_dec.DecoderLayer(D, H, Fd, norm_first=nf).double()
+        _randomise(r, gen)
+        r.eval()
+        y = torch.randn(2, T, D, generator=gen, dtype=torch.float64)
+        memory = torch.randn(2, S, D, generator=gen, dtype=torch.float64)
+        c = DecCase("", D, H, Fd, nf, 2, T, S)
+        case = (
+            f"DecoderLayer({D}, {H}, {Fd}, dropout=0.3, norm_first={nf}), y (2, {T}, {D}), "
+            f"memory (2, {S}, {D}) float64, no masks"
+        )
+        mod = _dec_build(cls, ctx, c, r, torch.float64, case, dropout=0.3)
+        eval_out, eval_self, eval_cross = _dec_call(ctx, mod, y, memory, None, None, case)
+        with torch.no_grad():
+            e_out = decoder_model(r, y, memory, None, None, norm_first=nf)[0]
+        ctx.expect_close(
+            eval_out,
+            e_out,
+            what="out in eval mode",
+            case=case + ", eval mode",
+            mistakes=_dec_mistakes(r, y, memory, None, None, nf, 0),
+            hint="in eval mode dropout does nothing.",
+            **TOL[torch.float64],
+        )
+        mod.train()
+        torch.manual_seed(ctx.seed)
+        out, w_self, w_cross = _dec_call(ctx, mod, y, memory, None, None, case + ", training")
+        if isinstance(out, torch.Tensor) and torch.allclose(out, eval_out):
+            ctx.fail(
+                "with dropout=0.3 the output in training mode equals the eval-mode output: "
+                "no dropout was applied.",
+                case=case + ", training mode",
+                likely="the dropout argument is ignored (or the dropout modules are never "
+                "used in forward).",
+                hint="self.dropout1..3 = nn.Dropout(dropout) on each sub-layer's output, and "
+                "FeedForward(d_model, d_ff, dropout).",
+            )
+        for got, ev, name in (
+            (w_self, eval_self, "self_attn"),
+            (w_cross, eval_cross, "cross_attn"),
+        ):
+            if (
+                isinstance(got, torch.Tensor)
+                and isinstance(ev, torch.Tensor)
+                and got.shape == ev.shape
+                and torch.allclose(got, ev)
+            ):
+                ctx.fail(
+                    f"with dropout=0.3 the {name} weights in training mode are the eval-mode "
+                    "weights: the attention weights are not dropped. nn.TransformerDecoderLayer "
+                    "applies its dropout to the attention weights too.",
+                    case=case + ", training mode",
+                    likely=f"the dropout is not passed on to {name}.",
+                    hint=f"self.{name} = MultiHeadAttention(d_model, n_heads, dropout=dropout) "
+                    "(as a keyword: the third positional argument is bias).",
+                )
 
 
 def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
@@ -449,12 +539,62 @@ def _check_dec_causality(cls, ctx: Context) -> None:
 TF_SPECS = {
     "encoder": "Encoder(src_vocab, d_model, n_heads, d_ff, n_layers, dropout, max_len, "
     "pad_id, norm_first) (from attention_ref)",
-    "tgt_embed": "nn.Embedding(tgt_vocab, d_model)",
+    "tgt_embed": "init_embedding(nn.Embedding(tgt_vocab, d_model))",
     "decoder_layers": "nn.ModuleList of n_layers DecoderLayer(d_model, n_heads, d_ff, "
     "dropout, norm_first)",
     "final_norm": "nn.LayerNorm(d_model) if norm_first else nn.Identity()",
     "out_proj": "nn.Linear(d_model, tgt_vocab)",
 }
+
+
+def _tf_prepare(ctx, mod, c: TfCase, case) -> None:
+    """Before loading weights: ``pad_id`` is stored, ``tgt_embed`` follows the course's
+    initialisation, and the decoder layers are replaced by the reference ``DecoderLayer``
+    (the previous exercise; with the learner's dropout and ``norm_first``), so a bug in the
+    learner's layer costs points once."""
+    pad = getattr(mod, "pad_id", None)
+    if isinstance(pad, bool) or not isinstance(pad, int) or pad != c.pad_id:
+        ctx.fail(
+            f"self.pad_id is {pad!r}, expected {c.pad_id} (the pad_id argument): the spec "
+            "asks for it, and greedy_decode reads model.pad_id.",
+            case=case,
+            hint="self.pad_id = pad_id in __init__.",
+        )
+    emb = getattr(mod, "tgt_embed", None)
+    w = getattr(emb, "weight", None)
+    if isinstance(w, torch.Tensor) and not is_lazy(w) and w.dim() == 2 and w.numel() > 1:
+        std, want = float(w.detach().double().std()), c.D**-0.5
+        if not want / 2 <= std <= 2 * want:
+            likely = ""
+            if 0.7 <= std <= 1.4:
+                likely = (
+                    "tgt_embed keeps nn.Embedding's N(0, 1) initialisation; multiplied by "
+                    "sqrt(d_model), the tokens would drown the positional encoding."
+                )
+            ctx.fail(
+                f"tgt_embed.weight has standard deviation {std:.3g} after __init__, expected "
+                f"about d_model**-0.5 = {want:.3g} (the course's embedding scheme).",
+                case=case,
+                likely=likely,
+                hint="self.tgt_embed = init_embedding(nn.Embedding(tgt_vocab, d_model)), "
+                "with init_embedding from attention_ref.encoder.",
+            )
+    layers = getattr(mod, "decoder_layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) != c.L:
+        got = type(layers).__name__ if layers is not None else "nothing"
+        n = f" of length {len(layers)}" if isinstance(layers, nn.ModuleList) else ""
+        ctx.fail(
+            f"self.decoder_layers is {got}{n}; expected an nn.ModuleList of n_layers={c.L} "
+            "decoder layers.",
+            case=case,
+            hint="self.decoder_layers = nn.ModuleList([DecoderLayer(d_model, n_heads, d_ff, "
+            "dropout, norm_first) for _ in range(n_layers)]).",
+        )
+    for i, layer in enumerate(layers):
+        nf = getattr(layer, "norm_first", None)
+        nf = nf if isinstance(nf, bool) else bool(c.norm_first)
+        p = dropout_p(layer) if isinstance(layer, nn.Module) else 0.0
+        layers[i] = ref_dec.DecoderLayer(c.D, c.H, c.Fd, p, nf)
 
 
 def transformer_model(
@@ -652,7 +792,11 @@ def _tf_build(cls, ctx, c: TfCase, r, dtype, case) -> nn.Module:
     if c.norm_first is not None:
         kwargs["norm_first"] = c.norm_first
     mod = build_module(ctx, cls, (c.V_src, c.V_tgt, c.D, c.H, c.L, c.Fd), kwargs, case)
+    _tf_prepare(ctx, mod, c, case)
     mod.to(dtype)
+    tok = 1 if c.pad_id != 1 else 2
+    src0, tgt0 = torch.full((1, 2), tok), torch.full((1, 1), tok)
+    materialise(ctx, mod, lambda: ctx.call(mod, src0, tgt0, case=case), case)
     load_reference_weights(ctx, mod, r, TF_SPECS, case)
     mod.eval()
     return mod

@@ -46,6 +46,18 @@ class FFGelu(_FFBase):
         return self.linear2(self.dropout(F.gelu(self.linear1(x))))
 
 
+@mistake("feed_forward", expect="tanh-approximate GELU")
+class FFGeluTanh(_FFBase):
+    """The GPT-2 / BERT activation, brought from other code."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__(d_model, d_ff, dropout)
+        self.act = nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return self.linear2(self.dropout(self.act(self.linear1(x))))
+
+
 @mistake("feed_forward", expect="dropout argument is ignored")
 class FFDropoutHardCoded(_FFBase):
     def __init__(self, d_model, d_ff, dropout=0.0):
@@ -141,6 +153,35 @@ class FFEinsumClamp(_FFBase):
         return torch.einsum("...f,df->...d", h, self.linear2.weight) + self.linear2.bias
 
 
+@alternative("feed_forward")
+class FFLazyLinear(nn.Module):
+    """nn.LazyLinear infers in_features at the first call: the check materialises it with a
+    dry forward pass before loading weights."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1 = nn.LazyLinear(d_ff)
+        self.linear2 = nn.LazyLinear(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
+@alternative("feed_forward")
+class FFWeightNorm(_FFBase):
+    """Weight-normalised layers (a parametrization): the check sets the weights through it."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__(d_model, d_ff, dropout)
+        self.linear1 = nn.utils.parametrizations.weight_norm(self.linear1)
+        self.linear2 = nn.utils.parametrizations.weight_norm(self.linear2)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))  # an extra buffer
+
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))
+
+
 # ----------------------------------------------------------------------------- encoder_layer
 
 
@@ -152,7 +193,7 @@ class FeedForward(_FFBase):
 class _LayerBase(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
@@ -298,7 +339,7 @@ class LayerDropoutNeverUsed(nn.Module):
         return self.norm2(x + self.ff(x)), w
 
 
-@mistake("encoder_layer", expect="no parameter named self_attn.w_q")
+@mistake("encoder_layer", expect="no submodule named self_attn")
 class LayerWrongAttributeName(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__()
@@ -325,38 +366,49 @@ class LayerSubclassesReference(attention_ref.EncoderLayer):
     pass
 
 
-class _SDPAAttention(nn.Module):
-    def __init__(self, d_model, n_heads):
-        super().__init__()
-        self.n_heads = n_heads
-        self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
-        self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+@mistake("encoder_layer", expect="calls torch.nn.functional.scaled_dot_product_attention")
+class LayerUsesTorchSDPA(_LayerBase):
+    """Attention written inside the layer with PyTorch's fused kernel."""
 
-    def forward(self, q, k, v, mask=None):
-        B, T, D = q.shape
-        H = self.n_heads
+    def forward(self, x, mask=None):
+        B, T, D = x.shape
+        H, a = self.self_attn.n_heads, self.self_attn
 
         def split(t):
             return t.view(B, -1, H, D // H).transpose(1, 2)
 
-        q, k, v = split(self.w_q(q)), split(self.w_k(k)), split(self.w_v(v))
+        q, k, v = split(a.w_q(x)), split(a.w_k(x)), split(a.w_v(x))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        s = q @ k.transpose(-2, -1) / math.sqrt(D // H)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
-        return self.w_o(out.transpose(1, 2).reshape(B, T, D)), s.softmax(-1)
+        w = (q @ k.transpose(-2, -1) / math.sqrt(D // H)).softmax(-1)
+        x = self.norm1(x + self.dropout1(a.w_o(out.transpose(1, 2).reshape(B, T, D))))
+        return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="calls torch.nn.functional.scaled_dot_product_attention")
-class LayerUsesTorchSDPA(_LayerBase):
+@mistake("encoder_layer", expect="attention weights are not dropped")
+class LayerAttnDropoutMissing(_LayerBase):
+    """Dropout everywhere except on the attention weights."""
+
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
-        self.self_attn = _SDPAAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
 
     def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(self.norm1(x), mask)
+            x = x + a
+            return x + self.dropout2(self.ff(self.norm2(x))), w
         a, w = self.attn(x, mask)
         x = self.norm1(x + a)
         return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", expect="bias must be a bool")
+class LayerAttnDropoutPositional(LayerAttnDropoutMissing):
+    """MultiHeadAttention(d_model, n_heads, dropout): the third positional argument is bias."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
 
 
 @alternative("encoder_layer")
@@ -416,9 +468,9 @@ class _MyLayerNorm(nn.Module):
 
 
 class _MyMHA(nn.Module):
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, dropout=0.0):
         super().__init__()
-        self.h = n_heads
+        self.h, self.drop = n_heads, nn.Dropout(dropout)
         self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
         self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
 
@@ -430,7 +482,7 @@ class _MyMHA(nn.Module):
         s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
-        w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        w = self.drop(torch.softmax(s, dim=-1).nan_to_num(0.0))
         out = torch.einsum("bhqk,bkhd->bqhd", w, v).flatten(2)
         return self.w_o(out), w
 
@@ -441,7 +493,7 @@ class LayerOwnParts(nn.Module):
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__()
-        self.self_attn = _MyMHA(d_model, n_heads)
+        self.self_attn = _MyMHA(d_model, n_heads, dropout)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.norm1, self.norm2 = _MyLayerNorm(d_model), _MyLayerNorm(d_model)
         self.p, self.norm_first = dropout, norm_first
@@ -456,3 +508,52 @@ class LayerOwnParts(nn.Module):
         h = self.norm2(x) if self.norm_first else x
         x = x + drop(self.ff(h))
         return (x if self.norm_first else self.norm2(x)), weights
+
+
+class _FusedLazyMHA(nn.Module):
+    """nanoGPT style: one fused, lazy qkv projection (c_attn) and dropout on the weights."""
+
+    def __init__(self, d_model, n_heads, dropout=0.0):
+        super().__init__()
+        self.n_head = n_heads
+        self.c_attn = nn.LazyLinear(3 * d_model)
+        self.c_proj = nn.LazyLinear(d_model)
+        self.attn_dropout = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, mask=None):
+        B, T, D = query.shape
+        q, k, v = self.c_attn(query).split(D, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = self.attn_dropout(torch.softmax(s, dim=-1).nan_to_num(0.0))
+        return self.c_proj((w @ v).transpose(1, 2).reshape(B, T, D)), w
+
+
+class _BuggyFeedForward(_FFBase):
+    """The learner's exercise-1 answer, still wrong (no ReLU)."""
+
+    def forward(self, x):
+        return self.linear2(self.dropout(self.linear1(x)))
+
+
+@alternative("encoder_layer")
+class LayerOwnEarlierParts(_LayerBase):
+    """A right layer on the learner's own earlier parts: a fused, lazy attention (nanoGPT
+    style) and a feed-forward network that still fails exercise 1. The check grades the
+    layer with the reference parts, so neither crashes it nor costs points again here."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.self_attn = _FusedLazyMHA(d_model, n_heads, dropout)
+        self.ff = _BuggyFeedForward(d_model, d_ff, dropout)
+
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.attn(self.norm1(x), mask)
+            x = x + a
+            return x + self.dropout2(self.ff(self.norm2(x))), w
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return self.norm2(x + self.dropout2(self.ff(x))), w

@@ -8,6 +8,7 @@ from torch import nn
 
 import attention_ref
 from attention_ref import DecoderLayer, Encoder, FeedForward, MultiHeadAttention
+from attention_ref.encoder import init_embedding
 from attention_ref.positional import sinusoidal_encoding
 
 from . import alternative, mistake
@@ -20,8 +21,8 @@ class _DecoderBase(nn.Module):
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
@@ -39,18 +40,18 @@ class _DecoderBase(nn.Module):
             return self.cross_attn(h, kv_, kv_, memory_mask if kv == "memory" else None)
 
         blocks = (
-            (lambda h: self.self_attn(h, h, h, self_mask), self.norm1),
-            (cross, self.norm2),
-            (lambda h: (self.ff(h), None), self.norm3),
+            (lambda h: self.self_attn(h, h, h, self_mask), self.norm1, self.dropout1),
+            (cross, self.norm2, self.dropout2),
+            (lambda h: (self.ff(h), None), self.norm3, self.dropout3),
         )
         ws = []
-        for fn, norm in blocks:
+        for fn, norm, drop in blocks:
             if nf:
                 a, w = fn(norm(y))
-                y = y + a if residual else a
+                y = y + drop(a) if residual else drop(a)
             else:
                 a, w = fn(y)
-                y = norm(y + a if residual else a)
+                y = norm(y + drop(a) if residual else drop(a))
             ws.append(w)
         return y, ws[0], ws[1]
 
@@ -100,32 +101,47 @@ class DecoderCallsTorch(_DecoderBase):
         return out, None, None
 
 
-@alternative("decoder_layer")
-class DecoderWithSublayerHelper(_DecoderBase):
-    """A helper that wraps any sub-layer in residual + norm, in either order."""
+@mistake("decoder_layer", expect="weights are not dropped")
+class DecoderAttnDropoutMissing(_DecoderBase):
+    """Dropout on every sub-layer's output, none on the attention weights."""
 
-    def _sub(self, y, norm, fn):
-        if self.norm_first:
-            out, w = fn(norm(y))
-            return y + out, w
-        out, w = fn(y)
-        return norm(y + out), w
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.self_attn = MultiHeadAttention(d_model, n_heads)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads)
 
     def forward(self, y, memory, self_mask=None, memory_mask=None):
-        y, w_self = self._sub(y, self.norm1, lambda h: self.self_attn(h, h, h, self_mask))
-        y, w_cross = self._sub(
-            y, self.norm2, lambda h: self.cross_attn(h, memory, memory, memory_mask)
+        return self.run(y, memory, self_mask, memory_mask)
+
+
+@alternative("decoder_layer")
+class DecoderWithSublayerHelper(_DecoderBase):
+    """A helper that wraps any sub-layer in residual + dropout + norm, in either order."""
+
+    def _sub(self, y, norm, drop, fn):
+        if self.norm_first:
+            out, w = fn(norm(y))
+            return y + drop(out), w
+        out, w = fn(y)
+        return norm(y + drop(out)), w
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        y, w_self = self._sub(
+            y, self.norm1, self.dropout1, lambda h: self.self_attn(h, h, h, self_mask)
         )
-        y, _ = self._sub(y, self.norm3, lambda h: (self.ff(h), None))
+        y, w_cross = self._sub(
+            y, self.norm2, self.dropout2, lambda h: self.cross_attn(h, memory, memory, memory_mask)
+        )
+        y, _ = self._sub(y, self.norm3, self.dropout3, lambda h: (self.ff(h), None))
         return y, w_self, w_cross
 
 
 class _OwnMHA(nn.Module):
     """Multi-head attention written with einsum (same parameter names as the reference)."""
 
-    def __init__(self, d_model, n_heads):
+    def __init__(self, d_model, n_heads, dropout=0.0):
         super().__init__()
-        self.h = n_heads
+        self.h, self.drop = n_heads, nn.Dropout(dropout)
         self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
         self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
 
@@ -144,6 +160,7 @@ class _OwnMHA(nn.Module):
             w = torch.softmax(s, dim=-1).nan_to_num(0.0)
         else:
             w = torch.softmax(s, dim=-1)
+        w = self.drop(w)
         out = torch.einsum("bhqk,bkhd->bqhd", w, v).reshape(B, Tq, D)
         return self.w_o(out), w
 
@@ -159,29 +176,83 @@ class _OwnFF(nn.Module):
 
 @alternative("decoder_layer")
 class DecoderOwnParts(nn.Module):
-    """Everything written by hand (einsum attention, own FFN), two explicit branches."""
+    """Everything written by hand (einsum attention, own FFN), two explicit branches,
+    functional dropout."""
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__()
-        self.self_attn = _OwnMHA(d_model, n_heads)
-        self.cross_attn = _OwnMHA(d_model, n_heads)
+        self.self_attn = _OwnMHA(d_model, n_heads, dropout)
+        self.cross_attn = _OwnMHA(d_model, n_heads, dropout)
         self.ff = _OwnFF(d_model, d_ff)
         self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
-        self.norm_first = norm_first
+        self.norm_first, self.p = norm_first, dropout
 
     def forward(self, y, memory, self_mask=None, memory_mask=None):
+        def d(t):
+            return nn.functional.dropout(t, self.p, self.training)
+
         if self.norm_first:
             h = self.norm1(y)
             a, ws = self.self_attn(h, h, h, self_mask)
-            y = y + a
+            y = y + d(a)
             a, wc = self.cross_attn(self.norm2(y), memory, memory, memory_mask)
-            y = y + a
-            return y + self.ff(self.norm3(y)), ws, wc
+            y = y + d(a)
+            return y + d(self.ff(self.norm3(y))), ws, wc
         a, ws = self.self_attn(y, y, y, self_mask)
-        y = self.norm1(y + a)
+        y = self.norm1(y + d(a))
         a, wc = self.cross_attn(y, memory, memory, memory_mask)
-        y = self.norm2(y + a)
-        return self.norm3(y + self.ff(y)), ws, wc
+        y = self.norm2(y + d(a))
+        return self.norm3(y + d(self.ff(y))), ws, wc
+
+
+class _LazyFusedMHA(nn.Module):
+    """A fused, lazy q/k/v projection (kv fused for cross-attention) with weight dropout."""
+
+    def __init__(self, d_model, n_heads, dropout=0.0):
+        super().__init__()
+        self.h, self.d = n_heads, d_model
+        self.q_proj, self.kv_proj = nn.LazyLinear(d_model), nn.LazyLinear(2 * d_model)
+        self.out = nn.LazyLinear(d_model)
+        self.attn_dropout = nn.Dropout(dropout)
+
+    def forward(self, q, k, v, mask=None):
+        B, Tq, D = q.shape
+        q = self.q_proj(q).view(B, Tq, self.h, -1).transpose(1, 2)
+        k, v = self.kv_proj(k).split(D, dim=-1)
+        k, v = (t.view(B, -1, self.h, D // self.h).transpose(1, 2) for t in (k, v))
+        s = q @ k.transpose(-2, -1) / math.sqrt(D // self.h)
+        if mask is not None:
+            s = s.masked_fill(~(mask if mask.dim() != 3 else mask[:, None]), float("-inf"))
+        w = self.attn_dropout(torch.softmax(s, dim=-1).nan_to_num(0.0))
+        return self.out((w @ v).transpose(1, 2).reshape(B, Tq, D)), w
+
+
+class _NoReLUFF(nn.Module):
+    """The learner's notebook-06 FeedForward, still wrong (no ReLU), with lazy layers."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1, self.linear2 = nn.LazyLinear(d_ff), nn.LazyLinear(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(self.linear1(x)))
+
+
+@alternative("decoder_layer")
+class DecoderOwnEarlierParts(_DecoderBase):
+    """A right layer on the learner's own earlier parts: lazy, fused attention and a
+    feed-forward network that still fails notebook 06. The check grades the layer with the
+    reference parts, so neither crashes it nor costs points again."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.self_attn = _LazyFusedMHA(d_model, n_heads, dropout)
+        self.cross_attn = _LazyFusedMHA(d_model, n_heads, dropout)
+        self.ff = _NoReLUFF(d_model, d_ff, dropout)
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return self.run(y, memory, self_mask, memory_mask)
 
 
 # ----------------------------------------------------------------------------- transformer
@@ -189,6 +260,8 @@ class DecoderOwnParts(nn.Module):
 
 class _TransformerBase(nn.Module):
     """The right parts (reference Encoder and DecoderLayer); forward has knobs."""
+
+    layer_cls = DecoderLayer
 
     def __init__(
         self, src_vocab, tgt_vocab, d_model=64, n_heads=4, n_layers=2, d_ff=128,
@@ -199,10 +272,10 @@ class _TransformerBase(nn.Module):
         self.encoder = Encoder(
             src_vocab, d_model, n_heads, d_ff, n_layers, dropout, max_len, pad_id, norm_first
         )
-        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        self.tgt_embed = init_embedding(nn.Embedding(tgt_vocab, d_model))
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
         self.decoder_layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
+            self.layer_cls(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.out_proj = nn.Linear(d_model, tgt_vocab)
@@ -296,6 +369,7 @@ class TransformerCausalOnlyOwnLoop(nn.Module):
             src_vocab, d_model, n_heads, d_ff, n_layers, dropout, max_len, pad_id, norm_first
         )
         self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        nn.init.normal_(self.tgt_embed.weight, std=d_model**-0.5)  # the paper's scheme
         self.decoder_layers = nn.ModuleList(
             [DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)]
         )
@@ -323,3 +397,48 @@ class TransformerCausalOnlyOwnLoop(nn.Module):
     def forward(self, src, tgt_in):
         memory, src_mask = self.encode(src)
         return self.decode(tgt_in, memory, src_mask)
+
+
+@mistake("transformer", expect="N(0, 1) initialisation")
+class TransformerEmbeddingDefaultInit(_TransformerBase):
+    """tgt_embed left at nn.Embedding's N(0, 1): the scaled tokens drown the positions."""
+
+    def __init__(self, src_vocab, tgt_vocab, d_model=64, *args, **kwargs):
+        super().__init__(src_vocab, tgt_vocab, d_model, *args, **kwargs)
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+
+
+@mistake("transformer", expect="self.pad_id")
+class TransformerNoPadId(_TransformerBase):
+    """pad_id kept under another name: greedy_decode reads model.pad_id."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pad, self.pad_id = self.pad_id, None
+
+    def encode(self, src, encoder_causal=False):
+        src_mask = (src != self.pad)[:, None, None, :]
+        return self.encoder(src, src_mask)[0], src_mask
+
+
+class _LayerNoResidual(DecoderLayer):
+    """The learner's decoder layer, still wrong (no residual connections)."""
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        a, ws = self.self_attn(y, y, y, self_mask)
+        y = self.norm1(a)
+        a, wc = self.cross_attn(y, memory, memory, memory_mask)
+        y = self.norm2(a)
+        return self.norm3(self.ff(y)), ws, wc
+
+
+@alternative("transformer")
+class TransformerOwnBuggyLayersLazyOut(_TransformerBase):
+    """A right Transformer on the learner's decoder layer that still fails its exercise,
+    with a lazy output projection: graded with the reference DecoderLayer, it passes."""
+
+    layer_cls = _LayerNoResidual
+
+    def __init__(self, src_vocab, tgt_vocab, d_model=64, *args, **kwargs):
+        super().__init__(src_vocab, tgt_vocab, d_model, *args, **kwargs)
+        self.out_proj = nn.LazyLinear(tgt_vocab)
