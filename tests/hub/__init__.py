@@ -1,0 +1,478 @@
+"""A throwaway multi-user JupyterHub for tests/test_hub.py.
+
+Real Unix accounts (one instructor, students, a course group), nbgrader's exchange on a
+shared root with the permissions of the instructor guide ("Running the course on
+JupyterHub"), JupyterHub on 127.0.0.1 with LocalProcessSpawner (each single-user server
+runs as its Unix user), and a small client that works through the hub: the REST API with
+per-user tokens, the contents API and code executed in each user's own kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import json
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COURSE_ID = "attention-from-scratch"
+SITE = Path(sysconfig.get_paths()["purelib"])
+SCRIPTS = {
+    "alembic": "from alembic.config import main",
+    "nbgrader": "from nbgrader.apps.nbgraderapp import main",
+    "jupyter": "from jupyter_core.command import main",
+}
+
+
+def proxy_command() -> str | None:
+    found = shutil.which("configurable-http-proxy")
+    if found:
+        return found
+    try:
+        prefix = subprocess.run(
+            ["npm", "prefix", "-g"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    cand = Path(prefix) / "bin" / "configurable-http-proxy"
+    return str(cand) if prefix and cand.exists() else None
+
+
+def missing_requirements() -> list[str]:
+    """Why a real hub cannot run here (empty when it can)."""
+    why = []
+    if sys.platform != "linux":
+        why.append("Linux needed")
+    elif os.geteuid() != 0:
+        why.append("root needed (the test creates Unix accounts)")
+    for tool in ("useradd", "userdel", "groupadd", "groupdel", "runuser"):
+        if shutil.which(tool) is None:
+            why.append(f"{tool} not found")
+    if shutil.which("node") is None and shutil.which("nodejs") is None:
+        why.append("nodejs not found (apt-get install nodejs npm)")
+    if proxy_command() is None:
+        why.append("configurable-http-proxy not found (npm install -g configurable-http-proxy)")
+    return why
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        msg = f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}"
+        raise RuntimeError(msg)
+    return proc
+
+
+def runnable_python(user: str) -> str:
+    """An interpreter of this Python version that ``user`` can run (this venv's base
+    interpreter may sit in root's home, e.g. pyenv under /root)."""
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for cand in (sys._base_executable, f"/usr/bin/python{ver}", f"/usr/local/bin/python{ver}"):
+        if cand and os.path.exists(cand):
+            probe = sh("runuser", "-u", user, "--", cand, "-c", "import sys", check=False)
+            if probe.returncode == 0:
+                return cand
+    raise RuntimeError(
+        f"no Python {ver} that the account {user} may run (the venv's base interpreter "
+        f"{sys._base_executable} is not readable by other users)"
+    )
+
+
+@dataclass
+class Account:
+    name: str
+    role: str  # "instructor" or "studentN"
+    home: Path
+    uid: int = 0
+    token: str = ""
+
+
+@dataclass
+class Hub:
+    base: Path
+    exchange: Path
+    group: str
+    instructor: Account
+    students: list[Account]
+    envs: dict[str, Path] = field(default_factory=dict)
+    url: str = ""
+    admin_token: str = ""
+    process: subprocess.Popen | None = None
+    log: Path | None = None
+
+    @property
+    def accounts(self) -> list[Account]:
+        return [self.instructor, *self.students]
+
+    # ----------------------------------------------------------------- REST API
+    def api(self, method: str, path: str, token: str, body=None, raw: bool = False):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"token {token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                text = resp.read().decode()
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read().decode()[:500]}") from e
+        return text if raw else (json.loads(text) if text else None)
+
+    def start_server(self, acct: Account, timeout: float = 120) -> None:
+        try:
+            self.api("POST", f"/hub/api/users/{acct.name}/server", self.admin_token, {})
+        except RuntimeError as e:
+            if "400" not in str(e):  # 400: already running
+                raise
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            info = self.api("GET", f"/hub/api/users/{acct.name}", self.admin_token)
+            server = info.get("servers", {}).get("", {})
+            if server.get("ready"):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"{acct.name}'s server did not start; hub log:\n{self.tail()}")
+
+    def server_pids(self, acct: Account) -> list[int]:
+        """Processes of ``acct``'s single-user server (any jupyterhub-singleuser run by it)."""
+        out = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    uid = d.stat().st_uid
+                except OSError:
+                    continue
+                if "jupyterhub.singleuser" in cmd and uid == acct.uid:
+                    out.append(int(d.name))
+        return out
+
+    # ----------------------------------------------------------------- contents
+    def get_notebook(self, acct: Account, path: str) -> dict:
+        return self.api("GET", f"/user/{acct.name}/api/contents/{path}?content=1", acct.token)
+
+    def put_notebook(self, acct: Account, path: str, nb: dict) -> None:
+        body = {"type": "notebook", "format": "json", "content": nb}
+        self.api("PUT", f"/user/{acct.name}/api/contents/{path}", acct.token, body)
+
+    # ----------------------------------------------------------------- kernels
+    def kernel(self, acct: Account) -> str:
+        kernels = self.api("GET", f"/user/{acct.name}/api/kernels", acct.token)
+        if kernels:
+            return kernels[0]["id"]
+        return self.api("POST", f"/user/{acct.name}/api/kernels", acct.token, {"name": "python3"})[
+            "id"
+        ]
+
+    def run(self, acct: Account, code: str, timeout: float = 600) -> str:
+        """Execute ``code`` in ``acct``'s own kernel (through the hub's proxy); return its
+        stdout. A Python error in the code raises RuntimeError with the traceback."""
+        kid = self.kernel(acct)
+        return asyncio.run(self._execute(acct, kid, code, timeout))
+
+    def run_json(self, acct: Account, code: str, timeout: float = 600):
+        """Execute ``code``, which must ``print(json.dumps(result))`` as its last line."""
+        out = self.run(acct, code, timeout)
+        return json.loads(out.strip().splitlines()[-1])
+
+    async def _execute(self, acct: Account, kid: str, code: str, timeout: float) -> str:
+        from tornado.httpclient import HTTPRequest
+        from tornado.websocket import websocket_connect
+
+        ws_url = self.url.replace("http://", "ws://")
+        ws_url += f"/user/{acct.name}/api/kernels/{kid}/channels"
+        req = HTTPRequest(ws_url, headers={"Authorization": f"token {acct.token}"})
+        conn = await websocket_connect(req)
+        msg_id = uuid.uuid4().hex
+        conn.write_message(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "username": acct.name,
+                        "session": uuid.uuid4().hex,
+                        "msg_type": "execute_request",
+                        "version": "5.3",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {
+                        "code": code,
+                        "silent": False,
+                        "store_history": False,
+                        "user_expressions": {},
+                        "allow_stdin": False,
+                        "stop_on_error": True,
+                    },
+                    "channel": "shell",
+                    "buffers": [],
+                }
+            )
+        )
+        out, error, replied, idle = [], None, False, False
+        deadline = time.time() + timeout
+        try:
+            while not (replied and idle):
+                left = deadline - time.time()
+                if left <= 0:
+                    raise TimeoutError(f"code in {acct.name}'s kernel ran past {timeout} s")
+                raw = await asyncio.wait_for(conn.read_message(), left)
+                if raw is None:
+                    raise RuntimeError(f"{acct.name}'s kernel websocket closed")
+                if isinstance(raw, bytes):
+                    continue
+                msg = json.loads(raw)
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "stream":
+                    out.append(content["text"])
+                elif kind == "error":
+                    error = "\n".join(content["traceback"])
+                elif kind == "execute_reply":
+                    replied = True
+                elif kind == "status" and content["execution_state"] == "idle":
+                    idle = True
+        finally:
+            conn.close()
+        if error:
+            raise RuntimeError(f"in {acct.name}'s kernel:\n{''.join(out)}\n{error}")
+        return "".join(out)
+
+    def tail(self, n: int = 60) -> str:
+        if self.log and self.log.exists():
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+
+# --------------------------------------------------------------------- setup/teardown
+def create_accounts(base: Path, n_students: int = 3) -> Hub:
+    tag = secrets.token_hex(2)
+    group = f"afs{tag}course"
+    homes = base / "home"
+    homes.mkdir(mode=0o755)
+    sh("groupadd", group)
+    hub = Hub(
+        base=base,
+        exchange=base / "srv" / "nbgrader" / "exchange",
+        group=group,
+        instructor=Account(f"afs{tag}inst", "instructor", homes / f"afs{tag}inst"),
+        students=[
+            Account(f"afs{tag}stu{i}", f"student{i}", homes / f"afs{tag}stu{i}")
+            for i in range(1, n_students + 1)
+        ],
+    )
+    try:
+        _add_users(hub, group)
+    except BaseException:
+        remove_accounts(hub)
+        raise
+    return hub
+
+
+def _add_users(hub: Hub, group: str) -> None:
+    for acct in hub.accounts:
+        # -M + our own home: useradd's skeleton and HOME_MODE differ between distributions.
+        sh("useradd", "-M", "-d", str(acct.home), "-s", "/bin/bash", "-G", group, acct.name)
+        acct.uid = pwd.getpwnam(acct.name).pw_uid
+        acct.home.mkdir(mode=0o700)
+        os.chown(acct.home, acct.uid, pwd.getpwnam(acct.name).pw_gid)
+        acct.home.chmod(0o700)  # guide: every home is private (mode 0700)
+
+
+def remove_accounts(hub: Hub) -> None:
+    for acct in hub.accounts:
+        sh("pkill", "-KILL", "-u", acct.name, check=False)  # only processes of our accounts
+    time.sleep(0.2)
+    for acct in hub.accounts:
+        sh("userdel", acct.name, check=False)
+    sh("groupdel", hub.group, check=False)
+
+
+def make_exchange(hub: Hub) -> None:
+    """The exchange of the instructor guide: a root anyone can write to (sticky, so no one
+    removes another's course), and a course folder owned by the instructor, group the
+    course's group, mode 2750: only the course's members enter it."""
+    hub.exchange.parent.mkdir(parents=True, mode=0o755)
+    hub.exchange.parent.parent.chmod(0o755)
+    hub.exchange.mkdir(mode=0o777)
+    hub.exchange.chmod(0o1777)
+    course = hub.exchange / COURSE_ID
+    course.mkdir()
+    os.chown(course, hub.instructor.uid, grp.getgrnam(hub.group).gr_gid)
+    course.chmod(0o2750)
+
+
+def make_envs(hub: Hub) -> None:
+    """Two Python environments sharing the course's dependencies (this venv's
+    site-packages): the instructor's with the full package, the students' with the student
+    edition in place of it."""
+    py = runnable_python(hub.students[0].name)
+    for who in ("instructor", "student"):
+        env = hub.base / "envs" / who
+        sh(py, "-m", "venv", "--without-pip", str(env))
+        site = next((env / "lib").glob("python3*/site-packages"))
+        if who == "instructor":
+            # addsitedir also runs this venv's .pth files: the editable attention_ref.
+            (site / "course-deps.pth").write_text(f"import site; site.addsitedir({str(SITE)!r})\n")
+        else:
+            # A plain path: the dependencies, but not the editable (full) attention_ref.
+            (site / "course-deps.pth").write_text(f"{SITE}\n")
+            sh(sys.executable, "-m", "attention_ref.edition", "build", str(site), cwd=ROOT)
+        # Console scripts the course's tools call by name (nbgrader runs `alembic`).
+        for script, entry in SCRIPTS.items():
+            exe = env / "bin" / script
+            exe.write_text(f"#!{env}/bin/python\nimport sys\n{entry}\nsys.exit(main())\n")
+            exe.chmod(0o755)
+        hub.envs[who] = env
+    for p in [hub.base / "envs", *(hub.base / "envs").rglob("*")]:
+        if p.is_dir():
+            p.chmod(0o755)
+
+
+def write_config(hub: Hub) -> Path:
+    """jupyter config shared by every single-user server (the guide's /etc/jupyter) and
+    the hub's own config."""
+    etc = hub.base / "etc" / "jupyter"
+    etc.mkdir(parents=True)
+    for p in (hub.base / "etc", etc):
+        p.chmod(0o755)
+    (etc / "nbgrader_config.py").write_text(
+        "c = get_config()  # noqa: F821\n"
+        f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
+        f"c.Exchange.root = {str(hub.exchange)!r}\n"
+    )
+    (etc / "nbgrader_config.py").chmod(0o644)
+
+    hubdir = hub.base / "hub"
+    hubdir.mkdir(mode=0o700)
+    hub.admin_token = secrets.token_hex(32)
+    port, hub_port, api_port = free_port(), free_port(), free_port()
+    hub.url = f"http://127.0.0.1:{port}"
+    students = [a.name for a in hub.students]
+    env_of = {a.name: str(hub.envs["student"]) for a in hub.students}
+    env_of[hub.instructor.name] = str(hub.envs["instructor"])
+    config = f"""
+c = get_config()  # noqa: F821
+c.JupyterHub.bind_url = {hub.url!r}
+c.JupyterHub.hub_bind_url = "http://127.0.0.1:{hub_port}"
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+c.ConfigurableHTTPProxy.command = [{proxy_command()!r}]
+c.ConfigurableHTTPProxy.pid_file = {str(hubdir / "proxy.pid")!r}
+c.JupyterHub.db_url = "sqlite:///{hubdir / "jupyterhub.sqlite"}"
+c.JupyterHub.cookie_secret_file = {str(hubdir / "cookie_secret")!r}
+c.JupyterHub.cleanup_servers = True
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = {secrets.token_hex(16)!r}
+c.Authenticator.allowed_users = {set([hub.instructor.name, *students])!r}
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.ip = "127.0.0.1"
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.Spawner.default_url = "/lab"
+ENV_OF = {env_of!r}
+EXTRA_PATH = {os.environ.get("PATH", "")!r}
+
+
+def pre_spawn_hook(spawner):
+    env = ENV_OF[spawner.user.name]
+    spawner.cmd = [env + "/bin/python", "-m", "jupyterhub.singleuser"]
+    spawner.environment.update({{
+        "PATH": env + "/bin:/usr/local/bin:/usr/bin:/bin",
+        "JUPYTER_CONFIG_PATH": {str(etc)!r},
+        "OMP_NUM_THREADS": "1",
+        "PYTHONHASHSEED": "0",
+        "MPLBACKEND": "Agg",
+    }})
+
+
+c.Spawner.pre_spawn_hook = pre_spawn_hook
+c.JupyterHub.services = [{{"name": "course-test", "api_token": {hub.admin_token!r}}}]
+c.JupyterHub.load_roles = [
+    {{
+        "name": "course-test",
+        "scopes": ["admin:users", "admin:servers", "tokens", "list:users"],
+        "services": ["course-test"],
+    }}
+]
+"""
+    path = hubdir / "jupyterhub_config.py"
+    path.write_text(config)
+    return path
+
+
+def start_hub(hub: Hub, config: Path, timeout: float = 90) -> None:
+    hub.log = hub.base / "hub" / "hub.log"
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(
+        [str(Path(sys.executable).parent), str(Path(proxy_command()).parent), env.get("PATH", "")]
+    )
+    with open(hub.log, "w") as log:
+        hub.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(config)],
+            cwd=config.parent,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if hub.process.poll() is not None:
+            raise RuntimeError(f"jupyterhub exited ({hub.process.returncode}):\n{hub.tail()}")
+        try:
+            hub.api("GET", "/hub/api/", hub.admin_token)
+            break
+        except (RuntimeError, OSError):
+            time.sleep(0.5)
+    else:
+        raise RuntimeError(f"jupyterhub did not answer in {timeout} s:\n{hub.tail()}")
+    for acct in hub.accounts:
+        acct.token = hub.api(
+            "POST",
+            f"/hub/api/users/{acct.name}/tokens",
+            hub.admin_token,
+            {"note": "course test", "expires_in": 3600},
+        )["token"]
+
+
+def stop_hub(hub: Hub) -> None:
+    proc = hub.process
+    if proc is not None and proc.poll() is None:
+        proc.terminate()  # the hub stops the users' servers and its proxy (cleanup_servers)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait(10)
+    pidfile = hub.base / "hub" / "proxy.pid"
+    if pidfile.exists():
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text().strip()), 15)
+
+
+def new_base() -> Path:
+    base = Path(tempfile.mkdtemp(prefix="afs-hub-", dir="/tmp"))
+    base.chmod(0o755)  # the accounts' homes and the exchange live inside
+    return base

@@ -1,0 +1,245 @@
+"""The student edition (`make student-edition`, attention_ref/edition.py): no readable
+reference source, the same check feedback, and the autograder's gate still holds when the
+kernels import it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from course_tools import ROOT, auto_points, make_course, release_path, run_course, solution_path
+from test_grading import solved_submission, submit
+
+# The graded exercises' reference implementations (notebooks 01-07), by exercise id.
+REFERENCES = [
+    "softmax_np",
+    "sdpa_np",
+    "sdpa",
+    "padding_mask",
+    "causal_mask",
+    "masked_softmax",
+    "split_heads",
+    "merge_heads",
+    "MultiHeadAttention",
+    "SelfAttention",
+    "sinusoidal_encoding",
+    "FeedForward",
+    "EncoderLayer",
+    "DecoderLayer",
+    "online_softmax_attention",
+]
+# Lines of the reference sdpa that must never show up in what a student can see.
+SDPA_LINES = ["def sdpa(", "softmax", "math.sqrt", "@"]
+
+
+@pytest.fixture(scope="module")
+def edition(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("edition")
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_ref.edition", "build", str(dest)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dest
+
+
+def run_with(edition: Path, code: str, stdin: str | None = None) -> str:
+    """Run ``code`` in a fresh interpreter that imports the student edition."""
+    env = dict(os.environ, PYTHONPATH=str(edition))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=edition,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_installed_tree_holds_no_source(edition):
+    pkg = edition / "attention_ref"
+    assert (pkg / "__init__.pyc").is_file()
+    assert not list(pkg.rglob("*.py")), "source files in the student edition"
+    assert not list(pkg.rglob("__pycache__"))
+    out = run_with(edition, "import attention_ref; print(attention_ref.__file__)")
+    assert out.strip() == str(pkg / "__init__.pyc")
+    # nothing on disk quotes the reference's code as text
+    for f in pkg.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            for text in (b"def sdpa(", b"def masked_softmax(", b"class EncoderLayer("):
+                assert text not in data, (f, text)
+
+
+def test_inspect_getsource_raises_for_every_reference(edition):
+    code = (
+        "import inspect, json, attention_ref as ar\n"
+        f"names = {REFERENCES!r}\n"
+        "res = {}\n"
+        "for n in names:\n"
+        "    obj = getattr(ar, n)\n"
+        "    targets = [obj] + ([obj.forward] if isinstance(obj, type) else [])\n"
+        "    for t in targets:\n"
+        "        try:\n"
+        "            inspect.getsource(t); res[repr(t)] = 'SHOWN'\n"
+        "        except (OSError, TypeError) as e:\n"
+        "            res[repr(t)] = type(e).__name__\n"
+        "print(json.dumps(res))\n"
+    )
+    res = json.loads(run_with(edition, code))
+    shown = [k for k, v in res.items() if v == "SHOWN"]
+    assert not shown, f"source shown for {shown}"
+    assert len(res) >= len(REFERENCES)
+
+
+def test_ipython_double_question_mark_shows_no_source(edition):
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "import attention_ref\n"
+        "sh = InteractiveShell.instance()\n"
+        "sh.user_ns['ar'] = attention_ref\n"
+        "for name in ['ar.sdpa', 'ar.EncoderLayer', 'ar.masked_softmax']:\n"
+        "    print(sh.object_inspect_text(name, detail_level=1))\n"
+    )
+    out = re.sub(r"\x1b\[[0-9;]*m", "", run_with(edition, code))
+    assert "Docstring" in out  # the inspector did run
+    assert "Source:" not in out and "def sdpa(" not in out and "class EncoderLayer" not in out
+    # the same inspection with the full package shows the source
+    full = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert "def sdpa(" in re.sub(r"\x1b\[[0-9;]*m", "", full.stdout), full.stderr
+
+
+def test_pdb_list_shows_nothing(edition):
+    code = (
+        "import pdb, torch, attention_ref\n"
+        "q = torch.randn(2, 3, 4)\n"
+        "pdb.Pdb().runcall(attention_ref.sdpa, q, q, q)\n"
+        "print('DONE')\n"
+    )
+    out = run_with(edition, code, stdin="list\nlonglist\ncontinue\n")
+    assert "DONE" in out
+    for line in ("def sdpa(", "math.sqrt", "softmax("):
+        assert line not in out, out
+
+
+def test_shown_demonstration_source_is_kept(edition):
+    """Notebook 06 prints Encoder.embed_tokens and Encoder.forward on purpose."""
+    out = run_with(
+        edition,
+        "import inspect, attention_ref as ar\n"
+        "print(inspect.getsource(ar.Encoder.forward))\n"
+        "try:\n    inspect.getsource(ar.EncoderLayer.forward)\n"
+        "except OSError:\n    print('HIDDEN')\n",
+    )
+    assert "def forward(" in out and "HIDDEN" in out
+
+
+FEEDBACK = """
+import json, catalog
+from attention_ref.checks import check
+names = {names!r}
+out = {{}}
+for e in catalog.MISTAKES:
+    if e.exercise in names:
+        try:
+            check(e.exercise, e.impl)
+            out[e.id] = 'PASSED'
+        except AssertionError as err:
+            out[e.id] = str(err)
+print(json.dumps(out))
+"""
+
+
+def test_checks_give_the_same_feedback(edition):
+    names = ["softmax_np", "sdpa", "causal_mask", "masked_softmax", "split_heads"]
+    code = FEEDBACK.format(names=names)
+    tests_dir = str(ROOT / "tests")
+    env_full = dict(os.environ, PYTHONPATH=tests_dir)
+    full = subprocess.run(
+        [sys.executable, "-c", code], env=env_full, capture_output=True, text=True, cwd=ROOT
+    )
+    assert full.returncode == 0, full.stderr
+    env_ed = dict(os.environ, PYTHONPATH=os.pathsep.join([str(edition), tests_dir]))
+    ed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.replace(
+                "import json",
+                "import json, attention_ref\n"
+                "assert attention_ref.__file__.endswith('.pyc')\n"
+                "import json",
+            ),
+        ],
+        env=env_ed,
+        capture_output=True,
+        text=True,
+        cwd=edition,
+    )
+    assert ed.returncode == 0, ed.stderr
+    a, b = json.loads(full.stdout), json.loads(ed.stdout)
+    assert a and a == b
+
+
+def test_feedback_quotes_the_learners_line(edition):
+    code = (
+        "from attention_ref.checks import check\n"
+        "src = 'def sdpa(q, k, v, mask=None):\\n    return undefined_name_here(q), None\\n'\n"
+        "ns = {}\n"
+        "exec(compile(src, '/tmp/learner_cell.py', 'exec'), ns)\n"
+        "import linecache\n"
+        "linecache.cache['/tmp/learner_cell.py'] = (len(src), None, src.splitlines(True),"
+        " '/tmp/learner_cell.py')\n"
+        "try:\n    check('sdpa', ns['sdpa'])\n"
+        "except AssertionError as e:\n    print(e)\n"
+    )
+    out = run_with(edition, code)
+    assert "undefined_name_here" in out, out
+    assert "/nonexistent/" not in out, out
+
+
+GATE = ["01_dot_product_attention", "02_masking", "06_encoder"]
+
+
+def test_gate_holds_with_kernels_importing_the_student_edition(edition, tmp_path):
+    """Every solution earns every automatic mark and every blank none, graded by `make
+    grade`'s code path in an environment whose kernels import the student edition."""
+    course = make_course(tmp_path / "course", GATE)
+    for aid in GATE:
+        submit(course, "solution", aid, solved_submission(aid))
+        submit(course, "blank", aid, nbformat.read(release_path(aid), as_version=4))
+    env = {"PYTHONPATH": str(edition), "NBGRADER_CELL_TIMEOUT": "600"}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import attention_ref; print(attention_ref.__file__)"],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        cwd=course,
+    )
+    assert probe.stdout.strip() == str(edition / "attention_ref" / "__init__.pyc")
+    proc = run_course(course, "grade", *GATE, env_extra=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(course / "grades.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == 2 * len(GATE)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for aid in GATE:
+            total = auto_points(nbformat.read(solution_path(aid), as_version=4))
+            for student, want in (("solution", total), ("blank", 0.0)):
+                nb = gb.find_submission_notebook(aid, aid, student)
+                assert (nb.code_score, nb.max_code_score) == (want, total), (aid, student)
