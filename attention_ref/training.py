@@ -47,20 +47,33 @@ def pick_device() -> torch.device:
 
 # ----------------------------------------------------------------------------- the loss
 def masked_cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Mean cross-entropy over the real (unmasked) positions only.
 
     Args:
         logits: ``(B, T, V)`` unnormalised scores for each position's next token.
-        targets: ``(B, T)`` integer ids of the correct tokens.
+        targets: ``(B, T)`` integer ids of the correct tokens; at masked positions any
+            integer (``-100``, PyTorch's ``ignore_index``, or an id outside the vocabulary):
+            they are never used as indices.
         mask: ``(B, T)`` bool, True at the positions that count (real tokens), False at
             padding; at least one position is True.
+        label_smoothing: ``eps`` in ``[0, 1]``, with the semantics of
+            ``F.cross_entropy(label_smoothing=eps)``: the target distribution is
+            ``(1 - eps)`` on the correct token plus ``eps / V`` on every token, so each
+            position's loss is ``(1 - eps) * (-log p[target]) + eps * mean_v(-log p[v])``.
+            The Transformer paper trains with ``eps = 0.1``.
 
     Returns:
-        A scalar tensor: ``-sum(mask * log softmax(logits)[targets]) / mask.sum()``, the
-        average over real tokens, so padding changes neither the value nor the gradient.
-        Dtype and device follow ``logits``.
+        A scalar tensor: the per-position loss summed over the real positions and divided
+        by ``mask.sum()`` (with ``eps = 0``, ``-sum(mask * log softmax(logits)[targets]) /
+        mask.sum()``), the average over real tokens, so padding changes neither the value
+        nor the gradient. Dtype and device follow ``logits``. Equal to
+        ``F.cross_entropy(logits.transpose(1, 2), targets.masked_fill(~mask, -100),
+        label_smoothing=eps)``.
     """
     require_tensor("logits", logits)
     require_tensor("targets", targets, floating=False)
@@ -74,10 +87,20 @@ def masked_cross_entropy(
         )
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be boolean (True = real token); got {mask.dtype}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, int | float):
+        raise TypeError(f"label_smoothing must be a float in [0, 1]; got {label_smoothing!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1]; got {label_smoothing}")
+    V = logits.shape[-1]
+    safe = torch.where(mask, targets, torch.zeros_like(targets))  # (B, T): masked -> id 0
+    if bool(((safe < 0) | (safe >= V)).any()):
+        raise ValueError(f"targets at real (mask True) positions must be ids in [0, {V})")
     log_p = torch.log_softmax(logits, dim=-1)  # (B, T, V)
-    picked = log_p.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, T)
-    picked = torch.where(mask, picked, torch.zeros_like(picked))
-    return -picked.sum() / mask.sum().clamp(min=1).to(logits.dtype)
+    loss = -log_p.gather(-1, safe.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    if label_smoothing > 0:
+        loss = (1 - label_smoothing) * loss - label_smoothing * log_p.mean(-1)
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+    return loss.sum() / mask.sum().clamp(min=1).to(logits.dtype)
 
 
 # ----------------------------------------------------------------------------- batches

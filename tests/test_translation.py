@@ -7,6 +7,7 @@ import itertools
 import math
 
 import pytest
+import sacrebleu
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +20,7 @@ from attention_ref import (
     masked_cross_entropy,
 )
 from attention_ref.apps import translation as T
+from attention_ref.apps.translation import bleu_by_hand
 from attention_ref.checks.nb08 import GREEDY_TRAP, LATE_WINNER, TableLM
 from attention_ref.data.translation import (
     ADJECTIVES,
@@ -130,6 +132,40 @@ def test_masked_cross_entropy_equals_torch_with_ignore_index():
     assert torch.allclose(masked_cross_entropy(logits, targets, mask), want)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_label_smoothing_equals_torch_cross_entropy(eps, dtype):
+    g = torch.Generator().manual_seed(2)
+    logits = (3 * torch.randn(4, 6, 9, generator=g, dtype=torch.float64)).to(dtype)
+    logits.requires_grad_(True)
+    targets = torch.randint(0, 9, (4, 6), generator=g)
+    mask = torch.arange(6)[None] < torch.tensor([6, 1, 3, 5])[:, None]
+    # Arbitrary targets at the padding (-100 and ids outside the vocabulary) are fine.
+    junk = torch.tensor([-100, 9, 50, -1])[torch.randint(0, 4, (4, 6), generator=g)]
+    ours = masked_cross_entropy(logits, torch.where(mask, targets, junk), mask, eps)
+    ref_logits = logits.detach().clone().requires_grad_(True)
+    want = F.cross_entropy(
+        ref_logits.transpose(1, 2), targets.masked_fill(~mask, -100), label_smoothing=eps
+    )
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=0)
+    torch.testing.assert_close(ours, want, **tol)
+    ours.backward()
+    want.backward()
+    torch.testing.assert_close(logits.grad, ref_logits.grad, **tol)
+    assert ours.dtype == dtype
+
+
+def test_label_smoothing_rejects_bad_values():
+    logits, targets = torch.randn(1, 2, 3), torch.zeros(1, 2, dtype=torch.long)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        masked_cross_entropy(logits, targets, mask, label_smoothing=1.5)
+    with pytest.raises(TypeError, match="label_smoothing"):
+        masked_cross_entropy(logits, targets, mask, label_smoothing="0.1")
+    with pytest.raises(ValueError, match="real"):
+        masked_cross_entropy(logits, torch.tensor([[0, 7]]), mask)
+
+
 def test_padding_changes_neither_loss_nor_gradient():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(2, 4, 6, generator=g, requires_grad=True)
@@ -227,23 +263,57 @@ def test_beam_search_rejects_bad_input():
 
 
 # ----------------------------------------------------------------------------- metrics
-def test_bleu_on_known_cases():
+def test_bleu_is_sacrebleu_corpus_bleu_on_the_0_to_100_scale():
+    refs = [["a", "b", "c", "d", "e"], ["x", "y", "z", "w", "v", "u"]]
+    cands = [["a", "b", "c", "d", "f"], ["x", "y", "z", "w", "u"]]
+    want = sacrebleu.corpus_bleu(
+        [" ".join(c) for c in cands], [[" ".join(r) for r in refs]], tokenize="none"
+    ).score
+    assert bleu(cands, refs) == pytest.approx(want)
+    assert bleu(refs, refs) == pytest.approx(100.0)
+    assert bleu([["q", "r", "s", "t"]], [refs[0]]) == pytest.approx(0.0)
+    # The corpus has no punctuation: sacrebleu's default tokenizer (13a) agrees.
+    assert bleu(cands, refs, tokenize="13a") == pytest.approx(bleu(cands, refs))
+
+
+def test_bleu_by_hand_on_known_cases():
     ref = ["a", "b", "c", "d", "e"]
-    assert bleu([ref], [ref]) == pytest.approx(1.0)
-    assert bleu([["x", "y", "z", "w"]], [ref]) == 0.0
+    assert bleu_by_hand([ref], [ref]) == pytest.approx(100.0)
+    assert bleu_by_hand([["x", "y", "z", "w"]], [ref]) == 0.0
     # Clipping: "the" counts at most once, as often as in the reference.
-    assert bleu([["the"] * 4], [["the", "cat"]], max_n=1) == pytest.approx(0.25)
-    # p1..p4 = 3/4, 2/3, 1/2, 0/1: zero without smoothing; smoothed by hand.
-    cand, r = ["a", "b", "c", "d"], ["a", "b", "c", "e"]
-    assert bleu([cand], [r]) == 0.0
-    assert bleu([cand], [r], smooth=True) == pytest.approx((4 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** 0.25)
+    assert bleu_by_hand([["the"] * 4], [["the", "cat"]], max_n=1) == pytest.approx(25.0)
+    # p1..p4 = 3/4, 2/3, 1/2, 0/1: zero without smoothing.
+    assert bleu_by_hand([["a", "b", "c", "d"]], [["a", "b", "c", "e"]]) == 0.0
     # Brevity penalty: a correct but short candidate, exp(1 - 5/4) with p_n = 1 (max_n=2).
-    assert bleu([ref[:4]], [ref], max_n=2) == pytest.approx(math.exp(1 - 5 / 4))
+    assert bleu_by_hand([ref[:4]], [ref], max_n=2) == pytest.approx(100 * math.exp(1 - 5 / 4))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bleu_by_hand_agrees_with_sacrebleu(seed):
+    """The teaching aid is sacrebleu's corpus BLEU without smoothing, on random corpora
+    (clipping, brevity penalty, zero precisions); with every p_n > 0 it equals bleu()."""
+    g = torch.Generator().manual_seed(seed)
+    words = [f"w{i}" for i in range(6)]
+
+    def sentence(n):
+        return [words[i] for i in torch.randint(0, len(words), (n,), generator=g).tolist()]
+
+    refs = [sentence(int(torch.randint(3, 9, (1,), generator=g))) for _ in range(12)]
+    cands = [(r[: len(r) - seed % 3] if i % 2 else sentence(len(r))) for i, r in enumerate(refs)]
+    hyp_s, ref_s = [" ".join(c) for c in cands], [[" ".join(r) for r in refs]]
+    plain = sacrebleu.corpus_bleu(hyp_s, ref_s, tokenize="none", smooth_method="none")
+    assert bleu_by_hand(cands, refs) == pytest.approx(plain.score, abs=1e-9)
+    if min(plain.counts) > 0:
+        assert bleu_by_hand(cands, refs) == pytest.approx(bleu(cands, refs), abs=1e-9)
 
 
 def test_bleu_and_exact_match_reject_mismatched_lists():
     with pytest.raises(ValueError, match="as many"):
         bleu([["a"]], [["a"], ["b"]])
+    with pytest.raises(ValueError, match="as many"):
+        bleu_by_hand([["a"]], [["a"], ["b"]])
+    with pytest.raises(TypeError, match="token lists"):
+        bleu(["a b"], [["a", "b"]])
     with pytest.raises(ValueError, match="as many"):
         exact_match([], [])
     assert exact_match([["a"], ["b", "c"]], [["a"], ["b"]]) == 0.5
@@ -268,7 +338,8 @@ def monkeypatch_module():
 
 def test_train_translation_follows_the_benchmark_contract(tiny):
     assert tiny.metric == "exact_match"
-    assert 0.0 <= tiny.value <= 1.0 and 0.0 <= tiny.bleu <= 1.0
+    assert 0.0 <= tiny.value <= 1.0 and 0.0 <= tiny.bleu <= 100.0
+    assert tiny.bleu == pytest.approx(bleu(tiny.predictions, tiny.data.test_tgt))
     assert tiny.train_seconds > 0 and tiny.history.steps == 6
     assert isinstance(tiny.model, torch.nn.Module)
     assert tiny.value == exact_match(tiny.predictions, tiny.data.test_tgt)

@@ -5,7 +5,8 @@
   ``step_fn(prefixes (N, t) long) -> (N, V)`` log-probabilities of the next token after
   each prefix. Any model can be wrapped in one (:func:`model_step_fn`), and a check can
   feed the same search a hand-made table;
-- :func:`exact_match`, :func:`bleu`: the metrics;
+- :func:`exact_match`, :func:`bleu` (sacrebleu's corpus BLEU, 0-100) and
+  :func:`bleu_by_hand` (the same formula written out): the metrics;
 - :func:`train_translation`: data, model and training exactly as notebook 08 runs them.
 """
 
@@ -130,26 +131,58 @@ def _ngrams(tokens: Sequence[str], n: int) -> Counter:
     return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
-def bleu(
-    candidates: Sequence[Sequence[str]],
-    references: Sequence[Sequence[str]],
-    max_n: int = 4,
-    smooth: bool = False,
-) -> float:
-    """Corpus BLEU (Papineni et al., 2002) with one reference per candidate, in [0, 1].
-
-    ``BLEU = BP * exp(mean_n log p_n)``, ``p_n`` the clipped n-gram precision summed over
-    the corpus (each candidate n-gram counts at most as often as it occurs in its
-    reference) for ``n = 1..max_n``, and the brevity penalty ``BP = exp(1 - r/c)`` when the
-    total candidate length ``c`` is below the total reference length ``r`` (1 otherwise).
-    With ``smooth`` every ``p_n`` gets +1 on its numerator and denominator (for short
-    texts, where a missing 4-gram would make the score 0).
-    """
+def _check_corpus(candidates: Sequence[Sequence[str]], references: Sequence[Sequence[str]]):
     if len(candidates) != len(references) or not references:
         raise ValueError(
             f"need as many candidates as references (at least one); got {len(candidates)} "
             f"and {len(references)}"
         )
+    for name, corpus in (("candidates", candidates), ("references", references)):
+        if any(isinstance(s, str) for s in corpus):
+            raise TypeError(f"{name} must be token lists (list of str per sentence), not strings")
+
+
+#: The sacrebleu tokenizer the course uses: "none" (split on whitespace). The sentences
+#: are already token lists, joined with single spaces; on this corpus (lower-case words, no
+#: punctuation) sacrebleu's default "13a" gives the same figures.
+BLEU_TOKENIZE = "none"
+
+
+def bleu(
+    candidates: Sequence[Sequence[str]],
+    references: Sequence[Sequence[str]],
+    tokenize: str = BLEU_TOKENIZE,
+) -> float:
+    """Corpus BLEU as machine-translation papers report it: sacrebleu's ``corpus_bleu``
+    (Post, 2018) with one reference per candidate, on the 0-100 scale.
+
+    The token lists are joined with spaces and scored with sacrebleu's defaults (4-grams,
+    ``exp`` smoothing, no lower-casing) and ``tokenize`` (default ``"none"``: split on
+    whitespace, since the sentences are already tokenised). :func:`bleu_by_hand` computes
+    the same number from the formula, without smoothing.
+    """
+    import sacrebleu
+
+    _check_corpus(candidates, references)
+    hyps = [" ".join(c) for c in candidates]
+    refs = [[" ".join(r) for r in references]]
+    return float(sacrebleu.corpus_bleu(hyps, refs, tokenize=tokenize).score)
+
+
+def bleu_by_hand(
+    candidates: Sequence[Sequence[str]], references: Sequence[Sequence[str]], max_n: int = 4
+) -> float:
+    """Corpus BLEU (Papineni et al., 2002) written out, a teaching aid: 0-100, one reference
+    per candidate, no smoothing. Equal to sacrebleu's ``corpus_bleu(..., tokenize="none",
+    smooth_method="none")`` on the same token lists, and so to :func:`bleu` whenever every
+    n-gram precision is above zero (the tests check both).
+
+    ``BLEU = 100 * BP * exp(mean_n log p_n)``, ``p_n`` the clipped n-gram precision summed
+    over the corpus (each candidate n-gram counts at most as often as it occurs in its
+    reference) for ``n = 1..max_n``, and the brevity penalty ``BP = exp(1 - r/c)`` when the
+    total candidate length ``c`` is below the total reference length ``r`` (1 otherwise).
+    """
+    _check_corpus(candidates, references)
     matches, totals = [0] * max_n, [0] * max_n
     c_len = r_len = 0
     for cand, ref in zip(candidates, references, strict=True):
@@ -158,17 +191,11 @@ def bleu(
             c, r = _ngrams(cand, n), _ngrams(ref, n)
             matches[n - 1] += sum(min(k, r[g]) for g, k in c.items())
             totals[n - 1] += max(0, len(cand) - n + 1)
-    if c_len == 0:
+    if c_len == 0 or min(matches) == 0:
         return 0.0
-    log_p = 0.0
-    for m, t in zip(matches, totals, strict=True):
-        if smooth:
-            m, t = m + 1, t + 1
-        if m == 0 or t == 0:
-            return 0.0
-        log_p += math.log(m / t) / max_n
+    log_p = sum(math.log(m / t) for m, t in zip(matches, totals, strict=True)) / max_n
     bp = 1.0 if c_len >= r_len else math.exp(1 - r_len / c_len)
-    return bp * math.exp(log_p)
+    return 100 * bp * math.exp(log_p)
 
 
 # ----------------------------------------------------------------------------- batching
@@ -214,6 +241,7 @@ TRANSLATION_CONFIG: dict[str, Any] = dict(
     batch_size=64,
     lr=5e-3,
     warmup=50,
+    label_smoothing=0.1,
     cpu_threads=1,
 )
 
@@ -330,6 +358,58 @@ def cross_attention(
     return torch.stack([w[0] for w in weights["cross"]]).cpu()  # (L, H, T, S)
 
 
+@torch.no_grad()
+def teacher_forced_stats(
+    model: nn.Module,
+    src: Sequence[Sequence[str]],
+    tgt: Sequence[Sequence[str]],
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    *,
+    n_bins: int = 10,
+    batch_size: int = 250,
+) -> dict[str, float]:
+    """How confident and how well calibrated the model's next-token distributions are, on
+    the target tokens of ``tgt`` read with teacher forcing (every real position, ``<eos>``
+    included).
+
+    Returns ``nll`` (mean ``-log p(correct token)``, no smoothing), ``accuracy`` (the top
+    token is the correct one), ``confidence`` (mean probability of the top token) and
+    ``ece``, the expected calibration error: positions grouped into ``n_bins`` equal bins
+    of confidence, ``sum_bins (n_bin / n) * |accuracy_bin - confidence_bin|``.
+    """
+    device = next(model.parameters()).device
+    nll, conf, hit = [], [], []
+    with evaluating(model):
+        for start in range(0, len(src), batch_size):
+            s_ids, t_ids = encode_pairs(
+                src[start : start + batch_size],
+                tgt[start : start + batch_size],
+                src_vocab,
+                tgt_vocab,
+            )
+            s, t_in, t_out, m = (x.to(device) for x in make_batch(s_ids, t_ids, PAD_ID))
+            log_p = torch.log_softmax(model(s, t_in).double(), dim=-1)  # (B, T, V)
+            top_lp, top = log_p.max(-1)  # (B, T)
+            picked = log_p.gather(-1, t_out.unsqueeze(-1)).squeeze(-1)  # (B, T)
+            nll.append(-picked[m].cpu())
+            conf.append(top_lp[m].exp().cpu())
+            hit.append((top == t_out)[m].cpu())
+    nll_t, conf_t, hit_t = torch.cat(nll), torch.cat(conf), torch.cat(hit).double()
+    bins = (conf_t * n_bins).long().clamp(max=n_bins - 1)
+    ece = 0.0
+    for b in range(n_bins):
+        sel = bins == b
+        if sel.any():
+            ece += float(sel.double().mean() * (hit_t[sel].mean() - conf_t[sel].mean()).abs())
+    return {
+        "nll": float(nll_t.mean()),
+        "accuracy": float(hit_t.mean()),
+        "confidence": float(conf_t.mean()),
+        "ece": ece,
+    }
+
+
 @dataclass
 class TranslationResult:
     """What :func:`train_translation` returns: the held-out ``metric`` and its ``value``
@@ -356,16 +436,22 @@ class TranslationResult:
 
 
 def train_translation(
-    seed: int = 0, device: torch.device | str | None = None, *, progress: bool = True
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    *,
+    progress: bool = True,
+    label_smoothing: float | None = None,
 ) -> TranslationResult:
     """Generate the English-Velish corpus, train the Transformer of notebook 07 for a fixed
     number of steps (:data:`TRANSLATION_CONFIG`) with teacher forcing and the masked
-    cross-entropy, and score greedy translations of the held-out sentences, exactly as
-    notebook 08 does.
+    cross-entropy (label smoothing ``cfg["label_smoothing"]``, 0.1 as in the paper, unless
+    ``label_smoothing`` is given), and score greedy translations of the held-out sentences,
+    exactly as notebook 08 does.
 
     Returns a :class:`TranslationResult` with ``metric="exact_match"``.
     """
     cfg = TRANSLATION_CONFIG
+    eps = cfg["label_smoothing"] if label_smoothing is None else label_smoothing
     device = torch.device(device) if device is not None else pick_device()
     seed_everything(seed)
     data = make_translation_data(cfg["n_train"], cfg["n_test"], seed=seed)
@@ -379,7 +465,7 @@ def train_translation(
             [src_ids[i] for i in idx], [tgt_ids[i] for i in idx], PAD_ID
         )
         logits = m(src.to(device), tgt_in.to(device))  # (B, T, V)
-        return masked_cross_entropy(logits, tgt_out.to(device), mask.to(device))
+        return masked_cross_entropy(logits, tgt_out.to(device), mask.to(device), eps)
 
     history = train(
         model,

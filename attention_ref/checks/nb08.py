@@ -10,7 +10,7 @@ import torch
 
 from .. import training as ref_training
 from ..apps import translation as ref
-from ._core import Context, Mistake, exercise
+from ._core import CheckFailure, Context, Mistake, exercise
 
 # ----------------------------------------------------------------------------- make_batch
 BOS, EOS = 1, 2
@@ -195,11 +195,17 @@ def check_make_batch(candidate, ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- the loss
 def _mce_models(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor):
+    # The learner's code sees the targets as given; the models read them where they are
+    # valid ids (masked targets outside the vocabulary make a gather-based mistake raise,
+    # which :func:`_index_mistake` names instead).
+    V = logits.shape[-1]
+    valid = (targets >= 0) & (targets < V)
+    safe = torch.where(valid, targets, torch.zeros_like(targets))
     lp = torch.log_softmax(logits.double(), -1)
-    nll = -lp.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
+    nll = -lp.gather(-1, safe[..., None]).squeeze(-1)  # (B, T)
     m = mask.double()
-    raw = -logits.double().gather(-1, targets[..., None]).squeeze(-1)
-    prob = -torch.softmax(logits.double(), -1).gather(-1, targets[..., None]).squeeze(-1)
+    raw = -logits.double().gather(-1, safe[..., None]).squeeze(-1)
+    prob = -torch.softmax(logits.double(), -1).gather(-1, safe[..., None]).squeeze(-1)
     per_row = (nll * m).sum(1) / m.sum(1).clamp(min=1)
     rows = m.sum(1) > 0
     return [
@@ -210,8 +216,11 @@ def _mce_models(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor)
             model=lambda: nll.mean(),
         ),
         Mistake(
-            "divides by all positions (padding included), not by the number of real tokens.",
-            "divide the masked sum by mask.sum().",
+            "a sequence loss divided by the padded length: the masked sum is divided by "
+            "every position of the padded batch (B * T, or each sentence's sum by the "
+            "padded length T and then averaged), not by the number of real tokens, so the "
+            "loss shrinks as padding grows.",
+            "divide the masked sum by mask.sum(), the number of real tokens.",
             model=lambda: (nll * m).sum() / m.numel(),
         ),
         Mistake(
@@ -248,6 +257,28 @@ def _mce_models(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor)
     ]
 
 
+_INDEX_MISTAKE = (
+    "the targets at masked positions are used as indices: there they are arbitrary "
+    "(here -100, PyTorch's ignore_index, or an id outside the vocabulary), so gather, "
+    "indexing or F.cross_entropy without ignore_index fails on them."
+)
+_INDEX_HINT = (
+    "replace them by a valid id before indexing, e.g. torch.where(mask, targets, 0), or "
+    "use F.cross_entropy(..., ignore_index=-100) on targets.masked_fill(~mask, -100)."
+)
+
+
+def _masked_targets(rng: np.random.Generator, targets: torch.Tensor, mask, V: int, kind: str):
+    """Arbitrary targets at the masked positions: random ids ("ids"), or a mix of -100,
+    ids past the vocabulary and random ids ("wild")."""
+    if kind == "ids":
+        junk = torch.from_numpy(rng.integers(0, V, size=tuple(targets.shape)))
+    else:
+        pool = np.array([-100, V, V + 7, -1, 10**6, 0])
+        junk = torch.from_numpy(rng.choice(pool, size=tuple(targets.shape)))
+    return torch.where(mask, targets, junk.long())
+
+
 @exercise(
     "masked_cross_entropy",
     forbidden=lambda: [
@@ -264,13 +295,18 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
 
     scattered = torch.from_numpy(rng.random((3, 7)) < 0.6)
     scattered[:, 0] = True
+    # Targets at masked positions are arbitrary, as the spec says: random ids in the first
+    # cases (so a wrong average is named by its value), then -100 and ids outside the
+    # vocabulary ("wild"), which a correct loss never uses as indices.
     cases = [
-        ("logits (3, 5, 7), right padding", (3, 5, 7), right_padded([5, 2, 3], 5), 2.0),
-        ("logits (1, 1, 4), one token", (1, 1, 4), right_padded([1], 1), 2.0),
-        ("logits (2, 6, 9), a fully padded row", (2, 6, 9), right_padded([4, 0], 6), 2.0),
-        ("logits (3, 7, 5), scattered mask", (3, 7, 5), scattered, 2.0),
-        ("logits (4, 5, 11), no padding", (4, 5, 11), right_padded([5, 5, 5, 5], 5), 2.0),
-        ("large logits (scale 200)", (3, 6, 8), right_padded([6, 3, 1], 6), 200.0),
+        ("logits (3, 5, 7), right padding", (3, 5, 7), right_padded([5, 2, 3], 5), 2.0, "ids"),
+        ("logits (1, 1, 4), one token", (1, 1, 4), right_padded([1], 1), 2.0, "ids"),
+        ("logits (2, 6, 9), a fully padded row", (2, 6, 9), right_padded([4, 0], 6), 2.0, "ids"),
+        ("logits (3, 7, 5), scattered mask", (3, 7, 5), scattered, 2.0, "ids"),
+        ("logits (4, 5, 11), no padding", (4, 5, 11), right_padded([5, 5, 5, 5], 5), 2.0, "ids"),
+        ("large logits (scale 200)", (3, 6, 8), right_padded([6, 3, 1], 6), 200.0, "ids"),
+        ("logits (3, 6, 7), right padding", (3, 6, 7), right_padded([6, 2, 4], 6), 2.0, "wild"),
+        ("logits (2, 5, 6), scattered mask", (2, 5, 6), scattered[:2, :5], 2.0, "wild"),
     ]
     if ctx.thorough:
         cases += [
@@ -279,26 +315,46 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 (8, 12, 30),
                 right_padded(list(rng.integers(1, 13, 8)), 12),
                 3.0,
+                "wild",
             ),
         ]
-    for label, shape, mask, scale in cases:
+    for label, shape, mask, scale, kind in cases:
         B, T, V = shape
         base = scale * torch.randn(shape, generator=g, dtype=torch.float64)
-        targets = torch.randint(1, V, (B, T), generator=g)
-        targets = torch.where(mask, targets, torch.zeros_like(targets))  # pad id 0
+        targets = torch.randint(0, V, (B, T), generator=g)
+        targets = _masked_targets(rng, targets, mask, V, kind)
         # Garbage at the padding: a correct loss does not see it.
         base = torch.where(
             mask[..., None], base, 50 * torch.randn(shape, generator=g, dtype=torch.float64)
         )
         for dtype in (torch.float32, torch.float64):
             logits = base.to(dtype)
-            case = f"{label}; {str(dtype).replace('torch.', '')}; mask {mask.int().tolist()}"
+            case = f"{label}; {str(dtype).replace('torch.', '')}; mask {mask.int().tolist()}" + (
+                f"; targets {targets.tolist()}" if kind == "wild" else ""
+            )
 
             def run(lg, tg, mk):
                 lg.requires_grad_(True)
                 return candidate(lg, tg, mk), lg
 
-            loss, leaf = ctx.call(run, logits, targets, mask, case=case)
+            try:
+                loss, leaf = ctx.call(run, logits, targets, mask, case=case)
+            except CheckFailure as err:
+                text = str(err)
+                if (
+                    kind == "wild"
+                    and "raised" in text
+                    and (
+                        "out of bounds" in text or "out of range" in text or "index" in text.lower()
+                    )
+                ):
+                    ctx.fail(
+                        text.split("\n  Input: ")[0].removeprefix("masked_cross_entropy: "),
+                        case=case,
+                        likely=_INDEX_MISTAKE,
+                        hint=_INDEX_HINT,
+                    )
+                raise
             if not isinstance(loss, torch.Tensor):
                 ctx.fail(
                     f"must return a torch.Tensor (a scalar); got {type(loss).__name__}.",

@@ -95,7 +95,10 @@ def batch_lists(src_seqs, tgt_seqs, pad_id=0):
 # ----------------------------------------------------------------------------- masked_cross_entropy
 
 
-def _nll(logits, targets):
+def _nll(logits, targets, mask=None):
+    """-log p(target) per position; masked targets (arbitrary) are replaced by id 0 first."""
+    if mask is not None:
+        targets = torch.where(mask, targets, torch.zeros_like(targets))
     return -torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
@@ -106,18 +109,39 @@ def mce_plain_mean(logits, targets, mask):
 
 @mistake("masked_cross_entropy", expect="divides by the batch size")
 def mce_batch_mean(logits, targets, mask):
-    return (_nll(logits, targets) * mask).sum() / logits.shape[0]
+    return (_nll(logits, targets, mask) * mask).sum() / logits.shape[0]
 
 
 @mistake("masked_cross_entropy", expect="averages each sentence first")
 def mce_per_sentence(logits, targets, mask):
-    per = (_nll(logits, targets) * mask).sum(1) / mask.sum(1)
+    per = (_nll(logits, targets, mask) * mask).sum(1) / mask.sum(1)
     return per[mask.any(1)].mean()
 
 
-@mistake("masked_cross_entropy", expect="divides by all positions")
+@mistake("masked_cross_entropy", expect="divided by the padded length")
 def mce_all_positions(logits, targets, mask):
-    return (_nll(logits, targets) * mask).sum() / mask.numel()
+    return (_nll(logits, targets, mask) * mask).sum() / mask.numel()
+
+
+@mistake("masked_cross_entropy", expect="divided by the padded length")
+def mce_per_sequence_over_max_len(logits, targets, mask):
+    """Each sentence's summed loss over the padded length T, then the batch mean."""
+    T = mask.shape[1]
+    return ((_nll(logits, targets, mask) * mask).sum(1) / T).mean()
+
+
+@mistake("masked_cross_entropy", expect="used as indices")
+def mce_gather_raw_targets(logits, targets, mask):
+    """Correct arithmetic, but it indexes with the targets of the padding too."""
+    picked = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return -(picked * mask).sum() / mask.sum()
+
+
+@mistake("masked_cross_entropy", expect="used as indices")
+def mce_builtin_without_ignore_index(logits, targets, mask):
+    """F.cross_entropy on every position, then masked: fails on ids outside the vocabulary."""
+    per = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    return (per * mask).sum() / mask.sum()
 
 
 @mistake("masked_cross_entropy", expect="no log-softmax")
@@ -134,7 +158,7 @@ def mce_inverted(logits, targets, mask):
 
 @mistake("masked_cross_entropy", expect="python number")
 def mce_item(logits, targets, mask):
-    return ((_nll(logits, targets) * mask).sum() / mask.sum()).item()
+    return ((_nll(logits, targets, mask) * mask).sum() / mask.sum()).item()
 
 
 @mistake("masked_cross_entropy", expect="underflowed")
@@ -146,17 +170,25 @@ def mce_log_of_softmax(logits, targets, mask):
 @alternative("masked_cross_entropy")
 def mce_builtin_reduction_none(logits, targets, mask):
     B, T, V = logits.shape
-    per_token = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), reduction="none")
+    safe = targets.masked_fill(~mask, 0)  # any valid id: these positions are dropped
+    per_token = F.cross_entropy(logits.reshape(B * T, V), safe.reshape(B * T), reduction="none")
     return per_token[mask.reshape(-1)].sum() / mask.sum()
 
 
 @alternative("masked_cross_entropy")
 def mce_logsumexp_float64(logits, targets, mask):
     x = logits.double()
-    picked = x.gather(-1, targets[..., None])[..., 0]
+    picked = x.gather(-1, targets.clamp(0, x.shape[-1] - 1)[..., None])[..., 0]
     nll = torch.logsumexp(x, -1) - picked
     nll = torch.where(mask, nll, torch.zeros_like(nll))
     return (nll.sum() / mask.sum().clamp(min=1)).to(logits.dtype)
+
+
+@alternative("masked_cross_entropy")
+def mce_boolean_selection(logits, targets, mask):
+    """Select the real positions first: the masked targets are never touched."""
+    log_p = torch.log_softmax(logits[mask], -1)  # (N, V)
+    return -log_p.gather(-1, targets[mask][:, None]).mean()
 
 
 @alternative("masked_cross_entropy")
