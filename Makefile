@@ -3,7 +3,8 @@
 #   make test      run the whole test suite (the same command CI runs)
 #   make release   regenerate notebooks/ (student versions) from solutions/
 #   make grade     autograde new submissions under submitted/ and export grades.csv
-#                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it)
+#                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it;
+#                  JOBS=N grades N submissions at a time, default: one per core)
 #   make bench     print the benchmark figures
 #   make student-edition  build the bytecode-only package for students' environments
 #                  into $(EDITION) (default build/student-edition; see the instructor guide)
@@ -23,6 +24,7 @@ PYTEST_ARGS ?=
 # pytest processes, one per core. Each one's report appears when it finishes.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py
 ASSIGNMENTS ?=
+JOBS ?=
 
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
@@ -57,7 +59,7 @@ release: $(STAMP)
 	$(BIN)/python -m attention_ref.course release
 
 grade: $(STAMP)
-	$(BIN)/python -m attention_ref.course grade $(if $(FORCE),--force,) $(ASSIGNMENTS)
+	$(BIN)/python -m attention_ref.course grade $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),) $(ASSIGNMENTS)
 
 bench: $(STAMP)
 	$(BIN)/python -m attention_ref.bench all

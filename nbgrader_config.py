@@ -5,7 +5,11 @@ notebooks/NN_name/NN_name.ipynb the student release, submitted/<student>/NN_name
 submissions. See docs/INSTRUCTOR_GUIDE.md.
 """
 
+import importlib.util
 import os
+
+from nbgrader.converters import Autograde
+from nbgrader.preprocessors import Execute
 
 c = get_config()  # noqa: F821 - provided by nbgrader when it loads this file
 
@@ -23,8 +27,24 @@ c.CourseDirectory.db_url = os.environ.get(
     "NBGRADER_DB_URL", "sqlite:///" + os.path.join(c.CourseDirectory.root, "gradebook.db")
 )
 
-# Grading: a per-cell time limit, so an infinite loop costs one cell, not the class.
-c.Execute.timeout = int(os.environ.get("NBGRADER_CELL_TIMEOUT", "300"))
+# Grading: per-cell time limits, so an infinite loop costs seconds, not the class. A cell
+# tagged "training" gets NBGRADER_TRAINING_TIMEOUT (300 s), every other cell
+# NBGRADER_CELL_TIMEOUT (30 s), and once a cell of a notebook timed out, every later cell
+# of it at most NBGRADER_TIMEOUT_AFTER (10 s). attention_ref/cell_limits.py implements it;
+# it is loaded by file path so that nbgrader does not import PyTorch with the package.
+_spec = importlib.util.find_spec("attention_ref")
+_limits_spec = importlib.util.spec_from_file_location(
+    "attention_ref_cell_limits",
+    os.path.join(os.path.dirname(_spec.origin), "cell_limits.py"),
+)
+_cell_limits = importlib.util.module_from_spec(_limits_spec)
+_limits_spec.loader.exec_module(_cell_limits)
+_CourseExecute = _cell_limits.execute_preprocessor()
+c.Autograde.autograde_preprocessors = [
+    _CourseExecute if p is Execute else p
+    for p in Autograde.class_traits()["autograde_preprocessors"].default()
+]
+c.Execute.timeout = _cell_limits.CellLimits().cell  # the limit of cells outside autograde
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = False
 # A test cell deleted or edited by a student is restored from the source at autograde.

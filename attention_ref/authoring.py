@@ -6,7 +6,8 @@ produce the metadata the course's tests expect (schema 3, ``grade_id`` = the exe
 for answer cells and ``test_<id>`` for test cells, explicit points, no outputs)::
 
     from attention_ref import authoring as A
-    cells = [A.md("# Title"), A.answer("sdpa", code), A.tests("sdpa", points=3)]
+    cells = [A.md("# Title"), A.answer("sdpa", code), A.tests("sdpa", points=3),
+             A.training("result = train(model, loss_fn, batches, steps=500)")]
     A.write(A.notebook(cells), "solutions/01_x/01_x.ipynb")
 """
 
@@ -56,6 +57,15 @@ def md(text: str, *, grade_id: str | None = None) -> nbformat.NotebookNode:
 def code(text: str) -> nbformat.NotebookNode:
     """An ordinary code cell (demonstrations, figures)."""
     return nbformat.v4.new_code_cell(text.strip("\n"))
+
+
+def training(text: str) -> nbformat.NotebookNode:
+    """A code cell that trains a model: tagged ``training``, so the grader gives it the
+    long time limit (``NBGRADER_TRAINING_TIMEOUT``) instead of the short one of every
+    other cell. Under autograde, :func:`attention_ref.training.train` runs only a few
+    steps in it; claims about the trained model are written
+    ``assert GRADING or accuracy >= ...``."""
+    return nbformat.v4.new_code_cell(text.strip("\n"), metadata={"tags": ["training"]})
 
 
 def answer(exercise_id: str, text: str) -> nbformat.NotebookNode:

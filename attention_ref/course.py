@@ -2,9 +2,10 @@
 
     python -m attention_ref.course release [ASSIGNMENT ...]
         regenerate notebooks/NN_name/ (student versions) from solutions/ with nbgrader.
-    python -m attention_ref.course grade [ASSIGNMENT ...]
-        autograde every submission under submitted/ into the gradebook, report any
-        submission whose kernel crashed, and export grades.csv.
+    python -m attention_ref.course grade [--jobs N] [--force] [ASSIGNMENT ...]
+        autograde every submission under submitted/ into the gradebook, N at a time
+        (default: the number of cores), report any submission whose kernel crashed or
+        that hit a time limit, and export grades.csv.
 
 Run them from the course root (the folder with nbgrader_config.py).
 """
@@ -92,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     p_grade.add_argument(
         "--force", action="store_true", help="regrade submissions that were graded before"
     )
+    p_grade.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="submissions graded at a time (default: the number of cores)",
+    )
     args = parser.parse_args(argv)
     root = course_root()
     if args.command == "release":
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .grading import grade  # noqa: PLC0415 - only needed for grading
 
-    return grade(root, args.assignments, csv_path=args.csv, force=args.force)
+    return grade(root, args.assignments, csv_path=args.csv, force=args.force, jobs=args.jobs)
 
 
 if __name__ == "__main__":

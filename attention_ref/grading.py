@@ -8,23 +8,35 @@ nbgrader does the grading. This module adds what an instructor needs around it:
   with the cell that killed the kernel, and graded again from a copy in which that one
   cell is replaced by an error, so the cells before and after it still earn their marks.
   The student's submitted file is never modified;
-- cells that hit the per-cell time limit are listed;
+- cells that hit their time limit are listed (the limits: attention_ref/cell_limits.py);
+- submissions are graded ``jobs`` at a time (default: one per core), each by nbgrader's own
+  autograde code in a worker process; the grades are those of a sequential run (the
+  report lists the submissions in the same order, whatever the order they finished in);
 - the grades are exported to a CSV (``nbgrader export``).
+
+Concurrent workers share the gradebook. PostgreSQL handles concurrent writers itself; a
+sqlite gradebook is opened with a long busy timeout (a writer waits for another's short
+transaction instead of failing), and a submission whose grading still failed on a locked
+database is graded again (with ``--force``: nbgrader replaces the grades it wrote).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
+from .cell_limits import CellLimits, timeout_message
 from .course import assignments, nbgrader
 
 CRASHED_CELL = (
@@ -39,6 +51,8 @@ class Outcome:
     assignment: str
     status: str = "graded"  # graded | crashed (partial credit) | failed
     notes: list[str] = field(default_factory=list)
+    log: str = ""  # nbgrader's log when it could not grade the submission
+    seconds: float = 0.0
 
 
 def find_submissions(root: Path) -> dict[str, list[str]]:
@@ -62,24 +76,40 @@ def _timed_out_cells(nb_path: Path) -> list[str]:
             if o.get("output_type") == "error" and "Timeout" in o.get("ename", ""):
                 gid = cell.metadata.get("nbgrader", {}).get("grade_id")
                 out.append(f"cell {i + 1}" + (f" ({gid})" if gid else ""))
+                break
     return out
 
 
-def find_killer_cell(nb_path: Path, timeout: int) -> tuple[int | None, str]:
-    """Run the notebook cell by cell; return (index, reason) of the cell whose execution
-    killed the kernel, or (None, "") if none did."""
+def find_killer_cell(nb_path: Path, limits: CellLimits | None = None) -> tuple[int | None, str]:
+    """Run the notebook cell by cell as autograde does (``NBGRADER_EXECUTION=autograde``,
+    the same per-cell limits); return (index, reason) of the cell whose execution killed
+    the kernel, or (None, "") if none did."""
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from nbclient.exceptions import DeadKernelError
+    from nbgrader.utils import setenv
 
+    limits = limits or CellLimits()
     nb = nbformat.read(nb_path, as_version=4)
-    client = NotebookClient(
+
+    class Client(NotebookClient):
+        async def _async_handle_timeout(self, timeout, cell=None):
+            limits.timed_out(timeout)
+            self.error_on_timeout = {
+                "ename": "CellTimeoutError",
+                "evalue": timeout_message(timeout, cell or {}),
+                "traceback": [],
+            }
+            return await super()._async_handle_timeout(timeout, cell)
+
+    client = Client(
         nb,
-        timeout=timeout,
+        timeout_func=limits,
+        interrupt_on_timeout=True,
         allow_errors=True,
         kernel_name="python3",
         resources={"metadata": {"path": str(nb_path.parent)}},
     )
-    with client.setup_kernel():
+    with setenv(NBGRADER_EXECUTION="autograde"), client.setup_kernel():
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
@@ -87,20 +117,20 @@ def find_killer_cell(nb_path: Path, timeout: int) -> tuple[int | None, str]:
                 client.execute_cell(cell, i)
             except DeadKernelError:
                 return i, "the kernel died: os._exit, a crash or out of memory"
-            except CellTimeoutError:
-                continue
     return None, ""
 
 
-def _salvage(root: Path, aid: str, student: str, timeout: int, outcome: Outcome) -> None:
+def _salvage(root: Path, aid: str, student: str, outcome: Outcome) -> None:
     """Grade a copy of a crashed submission with the killing cell neutralised."""
+    from nbgrader.utils import temp_attrs
+
     src_dir = root / "submitted" / student / aid
     with tempfile.TemporaryDirectory(prefix="salvage-") as tmp:
         dst_dir = Path(tmp) / student / aid
         shutil.copytree(src_dir, dst_dir)
         replaced = []
         for nb_path in sorted(dst_dir.glob("*.ipynb")):
-            idx, why = find_killer_cell(nb_path, timeout)
+            idx, why = find_killer_cell(nb_path)
             if idx is None:
                 continue
             nb = nbformat.read(nb_path, as_version=4)
@@ -114,25 +144,121 @@ def _salvage(root: Path, aid: str, student: str, timeout: int, outcome: Outcome)
             outcome.status = "failed"
             outcome.notes.append(
                 "nbgrader could not grade it, and no single cell was found "
-                "to kill the kernel: see the nbgrader log above"
+                "to kill the kernel: see nbgrader's log above"
             )
             return
-        proc = nbgrader(
-            root,
-            "autograde",
-            aid,
-            "--force",
-            "--student",
-            student,
-            f"--CourseDirectory.submitted_directory={tmp}",
-            check=False,
-        )
+        api = _api(root)
+        with temp_attrs(api.coursedir, submitted_directory=tmp):
+            result = _autograde(api, aid, student, force=True)
         if (root / "autograded" / student / aid).is_dir():
             outcome.status = "crashed (partial credit)"
             outcome.notes.append("graded without that cell: the other cells kept their marks")
         else:
             outcome.status = "failed"
-            outcome.notes.append("grading failed again: " + proc.stderr.strip()[-500:])
+            outcome.notes.append("grading failed again: " + _result_text(result)[-500:])
+
+
+# ----------------------------------------------------------------------------- workers
+_APIS: dict[str, object] = {}
+LOCKED_RETRIES = 4
+
+
+def _api(root: Path):
+    """nbgrader's Python API for the course at ``root``, configured as the command line
+    would be (nbgrader_config.py of the course and of the user), one per process."""
+    key = str(root)
+    if key not in _APIS:
+        from nbgrader.apps.api import NbGraderAPI
+        from nbgrader.apps.baseapp import NbGrader
+
+        os.chdir(root)
+        # nbgrader runs `alembic` and starts kernels: both must come from this environment.
+        bindir = os.path.dirname(sys.executable)
+        if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+        app = NbGrader()
+        app.initialize([])
+        url = app.coursedir.db_url
+        if url.startswith("sqlite") and "?" not in url:
+            # Wait up to 2 minutes for another worker's write instead of failing at once.
+            app.coursedir.db_url = url + "?timeout=120"
+        _APIS[key] = NbGraderAPI(coursedir=app.coursedir, parent=app)
+    return _APIS[key]
+
+
+def _result_text(result: dict) -> str:
+    return (result.get("log") or "") + (result.get("error") or "")
+
+
+def _autograde(api, aid: str, student: str, force: bool) -> dict:
+    """``nbgrader autograde AID --student STUDENT``, again (forced) while the gradebook
+    reports a locked database."""
+    for attempt in range(LOCKED_RETRIES + 1):
+        result = api.autograde(aid, student, force=force or attempt > 0, create=True)
+        if result["success"] or "database is locked" not in _result_text(result):
+            break
+        time.sleep(1 + attempt)
+    return result
+
+
+def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
+    """Autograde one submission (salvaging it if its kernel died); runs in a worker."""
+    start = time.perf_counter()
+    root_path = Path(root)
+    outcome = Outcome(student, aid)
+    try:
+        result = _autograde(_api(root_path), aid, student, force)
+        graded = root_path / "autograded" / student / aid
+        if graded.is_dir():
+            for nb_path in sorted(graded.glob("*.ipynb")):
+                cells = _timed_out_cells(nb_path)
+                if cells:
+                    outcome.notes.append(
+                        f"{nb_path.name}: {', '.join(cells)} hit the per-cell time limit "
+                        f"({CellLimits().describe()})"
+                    )
+        else:
+            outcome.log = _result_text(result)
+            _salvage(root_path, aid, student, outcome)
+    except Exception as err:  # never lose the class to one submission
+        outcome.status = "failed"
+        outcome.notes.append(f"grading raised {type(err).__name__}: {err}")
+    outcome.seconds = time.perf_counter() - start
+    return outcome
+
+
+def default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS
+        return os.cpu_count() or 1
+
+
+def _grade_all(
+    root: Path, tasks: list[tuple[str, str]], force: bool, jobs: int
+) -> dict[tuple[str, str], Outcome]:
+    """Grade ``tasks`` [(assignment, student)], ``jobs`` at a time; print each as it ends."""
+    done: dict[tuple[str, str], Outcome] = {}
+
+    def finished(o: Outcome) -> None:
+        done[(o.assignment, o.student)] = o
+        print(
+            f"   [{len(done)}/{len(tasks)}] {o.assignment} {o.student}: {o.status} "
+            f"({o.seconds:.1f} s)",
+            flush=True,
+        )
+
+    if jobs <= 1 or len(tasks) <= 1:
+        for aid, student in tasks:
+            finished(grade_submission(str(root), aid, student, force))
+        return done
+    # spawn, not fork: a worker starts clean (no copied event loops, sockets or threads).
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        futures = [pool.submit(grade_submission, str(root), a, s, force) for a, s in tasks]
+        for fut in as_completed(futures):
+            finished(fut.result())
+    return done
 
 
 def export(root: Path, csv_path: str | os.PathLike) -> Path:
@@ -148,11 +274,13 @@ def grade(
     requested: list[str],
     csv_path: str | os.PathLike = "grades.csv",
     force: bool = False,
+    jobs: int | None = None,
 ) -> int:
     """Autograde, report, export. Returns the exit status for ``make grade``.
 
     Submissions graded before are kept (so a second run only grades what is new) unless
-    ``force``, which regrades everything (after changing a test, say).
+    ``force``, which regrades everything (after changing a test, say). ``jobs``
+    submissions are graded at a time (default: the number of cores).
     """
     subs = find_submissions(root)
     known = assignments(root)
@@ -178,33 +306,29 @@ def grade(
             file=sys.stderr,
         )
         return 1
-    timeout = int(os.environ.get("NBGRADER_CELL_TIMEOUT", "300"))
-    outcomes: list[Outcome] = []
+    jobs = jobs or default_jobs()
+    api = _api(root)
+    tasks = []
     for aid in todo:
         students = subs.get(aid, [])
         print(f"== {aid}: {len(students)} submission(s)", flush=True)
-        nbgrader(root, "generate_assignment", aid, "--force")  # records the grade cells
-        if not students:
-            continue
-        proc = nbgrader(root, "autograde", aid, *(["--force"] if force else []), check=False)
-        for student in students:
-            outcome = Outcome(student, aid)
-            graded = root / "autograded" / student / aid
-            if graded.is_dir():
-                for nb_path in sorted(graded.glob("*.ipynb")):
-                    cells = _timed_out_cells(nb_path)
-                    if cells:
-                        outcome.notes.append(
-                            f"{nb_path.name}: {', '.join(cells)} hit the "
-                            f"{timeout} s per-cell time limit"
-                        )
-            else:
-                _salvage(root, aid, student, timeout, outcome)
-            outcomes.append(outcome)
-        if proc.returncode != 0 and all(
-            o.status == "graded" for o in outcomes if o.assignment == aid
-        ):
-            print(proc.stdout[-2000:] + proc.stderr[-2000:], file=sys.stderr)
+        result = api.generate_assignment(aid, force=True, create=True)  # the grade cells
+        if not result["success"]:
+            print(_result_text(result)[-4000:], file=sys.stderr)
+            return 2
+        tasks += [(aid, student) for student in students]
+    print(
+        f"grading {len(tasks)} submission(s), {min(jobs, max(len(tasks), 1))} at a time; "
+        f"time limits: {CellLimits().describe()}",
+        flush=True,
+    )
+    done = _grade_all(root, tasks, force, jobs)
+    outcomes = [done[t] for t in tasks]
+    for o in outcomes:
+        if o.status == "failed" and o.log:
+            print(
+                f"nbgrader's log for {o.assignment} {o.student}:\n{o.log[-4000:]}", file=sys.stderr
+            )
     out = export(root, csv_path)
     _print_report(outcomes, out)
     return 0 if all(o.status != "failed" for o in outcomes) else 1

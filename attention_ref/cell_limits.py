@@ -1,0 +1,114 @@
+"""Per-cell time limits for grading (``nbgrader autograde`` and ``make grade``).
+
+A cell tagged ``training`` (``cell.metadata["tags"]``) gets a long limit, every other
+cell a short one; once a cell of a notebook has timed out, every later cell of that
+notebook gets at most a reduced limit, so a function that loops forever and is called by
+many cells costs one short limit plus a few seconds per later cell, not the full limit
+each time. The limits come from the environment at the start of each notebook:
+
+- ``NBGRADER_CELL_TIMEOUT`` (default 30 s): an ordinary cell;
+- ``NBGRADER_TRAINING_TIMEOUT`` (default 300 s): a cell tagged ``training``;
+- ``NBGRADER_TIMEOUT_AFTER`` (default 10 s): any cell after a cell of the same notebook
+  timed out (a cell's own limit still applies when it is shorter).
+
+This module imports nothing from the course package, so that nbgrader_config.py can load
+it by file path without importing PyTorch into every nbgrader process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+TRAINING_TAG = "training"
+DEFAULTS = {
+    "NBGRADER_CELL_TIMEOUT": 30,
+    "NBGRADER_TRAINING_TIMEOUT": 300,
+    "NBGRADER_TIMEOUT_AFTER": 10,
+}
+
+
+def _env_seconds(name: str) -> int:
+    raw = os.environ.get(name, "")
+    try:
+        value = int(float(raw)) if raw.strip() else DEFAULTS[name]
+    except ValueError as err:
+        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from err
+    return max(1, value)
+
+
+def is_training(cell: Any) -> bool:
+    tags = cell.get("metadata", {}).get("tags", []) or []
+    return TRAINING_TAG in tags
+
+
+class CellLimits:
+    """The time limit of each cell of ONE notebook; call :meth:`timed_out` when a cell
+    timed out. ``limits(cell)`` is nbclient's ``timeout_func``."""
+
+    def __init__(
+        self,
+        cell: int | None = None,
+        training: int | None = None,
+        after: int | None = None,
+    ):
+        self.cell = cell if cell is not None else _env_seconds("NBGRADER_CELL_TIMEOUT")
+        self.training = (
+            training if training is not None else _env_seconds("NBGRADER_TRAINING_TIMEOUT")
+        )
+        self.after = after if after is not None else _env_seconds("NBGRADER_TIMEOUT_AFTER")
+        self.timeouts = 0
+        self.seconds_lost = 0
+
+    def own_limit(self, cell: Any) -> int:
+        return self.training if is_training(cell) else self.cell
+
+    def __call__(self, cell: Any) -> int:
+        limit = self.own_limit(cell)
+        return min(limit, self.after) if self.timeouts else limit
+
+    def timed_out(self, seconds: float) -> None:
+        self.timeouts += 1
+        self.seconds_lost += int(seconds)
+
+    def describe(self) -> str:
+        return (
+            f"{self.cell} s per cell, {self.training} s per cell tagged '{TRAINING_TAG}', "
+            f"{self.after} s after a cell timed out"
+        )
+
+
+def timeout_message(limit: int, cell: Any) -> str:
+    kind = f"a cell tagged '{TRAINING_TAG}'" if is_training(cell) else "a cell"
+    return (
+        f"this cell did not finish within {limit} s, the grading time limit of {kind}, and "
+        "was interrupted (an infinite loop, or code far slower than needed?)"
+    )
+
+
+def execute_preprocessor():
+    """nbgrader's ``Execute`` preprocessor with the course's per-cell limits (imported
+    lazily: this module must load without nbgrader for :class:`CellLimits` alone)."""
+    from nbgrader.preprocessors import Execute
+
+    class CourseExecute(Execute):
+        """Execute with :class:`CellLimits`: a fresh budget for each notebook."""
+
+        def preprocess(self, nb, resources=None, km=None):
+            self.limits = CellLimits()
+            self.timeout_func = self.limits
+            return super().preprocess(nb, resources, km)
+
+        async def _async_handle_timeout(self, timeout, cell=None):
+            self.limits.timed_out(timeout)
+            self.error_on_timeout = {
+                "ename": "CellTimeoutError",
+                "evalue": timeout_message(timeout, cell or {}),
+                "traceback": [
+                    "\x1b[0;31mCellTimeoutError\x1b[0m: " + timeout_message(timeout, cell or {})
+                ],
+            }
+            return await super()._async_handle_timeout(timeout, cell)
+
+    CourseExecute.__name__ = CourseExecute.__qualname__ = "CourseExecute"
+    return CourseExecute
