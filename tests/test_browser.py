@@ -39,6 +39,9 @@ pytestmark = pytest.mark.notebooks
 # The notebook the learner opens. Its student version (notebooks/) and its source with
 # solutions (solutions/) are both driven.
 NOTEBOOK = "01_dot_product_attention"
+# A notebook whose first training cell (tagged "training") is short: the progress bar the
+# learner sees while a model trains is tqdm's widget, and it must render and finish.
+TRAINING_NOTEBOOK = "07_decoder_and_transformer"
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 KERNEL_DISPLAY_NAME = "Python 3 (ipykernel)"
 CHROMIUM_FLAGS = [
@@ -174,8 +177,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def lab():
-    """JupyterLab over a copy of the course (nbgrader_config.py and NOTEBOOK's student
-    and solution folders)."""
+    """JupyterLab over a copy of the course (nbgrader_config.py, NOTEBOOK's student and
+    solution folders, TRAINING_NOTEBOOK's solution folder)."""
     for path in (release_path(NOTEBOOK), solution_path(NOTEBOOK)):
         assert path.exists(), f"{path} is missing; run `make release`"
     tmp = Path(tempfile.mkdtemp(prefix="attention-lab-"))
@@ -184,6 +187,9 @@ def lab():
     shutil.copy(ROOT / "nbgrader_config.py", course)
     for folder in ("notebooks", "solutions"):
         shutil.copytree(ROOT / folder / NOTEBOOK, course / folder / NOTEBOOK)
+    shutil.copytree(
+        ROOT / "solutions" / TRAINING_NOTEBOOK, course / "solutions" / TRAINING_NOTEBOOK
+    )
     server = Lab(course, tmp / "jupyter")
     try:
         server.wait_ready()
@@ -231,8 +237,8 @@ def browser():
 SHOTS: list[Path] = []
 
 
-def screenshot(page, name: str, locator=None) -> Path:
-    path = ARTIFACTS / f"{NOTEBOOK}-{name}.png"
+def screenshot(page, name: str, locator=None, notebook: str = NOTEBOOK) -> Path:
+    path = ARTIFACTS / f"{notebook}-{name}.png"
     (locator or page).screenshot(path=str(path))
     SHOTS.append(path)
     return path
@@ -431,4 +437,42 @@ def test_the_solution_notebook_passes_every_test_in_the_browser(browser, lab):
     report = dialog.inner_text()
     assert "Success! Your notebook passes all the tests." in report, report
     screenshot(page, "solution-validate")
+    page.close()
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def test_a_training_cell_shows_a_progress_bar_widget_that_finishes(browser, lab):
+    """tqdm.auto draws the training progress as a JupyterLab widget (not lines of text),
+    and the bar reaches 100%."""
+    source = nbformat.read(solution_path(TRAINING_NOTEBOOK), as_version=4)
+    tagged = [
+        i
+        for i, c in enumerate(source.cells)
+        if c.cell_type == "code" and "training" in c.metadata.get("tags", [])
+    ]
+    assert tagged, f"{TRAINING_NOTEBOOK} has no cell tagged 'training'"
+    target = tagged[0]
+    page = open_notebook(browser, lab, f"solutions/{TRAINING_NOTEBOOK}/{TRAINING_NOTEBOOK}.ipynb")
+    for i in range(target + 1):
+        page.evaluate(RUN_CELL, i)
+    page.wait_for_function(KERNEL_IDLE, timeout=CELL_TIMEOUT_MS)
+    cells = page.evaluate(CELLS)
+    assert not errors_of(cells[: target + 1]), f"errors: {errors_of(cells[: target + 1])}"
+    outputs = cells[target]["outputs"]
+    assert any(WIDGET_VIEW in o.get("data", {}) for o in outputs), (
+        f"the training cell (cell {target}) shows no widget; its outputs: "
+        f"{[sorted(o.get('data', {o['output_type']: 0})) for o in outputs]}"
+    )
+    cell = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(target)
+    # ipywidgets' horizontal progress bar; tqdm turns it green ("success") when it ends.
+    bar = cell.locator(".widget-hprogress").first
+    bar.wait_for(state="attached", timeout=CELL_TIMEOUT_MS)
+    bar.scroll_into_view_if_needed()
+    assert bar.is_visible(), "the progress bar widget is not visible"
+    assert bar.locator(".progress-bar-success").count() == 1, "the bar did not finish"
+    shown = cell.locator(".jp-OutputArea").inner_text()
+    assert "100%" in shown, f"the progress bar did not reach 100%: {shown[:300]!r}"
+    screenshot(page, "training-progress", cell, notebook=TRAINING_NOTEBOOK)
     page.close()
