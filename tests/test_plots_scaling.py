@@ -84,3 +84,9 @@ def test_rejects_the_wrong_number_of_axes():
     _, ax = plt.subplots()
     with pytest.raises(ValueError, match="two axes"):
         plot_score_scaling(D_KS, axes=[ax], **DATA)
+
+
+def test_the_variance_panel_is_log_log_so_the_scaled_variance_stays_visible():
+    left, _ = plot_score_scaling(D_KS, var_scaled=[1.0, 0.9, 1.1, 1.0], **DATA)
+    assert left.get_xscale() == "log" and left.get_yscale() == "log"
+    assert "log" in left.get_xlabel() and "log" in left.get_ylabel()

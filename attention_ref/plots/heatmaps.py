@@ -25,6 +25,7 @@ def plot_attention(
     title: str = "",
     annotate: bool | None = None,
     cmap: str = "viridis",
+    colorbar_label: str = "weight",
 ):
     """Heatmap of attention weights ``(n_q, n_k)``: row i shows where query i looks.
 
@@ -32,6 +33,9 @@ def plot_attention(
         weights: ``(n_q, n_k)`` array or tensor.
         queries, keys: optional labels (tokens) for the rows and columns.
         annotate: write each weight in its cell (default: when the matrix is small).
+        cmap: a colour map whose lightness rises with the value (viridis by default), so the
+            figure reads the same in greyscale.
+        colorbar_label: the label of the colour bar.
     """
     w = _to_np(weights)
     if w.ndim != 2:
@@ -61,7 +65,9 @@ def plot_attention(
                 )
     if title:
         ax.set_title(title)
-    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    cbar = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if colorbar_label:
+        cbar.set_label(colorbar_label)
     return ax
 
 

@@ -30,8 +30,8 @@ def plot_score_scaling(
 ):
     """Two panels against the key dimension ``d_k``.
 
-    Left: the variance of the dot product ``q . k`` of random unit-variance vectors, with
-    the theoretical line ``Var = d_k`` (and, if given, the variance after dividing by
+    Left (log-log): the variance of the dot product ``q . k`` of random unit-variance
+    vectors, with the theoretical line ``Var = d_k`` (and, if given, the variance after dividing by
     ``sqrt(d_k)``, which stays at 1). Right: how saturated the softmax over ``n_keys``
     scores is, measured as the mean largest weight, for unscaled and scaled scores; 1 means
     one-hot, ``1 / n_keys`` uniform.
@@ -67,8 +67,11 @@ def plot_score_scaling(
     left.plot(d, var_u, "o-", color="C3", label=r"measured Var($q \cdot k$)")
     if var_s is not None:
         left.plot(d, var_s, "s-", color="C0", label=r"Var($q \cdot k\,/\sqrt{d_k}$)")
-    left.set_xlabel("$d_k$")
-    left.set_ylabel("variance of the score")
+    # log-log: the line Var = d_k is straight, and the scaled variance (about 1) stays visible
+    left.set_xscale("log", base=2)
+    left.set_yscale("log", base=2)
+    left.set_xlabel("$d_k$ (log scale)")
+    left.set_ylabel("variance of the score (log scale)")
     left.set_title("dot products grow with $d_k$")
     left.legend(fontsize=8)
 
