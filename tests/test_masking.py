@@ -106,3 +106,23 @@ def test_masked_softmax_rejects_bad_masks():
         masked_softmax(torch.randn(3, 4), torch.ones(4, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="dim 2 is out of range"):
         masked_softmax(torch.randn(3, 4), None, dim=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_masked_softmax_gives_zero_rows_in_every_dtype_where_the_fill_idioms_do_not(dtype):
+    """Notebook 02's comparison: the reference needs no fill value that could overflow
+    float16, and gives an all-zero row where -1e9 and additive masks give something else."""
+    scores = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.3, 0.1, 2.0, 1.0]], dtype=dtype)
+    allowed = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    w = masked_softmax(scores, allowed)
+    assert w.dtype == dtype and torch.isfinite(w).all()
+    assert torch.equal(w[1], torch.zeros(4, dtype=dtype))
+    assert torch.equal(w[0, 2:], torch.zeros(2, dtype=dtype))
+    torch.testing.assert_close(w[0].sum(), torch.tensor(1.0, dtype=dtype))
+    m01 = allowed.to(dtype)
+    if dtype == torch.float16:
+        with pytest.raises(RuntimeError, match="overflow"):
+            scores.masked_fill(~allowed, -1e9)
+    else:
+        additive = torch.softmax(scores + (1 - m01) * -1e9, -1)
+        assert not torch.equal(additive[1], w[1])  # uniform (float32) or unmasked (float64)
