@@ -31,6 +31,8 @@ TINY = [
     "6",
     "--kv-d-model",
     "16",
+    "--threads",
+    "1",
 ]
 
 
@@ -41,7 +43,7 @@ def test_registry_names_the_benchmarks():
 def test_attention_benchmark_prints_one_line_per_length_and_the_cache_speedup(capsys):
     assert bench.main(TINY) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("attention device=cpu")
+    assert lines[0].startswith("attention device=cpu threads=1 ")
     num = r"\d+\.\d+"
     row = re.compile(
         rf"n=(\d+) naive_ms={num} naive_mib={num} online_ms={num} online_mib={num} "
@@ -55,6 +57,29 @@ def test_attention_benchmark_prints_one_line_per_length_and_the_cache_speedup(ca
         rf"kv_cache tokens=6 recompute_s={num} cached_s={num} speedup={num}x same_tokens=True$",
         lines[3],
     ), lines[3]
+
+
+def test_attention_benchmark_runs_once_per_thread_count_by_default(capsys):
+    assert bench._parser().parse_args(["attention"]).threads == [1, 2]
+    assert bench.main([*TINY, "--threads", "1", "2", "--kv-tokens", "0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("attention device=cpu")]
+    assert [lines[i].split()[2] for i in headers] == ["threads=1", "threads=2"]
+    assert headers == [0, 3]  # a header, then one row per length, for each thread count
+    assert all(lines[i].startswith("n=") for i in (1, 2, 4, 5))
+
+
+def test_the_online_time_target_is_checked_for_each_thread_count(monkeypatch, capsys):
+    monkeypatch.setattr(
+        bench,
+        "_attention_line",
+        lambda n, opts, device: {"n": n, "online_s": 1.4, "torch_s": 1.0},
+    )
+    argv = ["attention", "--device", "cpu", "--lengths", "4096", "--kv-tokens", "0"]
+    assert bench.main([*argv, "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert "target online_time_4096<=1.5x_torch threads=1: met (1.40x)" in out
+    assert "target online_time_4096<=1.5x_torch threads=2: met (1.40x)" in out
 
 
 def test_naive_attention_is_skipped_with_its_memory_requirement(capsys):

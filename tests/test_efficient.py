@@ -119,6 +119,19 @@ def test_online_attention_never_materialises_the_score_matrix():
     assert rec.largest()[0] == n * n  # the recorder does see a full score matrix
 
 
+def test_queries_are_tiled_by_default():
+    """The fast configuration is the default: tiles of DEFAULT_Q_BLOCK_SIZE queries."""
+    from attention_ref.efficient import DEFAULT_Q_BLOCK_SIZE
+
+    n, block = 1024, 128
+    q, k, v = _qkv((1, n, 8), (1, n, 8), 8, dtype=torch.float32)
+    with OpRecorder() as rec:
+        got = online_softmax_attention(q, k, v, block_size=block)
+    assert DEFAULT_Q_BLOCK_SIZE == 256
+    assert rec.largest()[0] == DEFAULT_Q_BLOCK_SIZE * block  # one (256, 128) tile of scores
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v))
+
+
 def test_causal_skips_future_blocks():
     n, block = 512, 64
     q, k, v = _qkv((1, n, 16), (1, n, 16), 16, dtype=torch.float32)

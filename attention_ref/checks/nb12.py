@@ -316,7 +316,9 @@ def _expected_attention(q, k, v, causal: bool) -> torch.Tensor:
         (sdpa, "attention_ref.sdpa (the full score matrix)"),
         (sdpa_np, "attention_ref.sdpa_np"),
         *BUILTIN_ATTENTION,
-        *_SOFTMAXES,
+        # torch.logsumexp is allowed here: a running log-sum-exp per query, one tile at a
+        # time, is the same algorithm (the memory check rejects a logsumexp of whole rows).
+        *[(fn, name) for fn, name in _SOFTMAXES if fn is not torch.logsumexp],
     ],
     summary="sdpa's output over key blocks with a running max and sum",
 )

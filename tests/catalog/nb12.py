@@ -215,6 +215,33 @@ def attn_einsum_where(q, k, v, block_size=64, causal=False):
 
 
 @alternative("online_softmax_attention")
+def attn_running_logsumexp(q, k, v, block_size=64, causal=False):
+    """A running log-sum-exp per query: torch.logsumexp on each tile, torch.logaddexp to
+    merge; the accumulator is kept normalised, so nothing is divided at the end."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    q = q / math.sqrt(q.shape[-1])
+    outs = []
+    for i0 in range(0, n_q, block_size):
+        i1 = min(i0 + block_size, n_q)
+        lse = acc = None
+        for j0 in range(0, min(n_k, i1) if causal else n_k, block_size):
+            j1 = min(j0 + block_size, n_k)
+            s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT
+            if causal:
+                allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                s = s.masked_fill(~allowed, -math.inf)
+            tile_lse = torch.logsumexp(s, dim=-1, keepdim=True)
+            if lse is None:  # the first tile holds key 0: every row has a finite lse
+                lse, acc = tile_lse, torch.exp(s - tile_lse) @ v[..., j0:j1, :]
+            else:
+                new = torch.logaddexp(lse, tile_lse)
+                acc = acc * torch.exp(lse - new) + torch.exp(s - new) @ v[..., j0:j1, :]
+                lse = new
+        outs.append(acc)
+    return torch.cat(outs, dim=-2)
+
+
+@alternative("online_softmax_attention")
 def attn_float64_all_queries(q, k, v, block_size=64, causal=False):
     """All queries at once when not causal; float64 state; cast back at the end."""
     dtype = q.dtype
