@@ -1,0 +1,751 @@
+"""Checks for notebook 11 (a GPT): the module ``gpt_block``, the sampler
+``sample_next_token`` and the module ``grouped_query_attention``.
+
+Modules are checked by loading seeded random weights (LayerNorm scales and shifts included,
+so the order of the norms matters) into the learner's class by parameter name and comparing
+with float64 models of the correct block and of realistic mistakes (no causal mask, post-norm,
+no residual, K/V heads repeated in the wrong order, ...). The sampler is checked on its
+distribution: thousands of draws from the same logits must match the exact probabilities
+the spec defines (tokens that must never be drawn are never drawn), and the draw that
+matches a mistaken sampler (top-p without the crossing token, temperature applied after the
+softmax, ...) names that mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import gpt as ref
+from ..attention import sdpa
+from ..encoder import FeedForward
+from ..multihead import MultiHeadAttention, merge_heads, split_heads
+from ._core import CheckFailure, Context, Mistake, exercise
+from .nb01 import BUILTIN_ATTENTION, TOL
+
+
+def _dt(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _randomize(module: nn.Module, g: torch.Generator, scale: float = 0.4) -> dict:
+    """Seeded random values for every parameter (LayerNorm weights around 1)."""
+    sd = {}
+    for name, p in module.state_dict().items():
+        r = torch.randn(p.shape, generator=g, dtype=torch.float64)
+        sd[name] = 1.0 + 0.3 * r if name.endswith("weight") and p.dim() == 1 else scale * r
+    return sd
+
+
+def _build(ctx: Context, cls, args: tuple, kwargs: dict, case: str) -> nn.Module:
+    mod = ctx.call(cls, *args, case=case, **kwargs)
+    if not isinstance(mod, nn.Module):
+        ctx.fail(
+            f"{getattr(cls, '__name__', cls)}(...) did not build an nn.Module; got "
+            f"{type(mod).__name__}.",
+            case=case,
+            hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
+        )
+    return mod
+
+
+def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str) -> None:
+    """Load ``sd`` into the learner's module by parameter name (explaining any mismatch)."""
+    got = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    want = {k: tuple(v.shape) for k, v in sd.items()}
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    if missing or extra:
+        ctx.fail(
+            "your module's parameters do not have the names the exercise specifies"
+            + (f"; missing: {', '.join(missing[:6])}" if missing else "")
+            + (f"; unexpected: {', '.join(extra[:6])}" if extra else "")
+            + ".",
+            case=case,
+            hint=f"declare exactly these sub-modules: {layout}.",
+        )
+    for k in want:
+        if got[k] != want[k]:
+            likely = ""
+            if k.split(".")[0] in ("w_k", "w_v") and got[k][0] != want[k][0]:
+                likely = (
+                    "the keys and values are projected to all n_heads heads (d_model "
+                    "features): grouped-query attention computes and caches only n_kv_heads "
+                    "key/value heads."
+                )
+            ctx.fail(
+                f"{k} has shape {got[k]}, expected {want[k]}.",
+                case=case,
+                likely=likely,
+                hint=f"declare exactly these sub-modules: {layout}.",
+            )
+    mod.to(dtype)
+    with torch.no_grad():
+        mod.load_state_dict({k: v.to(dtype) for k, v in sd.items()})
+    mod.eval()
+
+
+def _outputs(ctx: Context, got, like_out, like_w, case: str):
+    out, w = ctx.expect_tuple(got, ("out", "weights"), case=case)
+    ctx.expect_array(out, like_out, what="the output", case=case)
+    ctx.expect_array(w, like_w, what="the attention weights", case=case)
+    return out, w
+
+
+# ----------------------------------------------------------------------------- gpt_block
+BLOCK_LAYOUT = (
+    "ln1 = nn.LayerNorm(d_model), attn = MultiHeadAttention(d_model, n_heads), "
+    "ln2 = nn.LayerNorm(d_model), ff = FeedForward(d_model, d_ff, dropout), "
+    "dropout = nn.Dropout(dropout)"
+)
+
+
+def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
+    """What a (possibly buggy) GPT block computes, in float64 with the parameters ``P``."""
+    x = x.double()
+    D = x.shape[-1]
+    T = x.shape[1]
+
+    def ln(name, t):
+        return nn.functional.layer_norm(t, (D,), P[f"{name}.weight"], P[f"{name}.bias"])
+
+    def lin(name, t):
+        return t @ P[f"{name}.weight"].T + P[f"{name}.bias"]
+
+    def attn(t):
+        q, k, v = (split_heads(lin(f"attn.{n}", t), H) for n in ("w_q", "w_k", "w_v"))
+        mask = {
+            "no_mask": None,
+            "strict": torch.ones(T, T, dtype=torch.bool).tril(-1),
+            "upper": torch.ones(T, T, dtype=torch.bool).triu(),
+        }.get(mode, torch.ones(T, T, dtype=torch.bool).tril())
+        out, w = sdpa(q, k, v, mask)
+        return lin("attn.w_o", merge_heads(out)), w
+
+    def ff(t):
+        return lin("ff.linear2", torch.relu(lin("ff.linear1", t)))
+
+    if mode == "post_norm":
+        a, w = attn(x)
+        x = ln("ln1", x + a)
+        return ln("ln2", x + ff(x)), w
+    if mode == "normed_residual":
+        h = ln("ln1", x)
+        a, w = attn(h)
+        x = h + a
+        h = ln("ln2", x)
+        return h + ff(h), w
+    h = ln("ln1", x)
+    a, w = attn(h)
+    x = a if mode == "no_residual" else x + a
+    if mode == "ff_no_norm":
+        return x + ff(x), w
+    return x + ff(ln("ln2", x)), w
+
+
+BLOCK_MISTAKES = [
+    (
+        "no causal mask: every position attends to the future tokens too.",
+        "pass mask = torch.ones(T, T, dtype=torch.bool).tril() (True where key j <= query i).",
+        "no_mask",
+    ),
+    (
+        "the causal mask excludes the diagonal (j < i): a position cannot attend to itself.",
+        "use .tril() (diagonal included), not .tril(-1).",
+        "strict",
+    ),
+    (
+        "the causal mask is inverted (upper triangle): positions see the future, not the past.",
+        "True must mean 'may attend': key j <= query i is torch.ones(T, T).tril().",
+        "upper",
+    ),
+    (
+        "post-norm instead of pre-norm: LayerNorm is applied after the residual addition "
+        "(x = ln(x + attn(x))).",
+        "pre-norm normalises the input of each sub-layer and adds to the raw stream: "
+        "x = x + attn(ln1(x)); x = x + ff(ln2(x)).",
+        "post_norm",
+    ),
+    (
+        "the residual adds the normalised x (h = ln1(x); x = h + attn(h)) instead of the "
+        "raw stream.",
+        "keep x untouched: h = self.ln1(x); x = x + attn(h, h, h, mask).",
+        "normed_residual",
+    ),
+    (
+        "the residual connection around the attention is missing (x = attn(ln1(x))).",
+        "x = x + attn_out.",
+        "no_residual",
+    ),
+    (
+        "ln2 is not applied before the feed-forward network (x + ff(x)).",
+        "x = x + ff(ln2(x)).",
+        "ff_no_norm",
+    ),
+]
+
+
+@exercise(
+    "gpt_block",
+    kind="module",
+    forbidden=lambda: [
+        (ref.GPTBlock.forward, "the reference attention_ref.gpt.GPTBlock"),
+        *BUILTIN_ATTENTION,
+    ],
+    summary="a pre-norm GPT block with causal multi-head self-attention",
+)
+def check_gpt_block(cls, ctx: Context) -> None:
+    g = ctx.torch_gen(1101)
+    cases = [
+        ("d_model=16, n_heads=4, d_ff=32; x (2, 7, 16)", 16, 4, 32, 2, 7),
+        ("one token; x (3, 1, 8)", 8, 2, 16, 3, 1),
+        ("batch of one; d_model=12, n_heads=3, d_ff=20; x (1, 9, 12)", 12, 3, 20, 1, 9),
+    ]
+    if ctx.thorough:
+        cases += [("d_model=24, n_heads=6, d_ff=48; x (2, 13, 24)", 24, 6, 48, 2, 13)]
+    for label, D, H, F, B, T in cases:
+        ref_block = ref.GPTBlock(D, H, F)
+        P = _randomize(ref_block, g)
+        x64 = torch.randn(B, T, D, generator=g, dtype=torch.float64)
+        for dtype in (torch.float64, torch.float32):
+            case = f"GPTBlock({D}, {H}, {F}) in eval mode, {_dt(dtype)}; {label}"
+            mod = _build(ctx, cls, (D, H, F), {}, case)
+            _load(ctx, mod, P, dtype, case, BLOCK_LAYOUT)
+            x = x64.to(dtype)
+            with torch.no_grad():
+                got = ctx.call(mod, x, case=case)
+                exp_out, exp_w = _block_model(P, x, H)
+            out, w = _outputs(ctx, got, exp_out.to(dtype), exp_w.to(dtype), case)
+            mistakes = [
+                Mistake(n, h, model=lambda mode=mode: _block_model(P, x, H, mode)[1])
+                for n, h, mode in BLOCK_MISTAKES
+            ]
+            ctx.expect_close(
+                w, exp_w, what="the attention weights", case=case, mistakes=mistakes, **TOL[dtype]
+            )
+            mistakes = [
+                Mistake(n, h, model=lambda mode=mode: _block_model(P, x, H, mode)[0])
+                for n, h, mode in BLOCK_MISTAKES
+            ]
+            ctx.expect_close(
+                out, exp_out, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
+            )
+    _check_block_causal(cls, ctx, g)
+    _check_block_dropout(cls, ctx, g)
+
+
+def _check_block_causal(cls, ctx: Context, g) -> None:
+    D, H, F, T = 8, 2, 16, 6
+    case = f"GPTBlock({D}, {H}, {F}), x (1, {T}, {D}) float64: the last token changed"
+    mod = _build(ctx, cls, (D, H, F), {}, case)
+    _load(ctx, mod, _randomize(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
+    x = torch.randn(1, T, D, generator=g, dtype=torch.float64)
+    x2 = x.clone()
+    x2[:, -1] += 1.0
+    with torch.no_grad():
+        a = ctx.call(mod, x, case=case)[0]
+        b = ctx.call(mod, x2, case=case)[0]
+    changed = (a[0, :-1] - b[0, :-1]).abs().amax(-1) > 1e-9
+    if bool(changed.any()):
+        i = int(changed.nonzero()[0])
+        ctx.fail(
+            f"future tokens change earlier outputs: changing token {T - 1} changed the "
+            f"output at position {i}.",
+            case=case,
+            likely="no causal mask (or an inverted one).",
+            hint="mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().",
+        )
+
+
+def _check_block_dropout(cls, ctx: Context, g) -> None:
+    D, H, F = 8, 2, 16
+    case = f"GPTBlock({D}, {H}, {F}, dropout=0.5), x (2, 5, {D}) float64, train mode"
+    mod = _build(ctx, cls, (D, H, F), {"dropout": 0.5}, case)
+    _load(ctx, mod, _randomize(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
+    x = torch.randn(2, 5, D, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        evaluated = ctx.call(mod, x, case=case)[0]
+        mod.train()
+        trained = ctx.call(mod, x, case=case)[0]
+    if isinstance(trained, torch.Tensor) and torch.allclose(trained, evaluated):
+        ctx.fail(
+            "with dropout=0.5 in train mode the output equals the eval-mode output: dropout "
+            "is never applied.",
+            case=case,
+            likely="dropout is never applied to the sub-layer outputs.",
+            hint="x = x + self.dropout(attn_out); x = x + self.dropout(ff_out).",
+        )
+
+
+# ----------------------------------------------------------------------------- sampler
+def next_token_distribution(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    mode: str = "correct",
+) -> np.ndarray:
+    """The exact distribution ``sample_next_token`` draws from (one row of logits), or
+    that of a mistaken sampler, in float64."""
+    s = logits.double().numpy().copy()
+    V = s.size
+    if mode == "after_softmax":
+        p = np.exp(s - s.max())
+        p = p / p.sum()
+        s = np.log(np.maximum(p / temperature, 1e-300))  # softmax first: T has no effect
+    elif mode == "times":
+        s = s * temperature
+    else:
+        s = s / temperature
+    if top_p is not None and mode == "p_before_k":
+        s = _top_p(s, top_p, "correct")
+    if top_k is not None:
+        if mode == "k_exact":
+            keep = np.zeros(V, dtype=bool)
+            keep[torch.from_numpy(s).topk(top_k).indices.numpy()] = True
+        else:
+            kth = np.sort(s)[::-1][min(top_k, V) - 1]
+            keep = s >= kth
+        s = np.where(keep, s, -np.inf)
+    if top_p is not None and mode != "p_before_k":
+        s = _top_p(s, top_p, mode)
+    p = np.exp(s - s.max())
+    return p / p.sum()
+
+
+def _top_p(s: np.ndarray, top_p: float, mode: str) -> np.ndarray:
+    p = np.exp(s - s.max())
+    p = p / p.sum()
+    above = np.array([p[p > pi].sum() for pi in p])
+    if mode == "p_exclusive":  # keeps tokens while the sum *including* them stays < p
+        keep = above + p < top_p
+        if not keep.any():
+            keep = p == p.max()
+    elif mode == "p_sorted_ties":  # exclusive cumulative sum in sorted order
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order]) - p[order]
+        keep = np.zeros_like(p, dtype=bool)
+        keep[order] = cum < top_p
+    else:
+        keep = above < top_p
+    return np.where(keep, s, -np.inf)
+
+
+SAMPLER_MISTAKES = [
+    (
+        "top-p excludes the token that crosses p: the kept set must be the smallest set "
+        "whose probability reaches top_p, so the token that takes the total over top_p is "
+        "included.",
+        "keep token i when the probability of the tokens strictly more probable than i is "
+        "< top_p (the sum before i, not including it).",
+        "p_exclusive",
+    ),
+    (
+        "temperature applied after the softmax (or not at all): dividing probabilities by T "
+        "and renormalising changes nothing.",
+        "divide the logits by the temperature before the softmax: softmax(logits / T).",
+        "after_softmax",
+    ),
+    (
+        "the logits are multiplied by the temperature instead of divided by it.",
+        "scores = logits / temperature (T > 1 flattens, T < 1 sharpens).",
+        "times",
+    ),
+    (
+        "top-k keeps exactly k tokens: a token tied with the k-th largest score is dropped.",
+        "keep every token whose score is >= the k-th largest: "
+        "kth = scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf).",
+        "k_exact",
+    ),
+    (
+        "top-p is applied before top-k (on the full distribution): top-k comes first, then "
+        "top-p on the renormalised distribution of the tokens top-k kept.",
+        "apply top-k to the scores, then softmax, then top-p.",
+        "p_before_k",
+    ),
+    (
+        "top-p breaks ties by sort order: tokens as probable as a kept token must be kept "
+        "too (the spec counts only the tokens *strictly* more probable).",
+        "for each token compute the total probability of the strictly more probable tokens, "
+        "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
+        "when that is < top_p.",
+        "p_sorted_ties",
+    ),
+]
+
+
+def _logits_for(probs: list[float]) -> torch.Tensor:
+    return torch.log(torch.tensor(probs, dtype=torch.float64))
+
+
+def _sampler_cases(ctx: Context) -> list[tuple]:
+    rng = ctx.rng(1102)
+    perm = rng.permutation(6)
+    base = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])[perm]
+    cases = [
+        # label, logits row, temperature, top_k, top_p
+        ("plain sampling, T=1", _logits_for(list(base)), 1.0, None, None),
+        ("T=2 (flatter)", _logits_for(list(base)), 2.0, None, None),
+        ("T=0.5 (sharper)", _logits_for(list(base)), 0.5, None, None),
+        ("top_p=0.6 (0.4 + 0.25 cross it)", _logits_for(list(base)), 1.0, None, 0.6),
+        ("top_p=0.9", _logits_for(list(base)), 1.0, None, 0.9),
+        (
+            "top_k=2 with a tie at the 2nd place",
+            torch.tensor([2.0, 1.0, 0.5, 1.0, -1.0, 0.0], dtype=torch.float64)[perm],
+            1.0,
+            2,
+            None,
+        ),
+        ("top_k=3, then top_p=0.7", _logits_for(list(base)), 1.0, 3, 0.7),
+        (
+            "top_p=0.45 with three tokens tied at 0.2 after 0.3",
+            _logits_for([0.3, 0.2, 0.2, 0.2, 0.1]),
+            1.0,
+            None,
+            0.45,
+        ),
+        (
+            "a token with logit -inf (never drawn), T=1.5",
+            torch.tensor([0.5, -math.inf, 1.0, 0.0, 2.0], dtype=torch.float64),
+            1.5,
+            None,
+            None,
+        ),
+    ]
+    if ctx.thorough:
+        rnd = torch.from_numpy(rng.normal(size=8) * 1.5)
+        cases += [
+            ("random logits, T=0.8, top_k=5", rnd, 0.8, 5, None),
+            ("random logits, T=1.3, top_p=0.75", rnd, 1.3, None, 0.75),
+            ("random logits, top_k=4, top_p=0.8", rnd, 1.0, 4, 0.8),
+        ]
+    return cases
+
+
+def _call_sampler(ctx, fn, logits, temperature, top_k, top_p, generator, case):
+    return ctx.call(
+        fn,
+        logits,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=generator,
+        case=case,
+    )
+
+
+def _expect_ids(ctx: Context, got, shape: tuple, V: int, case: str) -> None:
+    if not isinstance(got, torch.Tensor):
+        ctx.fail(f"must return a torch.Tensor of token ids; got {type(got).__name__}.", case=case)
+    if tuple(got.shape) != shape:
+        ctx.fail(
+            f"returned shape {tuple(got.shape)}, expected {shape} (logits.shape[:-1]).",
+            case=case,
+            hint="one id per row of logits: drop the vocabulary axis (e.g. .squeeze(-1) after "
+            "torch.multinomial(..., 1)).",
+        )
+    if got.dtype != torch.long:
+        ctx.fail(f"returned dtype {got.dtype}, expected torch.int64 (token ids).", case=case)
+    if got.numel() and (int(got.min()) < 0 or int(got.max()) >= V):
+        ctx.fail(f"returned ids outside 0..{V - 1}.", case=case)
+
+
+@exercise(
+    "sample_next_token",
+    forbidden=lambda: [
+        (ref.sample_next_token, "the reference attention_ref.gpt.sample_next_token")
+    ],
+    summary="greedy, temperature, top-k and top-p sampling of the next token",
+)
+def check_sample_next_token(fn, ctx: Context) -> None:
+    _check_greedy(fn, ctx)
+    N = 6000 if ctx.thorough else 4000
+    for label, row, T, k, p in _sampler_cases(ctx):
+        for dtype in (torch.float32,):
+            logits = row.to(dtype).expand(N, -1).contiguous()
+            case = (
+                f"{label}: logits ({N}, {row.numel()}) {_dt(dtype)} (the same row {N} times), "
+                f"temperature={T}, top_k={k}, top_p={p}"
+            )
+            gen = torch.Generator().manual_seed(ctx.seed * 31 + N)
+            got = _call_sampler(ctx, fn, logits, T, k, p, gen, case)
+            _expect_ids(ctx, got, (N,), row.numel(), case)
+            freq = np.bincount(got.numpy(), minlength=row.numel()) / N
+            expected = next_token_distribution(row, T, k, p)
+            _compare_distribution(ctx, freq, expected, row, T, k, p, N, case)
+    _check_generator(fn, ctx)
+    _check_batch_shape(fn, ctx)
+
+
+def _fits(freq: np.ndarray, dist: np.ndarray, N: int) -> bool:
+    if np.any((dist == 0) & (freq > 0)):
+        return False
+    tol = 5 * np.sqrt(dist * (1 - dist) / N) + 2e-3
+    return bool(np.all(np.abs(freq - dist) <= tol))
+
+
+def _compare_distribution(ctx, freq, expected, row, T, k, p, N, case) -> None:
+    if _fits(freq, expected, N):
+        return
+    likely = hint = ""
+    for name, h, mode in SAMPLER_MISTAKES:
+        try:
+            alt = next_token_distribution(row, T, k, p, mode)
+        except Exception:
+            continue
+        if not np.allclose(alt, expected, atol=1e-3) and _fits(freq, alt, N):
+            likely, hint = name, h
+            break
+    never = np.nonzero((expected == 0) & (freq > 0))[0]
+    if len(never):
+        what = (
+            f"token {int(never[0])} was drawn {int(round(freq[never[0]] * N))} times, but its "
+            "probability must be 0"
+        )
+    else:
+        i = int(np.argmax(np.abs(freq - expected)))
+        what = (
+            f"token {i} was drawn with frequency {freq[i]:.3f}, expected {expected[i]:.3f} "
+            f"(exact distribution {np.round(expected, 3).tolist()}, drawn "
+            f"{np.round(freq, 3).tolist()})"
+        )
+    ctx.fail(
+        f"the samples do not follow the distribution the spec defines: {what}.",
+        case=case,
+        likely=likely,
+        hint=hint
+        or "follow the spec step by step: divide by T, top-k, softmax, top-p, "
+        "renormalise, torch.multinomial.",
+    )
+
+
+def _check_greedy(fn, ctx: Context) -> None:
+    g = ctx.torch_gen(1103)
+    rows = torch.randint(0, 4, (6, 7), generator=g).double()  # many ties
+    rows[0] = torch.tensor([1.0, 3.0, 0.0, 3.0, 2.0, 3.0, -1.0])
+    for dtype in (torch.float32, torch.float64):
+        logits = rows.to(dtype)
+        expected = torch.tensor([int(np.argmax(r)) for r in rows.numpy()])
+        for k, p in ((None, None), (2, 0.5)):
+            case = (
+                f"temperature=0 (greedy), top_k={k}, top_p={p}: logits (6, 7) {_dt(dtype)} "
+                "with ties for the maximum"
+            )
+            try:
+                got = _call_sampler(ctx, fn, logits, 0.0, k, p, None, case)
+            except CheckFailure as err:
+                raise CheckFailure(
+                    f"{err}\n  Likely mistake: temperature 0 is not handled separately "
+                    "(dividing by 0 gives inf/nan logits).\n  Hint: if temperature == 0: "
+                    "return logits.argmax(-1)."
+                ) from None
+            _expect_ids(ctx, got, (6,), 7, case)
+            if not torch.equal(got.cpu(), expected):
+                i = int((got.cpu() != expected).nonzero()[0])
+                last = torch.tensor([6 - int(np.argmax(r[::-1])) for r in rows.numpy()])
+                likely = (
+                    "greedy picks the last of the tied maxima; the spec asks for the lowest index."
+                    if torch.equal(got.cpu(), last)
+                    else "temperature 0 does not return the argmax (greedy)."
+                )
+                ctx.fail(
+                    f"row {i}: got id {int(got[i])}, expected {int(expected[i])} (the first "
+                    f"index of the largest logit).",
+                    case=case,
+                    likely=likely,
+                    hint="logits.argmax(-1) returns the first maximum.",
+                )
+
+
+def _check_generator(fn, ctx: Context) -> None:
+    logits = torch.zeros(300, 10)
+    case = "logits (300, 10) all zero (uniform), T=1, called twice with generators seeded alike"
+    draws = []
+    for _ in range(2):
+        torch.manual_seed(len(draws) + 12345)  # a different global state each time
+        gen = torch.Generator().manual_seed(7)
+        draws.append(_call_sampler(ctx, fn, logits, 1.0, None, None, gen, case))
+    _expect_ids(ctx, draws[0], (300,), 10, case)
+    if not torch.equal(draws[0], draws[1]):
+        ctx.fail(
+            "two calls with generators seeded the same gave different tokens.",
+            case=case,
+            likely="the generator argument is ignored (the global random state is used).",
+            hint="pass it on: torch.multinomial(probs, 1, generator=generator).",
+        )
+
+
+def _check_batch_shape(fn, ctx: Context) -> None:
+    g = ctx.torch_gen(1104)
+    logits = torch.randn(2, 3, 5, generator=g)
+    case = "logits (2, 3, 5): two leading batch dimensions, top_k=2, top_p=0.9"
+    got = _call_sampler(ctx, fn, logits, 1.0, 2, 0.9, torch.Generator().manual_seed(1), case)
+    _expect_ids(ctx, got, (2, 3), 5, case)
+    for idx in np.ndindex(2, 3):
+        dist = next_token_distribution(logits[idx], 1.0, 2, 0.9)
+        if dist[int(got[idx])] == 0:
+            ctx.fail(
+                f"at {idx} token {int(got[idx])} was drawn, but it is outside top_k/top_p.",
+                case=case,
+                hint="work along the last axis only; keep the leading axes as they are.",
+            )
+
+
+# ----------------------------------------------------------------------------- GQA
+GQA_LAYOUT = (
+    "w_q = nn.Linear(d_model, d_model, bias=bias), w_k and w_v = nn.Linear(d_model, "
+    "n_kv_heads * d_head, bias=bias), w_o = nn.Linear(d_model, d_model, bias=bias)"
+)
+
+
+def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
+    """What (possibly buggy) grouped-query attention computes, in float64."""
+    query, key, value = query.double(), key.double(), value.double()
+
+    def lin(name, t):
+        b = P.get(f"{name}.bias")
+        return t @ P[f"{name}.weight"].T + (0 if b is None else b)
+
+    q = split_heads(lin("w_q", query), H)
+    k = split_heads(lin("w_k", key), G)
+    v = split_heads(lin("w_v", value), G)
+    if mode == "repeat":
+        k, v = k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1)
+    else:
+        k, v = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(1)
+    if mode == "no_scale":
+        q = q * math.sqrt(q.shape[-1])
+    out, w = sdpa(q, k, v, None if mode == "no_mask" else mask)
+    out = merge_heads(out)
+    return (out if mode == "no_w_o" else lin("w_o", out)), w
+
+
+GQA_MISTAKES = [
+    (
+        "K/V heads repeated in the wrong order: repeat() tiles the key/value heads "
+        "(0, 1, 0, 1), so query head h uses kv head h % n_kv_heads; consecutive query heads "
+        "must share (0, 0, 1, 1): kv head h // (n_heads // n_kv_heads).",
+        "k.repeat_interleave(n_heads // n_kv_heads, dim=1), not k.repeat(1, group, 1, 1).",
+        "repeat",
+    ),
+    (
+        "the scores are not scaled by 1/sqrt(d_head).",
+        "use the course's sdpa, or divide q @ k^T by math.sqrt(d_head).",
+        "no_scale",
+    ),
+    ("the mask is ignored.", "pass the mask on to the attention (sdpa(q, k, v, mask)).", "no_mask"),
+    (
+        "the output projection w_o is missing.",
+        "return self.w_o(merge_heads(out)), weights.",
+        "no_w_o",
+    ),
+]
+
+
+def _gqa_cases(ctx: Context) -> list[tuple]:
+    cases = [
+        # label, D, H, G, B, n_q, n_k, mask kind, bias
+        ("2 groups of 2 query heads", 16, 4, 2, 2, 5, 5, "causal", True),
+        ("multi-query (n_kv_heads=1)", 12, 3, 1, 2, 4, 6, None, True),
+        ("n_kv_heads = n_heads (multi-head attention)", 12, 4, 4, 1, 6, 6, "causal", True),
+        (
+            "3 groups of 2, cross-attention n_q=3, n_k=7, padding mask",
+            24,
+            6,
+            3,
+            2,
+            3,
+            7,
+            "pad",
+            False,
+        ),
+        ("one token, 4 query heads sharing 1 kv head", 8, 4, 1, 1, 1, 1, None, True),
+    ]
+    if ctx.thorough:
+        cases += [("4 groups of 2, n=9, causal", 32, 8, 4, 2, 9, 9, "causal", True)]
+    return cases
+
+
+@exercise(
+    "grouped_query_attention",
+    kind="module",
+    forbidden=lambda: [
+        (
+            ref.GroupedQueryAttention.forward,
+            "the reference attention_ref.gpt.GroupedQueryAttention",
+        ),
+        (ref.GroupedQueryAttention.attend, "the reference GroupedQueryAttention.attend"),
+        (MultiHeadAttention.forward, "attention_ref.MultiHeadAttention"),
+        *BUILTIN_ATTENTION,
+    ],
+    summary="attention with fewer key/value heads than query heads",
+)
+def check_grouped_query_attention(cls, ctx: Context) -> None:
+    g = ctx.torch_gen(1105)
+    for label, D, H, G, B, n_q, n_k, mask_kind, bias in _gqa_cases(ctx):
+        reference = ref.GroupedQueryAttention(D, H, G, bias=bias)
+        P = _randomize(reference, g)
+        query = torch.randn(B, n_q, D, generator=g, dtype=torch.float64)
+        kv = query if n_q == n_k else torch.randn(B, n_k, D, generator=g, dtype=torch.float64)
+        mask = None
+        if mask_kind == "causal":
+            mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+        elif mask_kind == "pad":
+            mask = torch.ones(B, n_q, n_k, dtype=torch.bool)
+            mask[0, :, 4:] = False
+            mask[1, 1, :] = False  # a fully masked row: zero weights
+        for dtype in (torch.float64, torch.float32):
+            case = (
+                f"{label}: GroupedQueryAttention(d_model={D}, n_heads={H}, n_kv_heads={G}, "
+                f"bias={bias}) {_dt(dtype)}; query ({B}, {n_q}, {D}), key/value ({B}, {n_k}, "
+                f"{D}), mask {None if mask is None else tuple(mask.shape)}"
+            )
+            mod = _build(ctx, cls, (D, H, G), {"bias": bias}, case)
+            _load(ctx, mod, P, dtype, case, GQA_LAYOUT)
+            args = (query.to(dtype), kv.to(dtype), kv.to(dtype), mask)
+            with torch.no_grad():
+                got = ctx.call(mod, *args, case=case)
+            exp_out, exp_w = _gqa_model(P, query, kv, kv, mask, H, G)
+            out, w = _outputs(ctx, got, exp_out.to(dtype), exp_w.to(dtype), case)
+            for what, value, expected, idx in (
+                ("the attention weights", w, exp_w, 1),
+                ("the output", out, exp_out, 0),
+            ):
+                mistakes = [
+                    Mistake(
+                        n,
+                        h,
+                        model=lambda mode=mode, idx=idx: _gqa_model(
+                            P, query, kv, kv, mask, H, G, mode
+                        )[idx],
+                    )
+                    for n, h, mode in GQA_MISTAKES
+                ]
+                ctx.expect_close(
+                    value, expected, what=what, case=case, mistakes=mistakes, **TOL[dtype]
+                )
+    _check_gqa_memory(cls, ctx)
+
+
+def _check_gqa_memory(cls, ctx: Context) -> None:
+    case = "GroupedQueryAttention(d_model=16, n_heads=4, n_kv_heads=2)"
+    mod = _build(ctx, cls, (16, 4, 2), {}, case)
+    n = sum(p.numel() for name, p in mod.named_parameters() if name.startswith(("w_k", "w_v")))
+    if n != 2 * (16 * 8 + 8):
+        ctx.fail(
+            f"w_k and w_v hold {n} parameters; with 2 key/value heads of d_head=4 they hold "
+            f"2 * (16 * 8 + 8) = {2 * (16 * 8 + 8)}.",
+            case=case,
+            likely="the keys and values are projected to all n_heads heads (d_model features) "
+            "and then reduced: the point of grouped-query attention is that only n_kv_heads "
+            "heads are computed and cached.",
+            hint="nn.Linear(d_model, n_kv_heads * d_head).",
+        )
+
+
+__all__ = ["next_token_distribution", "FeedForward"]
