@@ -319,3 +319,62 @@ def test_train_functions_return_the_bench_contract(monkeypatch, module, fn, metr
     assert 0.0 <= a.value <= 1.0 and a.train_seconds > 0
     assert isinstance(a.model, torch.nn.Module) and a.history.steps == 3
     assert a.history.losses == b.history.losses  # a fixed number of steps, seeded
+
+
+# ------------------------------------------------------------------------- two streams (nb09 s3)
+def test_encode_two_stream_pads_question_and_context_to_one_length():
+    from attention_ref.apps.qa import encode_two_stream
+
+    data = make_qa_data(40, 4, seed=2)
+    vocab = qa_vocab(data)
+    b = encode_two_stream(data.train[:5], vocab)
+    T = max(max(len(ex.question), len(ex.context)) for ex in data.train[:5])
+    assert b.q_ids.shape == b.c_ids.shape == b.c_sent.shape == (5, T)
+    for i, ex in enumerate(data.train[:5]):
+        assert vocab.decode(b.c_ids[i]) == ex.context and vocab.decode(b.q_ids[i]) == ex.question
+        assert int(b.start[i]) == ex.start and int(b.end[i]) == ex.end
+        assert int((b.c_sent[i] >= 0).sum()) == len(ex.context)
+        assert int(b.c_sent[i, 0]) == 0 and int(b.c_sent[i].max()) == ex.context.count(".") - 1
+    sub = b[[1, 2]]
+    assert sub.q_ids.shape[1] <= T and len(sub) == 2
+
+
+@pytest.mark.parametrize("queries", ["question", "context"])
+def test_cross_attention_reader_scores_context_positions(queries):
+    from attention_ref.apps.qa import CrossAttentionReader, encode_two_stream
+
+    torch.manual_seed(0)
+    data = make_qa_data(40, 4, seed=2)
+    vocab = qa_vocab(data)
+    b = encode_two_stream(data.train[:6], vocab)
+    model = CrossAttentionReader(len(vocab), queries).eval()
+    with torch.no_grad():
+        s, e = model(b)
+    assert s.shape == e.shape == b.c_ids.shape
+    real = b.c_sent >= 0
+    assert torch.isinf(s[~real]).all() and torch.isfinite(s[real]).all()
+    if queries == "question":
+        # Row i is question token i or nothing: past the question every context position
+        # gets the same logit, whatever the context holds there.
+        for i in range(6):
+            lq = int((b.q_ids[i] != 0).sum())
+            past = s[i][lq:][real[i][lq:]]
+            torch.testing.assert_close(past, past[:1].expand_as(past))
+
+
+def test_cross_attention_reader_refuses_an_unknown_design():
+    from attention_ref.apps.qa import CrossAttentionReader
+
+    with pytest.raises(ValueError, match="queries"):
+        CrossAttentionReader(10, "keys")
+
+
+def test_train_cross_reader_returns_the_bench_contract(monkeypatch):
+    from attention_ref.apps import qa
+
+    monkeypatch.setitem(qa.CROSS_CONFIG, "n_train", 64)
+    data = make_qa_data(64, 16, seed=0)
+    a = qa.train_cross_reader("context", device="cpu", data=data, steps=3, progress=False)
+    b = qa.train_cross_reader("context", device="cpu", data=data, steps=3, progress=False)
+    assert a.metric == "exact_match" and 0.0 <= a.value <= 1.0 and a.history.steps == 3
+    assert a.history.losses == b.history.losses

@@ -242,9 +242,11 @@ def encoder_for_app(
     """The pre-norm :class:`~attention_ref.encoder.Encoder` the readers of notebooks 09
     and 10 are built on.
 
-    Its embeddings start at scale ``d_model**-0.5``, so that after the encoder's
-    ``sqrt(d_model)`` scaling tokens and sinusoidal positions have comparable sizes
-    (``nn.Embedding``'s default N(0, 1) would drown the positions, and both tasks need them).
+    Its embeddings are N(0, 1/d_model), the course's scheme (notebook 06), so that after
+    the encoder's ``sqrt(d_model)`` scaling tokens and sinusoidal positions have comparable
+    sizes. :class:`~attention_ref.encoder.Encoder` initialises them that way itself; the
+    re-draw below, from the same distribution, is kept so that the seeded readers of
+    notebooks 09 and 10 stay the models whose figures the notebooks assert.
     """
     encoder = Encoder(
         vocab_size, d_model, n_heads, d_ff, n_layers, max_len=max_len, norm_first=True
@@ -299,6 +301,174 @@ def predict_spans(
             out_s.append(s.cpu())
             out_e.append(e.cpu())
     return torch.cat(out_s), torch.cat(out_e)
+
+
+# ----------------------------------------------------------------------------- two streams
+@dataclass
+class TwoStreamBatch:
+    """Questions and contexts as two padded tensors of ONE common length ``T`` (the
+    longest question or context of the batch), as the two-stream designs of notebook 09
+    section 3 read them.
+
+    ``q_ids (B, T)``, ``c_ids (B, T)`` long, padded with 0; ``c_sent (B, T)`` long, the
+    sentence of each context token (0, 1, ...), -1 at padding; ``start``, ``end`` ``(B,)``
+    long, the answer's positions in the context.
+    """
+
+    q_ids: torch.Tensor
+    c_ids: torch.Tensor
+    c_sent: torch.Tensor
+    start: torch.Tensor
+    end: torch.Tensor
+
+    def to(self, device: torch.device | str | None) -> TwoStreamBatch:
+        return TwoStreamBatch(
+            *(t.to(device) for t in (self.q_ids, self.c_ids, self.c_sent, self.start, self.end))
+        )
+
+    def __getitem__(self, idx: Any) -> TwoStreamBatch:
+        """Rows ``idx``, trimmed to their common length."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        T = int(torch.maximum((self.q_ids[idx] != 0).sum(1), (self.c_sent[idx] >= 0).sum(1)).max())
+        return TwoStreamBatch(
+            self.q_ids[idx, :T],
+            self.c_ids[idx, :T],
+            self.c_sent[idx, :T],
+            self.start[idx],
+            self.end[idx],
+        )
+
+    def __len__(self) -> int:
+        return self.q_ids.shape[0]
+
+
+def encode_two_stream(examples: Sequence[QAExample], vocab: Vocab) -> TwoStreamBatch:
+    """Encode questions and contexts separately, both padded to one common length."""
+    if len(examples) == 0:
+        raise ValueError("examples must hold at least one QAExample; got none")
+    qs = [vocab.encode(ex.question) for ex in examples]
+    cs = [vocab.encode(ex.context) for ex in examples]
+    sents = []
+    for ex in examples:
+        sent, row = 0, []
+        for w in ex.context:
+            row.append(sent + 1)  # +1 so that padding (0) becomes -1 below
+            sent += w == "."
+        sents.append(row)
+    T = max(max(map(len, qs)), max(map(len, cs)))
+    pad = lambda seqs: pad_batch([list(x) + [0] * (T - len(x)) for x in seqs], 0)[0]  # noqa: E731
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return TwoStreamBatch(
+        pad(qs),
+        pad(cs),
+        pad(sents) - 1,
+        as_long([ex.start for ex in examples]),
+        as_long([ex.end for ex in examples]),
+    )
+
+
+class CrossAttentionReader(nn.Module):
+    """The two-stream designs of notebook 09 section 3.
+
+    One shared :class:`~attention_ref.encoder.Encoder` layer reads the question (padding
+    mask) and the context (a context token sees the tokens of its own sentence, as in the
+    :class:`Reader`) separately. A :class:`~attention_ref.decoder.DecoderLayer` of notebook
+    07 without a causal mask (self-attention over the query stream, cross-attention to the
+    other stream, feed-forward) and a :class:`SpanScorer` follow; row ``i`` of its output
+    is scored as context position ``i``.
+
+    ``queries="context"``: the context tokens are the queries and read the question (the
+    fix). ``queries="question"``: the popular design, question tokens as queries over the
+    context; its padded question rows are zeroed, so row ``i`` is question token ``i``
+    (or nothing) whatever context position ``i`` holds.
+    forward(batch :class:`TwoStreamBatch`) returns ``(start_logits, end_logits)``,
+    ``(B, T)``, ``-inf`` outside the context.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        queries: str,
+        d_model: int = 64,
+        n_heads: int = 4,
+        d_ff: int = 128,
+        max_len: int = 128,
+    ) -> None:
+        super().__init__()
+        from ..decoder import DecoderLayer
+
+        if queries not in ("context", "question"):
+            raise ValueError(f"queries must be 'context' or 'question'; got {queries!r}")
+        self.queries = queries
+        self.encoder = encoder_for_app(vocab_size, d_model, n_heads, d_ff, 1, max_len)
+        self.cross = DecoderLayer(d_model, n_heads, d_ff, norm_first=True)
+        self.norm = nn.LayerNorm(d_model)
+        self.scorer = SpanScorer(d_model)
+
+    def forward(self, b: TwoStreamBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        q_real, c_real = b.q_ids != 0, b.c_sent >= 0  # (B, T) each
+        hq, _ = self.encoder(b.q_ids)  # (B, T, D): padding mask
+        same = (b.c_sent[:, :, None] == b.c_sent[:, None, :]) & c_real[:, None, :]
+        hc, _ = self.encoder(b.c_ids, same[:, None])  # (B, T, D): own sentence only
+        if self.queries == "context":
+            y, memory, y_real, m_real = hc, hq, c_real, q_real
+        else:
+            y, memory, y_real, m_real = hq * q_real[..., None], hc, q_real, c_real
+        out, _, _ = self.cross(y, memory, y_real[:, None, None, :], m_real[:, None, None, :])
+        return self.scorer(self.norm(out), c_real)  # row i scored as context position i
+
+
+CROSS_CONFIG = dict(steps=250, batch_size=32, lr=3e-3, warmup=30, n_train=3000)
+
+
+def train_cross_reader(
+    queries: str,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    *,
+    data: QAData | None = None,
+    vocab: Vocab | None = None,
+    steps: int | None = None,
+    progress: bool = True,
+) -> AppResult:
+    """Train a :class:`CrossAttentionReader` briefly (``CROSS_CONFIG``) with :func:`span_loss`
+    and measure its exact match on the held-out contexts (best span of at most 4 tokens),
+    as notebook 09 section 3 does for both designs."""
+    cfg = CROSS_CONFIG
+    device = torch.device(device) if device is not None else pick_device()
+    seed_everything(seed)
+    data = data if data is not None else make_qa_data(cfg["n_train"], 500, seed=seed)
+    vocab = vocab if vocab is not None else qa_vocab(data)
+    train_set = encode_two_stream(data.train, vocab)
+    test_set = encode_two_stream(data.test, vocab)
+    model = CrossAttentionReader(len(vocab), queries).to(device)
+    stream = Stream(len(data.train), cfg["batch_size"], seed=seed)
+
+    def loss_fn(m: nn.Module, idx: Any) -> torch.Tensor:
+        b = train_set[idx].to(device)
+        s_log, e_log = m(b)
+        return span_loss(s_log, e_log, b.start, b.end, b.c_sent >= 0)
+
+    history = train(
+        model,
+        loss_fn,
+        stream,
+        steps=steps or cfg["steps"],
+        lr=cfg["lr"],
+        warmup=cfg["warmup"],
+        progress=progress,
+        desc=f"{queries} as queries",
+        time_limit=None,
+    )
+    hits = []
+    with evaluating(model):
+        for i in range(0, len(test_set), 250):
+            b = test_set[torch.arange(i, min(i + 250, len(test_set)))].to(device)
+            s_log, e_log = model(b)
+            s, e = best_span(s_log, e_log, b.c_sent >= 0, max_len=4)
+            hits.append(((s == b.start) & (e == b.end)).cpu())
+    value = float(torch.cat(hits).float().mean())
+    return AppResult("exact_match", value, history.seconds, model, data, vocab, history, device)
 
 
 # ----------------------------------------------------------------------------- training

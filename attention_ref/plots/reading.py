@@ -31,7 +31,8 @@ def plot_question_attention(
         )
     if ax is None:
         _, ax = plt.subplots(figsize=(0.28 * len(context) + 2, 0.35 * len(question) + 1.6))
-    ax.imshow(w, cmap="viridis", aspect="auto", vmin=0.0, vmax=max(1e-9, float(w.max())))
+    im = ax.imshow(w, cmap="viridis", aspect="auto", vmin=0.0, vmax=max(1e-9, float(w.max())))
+    ax.figure.colorbar(im, ax=ax, fraction=0.03, pad=0.01, label="weight")
     ax.set_xticks(range(len(context)), labels=list(context), rotation=90, fontsize=8)
     ax.set_yticks(range(len(question)), labels=list(question), fontsize=9)
     s, e = span
@@ -66,16 +67,35 @@ def plot_sentence_scores(
         return (x - x.min()) / span if span > 0 else np.zeros_like(x)
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.8 * len(m) + 2, 3))
+        _, ax = plt.subplots(figsize=(0.8 * len(m) + 2, 3.2))
     i = np.arange(len(m))
-    ax.bar(i - 0.2, unit(m), width=0.4, label="model score (sigmoid)")
-    ax.bar(i + 0.2, unit(a), width=0.4, label="attention received")
-    for j in np.flatnonzero(lab):
-        ax.text(j, 1.05, "*", ha="center", fontsize=16, color="red")
+    ax.bar(i - 0.2, unit(m), width=0.4, color="tab:blue", label="model score")
+    ax.bar(
+        i + 0.2,
+        unit(a),
+        width=0.4,
+        color="tab:orange",
+        hatch="///",
+        edgecolor="black",
+        linewidth=0.5,
+        label="attention received",
+    )
+    ref = np.flatnonzero(lab)
+    ax.plot(
+        ref,
+        np.full(len(ref), 1.08),
+        linestyle="none",
+        marker="*",
+        markersize=11,
+        color="red",
+        label="reference summary",
+    )
     ax.set_xticks(i, labels=[f"s{j}" for j in i])
-    ax.set_ylim(0, 1.25)
+    ax.set_yticks([0.0, 0.5, 1.0])
+    ax.set_ylim(0, 1.62)
+    ax.set_xlabel("sentence of the document")
     ax.set_ylabel("scaled within the document")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", ncols=2, fontsize=7, frameon=False, handlelength=1.5)
     if title:
         ax.set_title(title)
     return ax
