@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbclient import NotebookClient
 from nbgrader.api import Gradebook
 
 from course_tools import ROOT, auto_points, make_course, release_path, run_course, solution_path
@@ -217,22 +218,42 @@ def test_feedback_quotes_the_learners_line(edition):
 GATE = ["01_dot_product_attention", "02_masking", "06_encoder"]
 
 
-def test_gate_holds_with_kernels_importing_the_student_edition(edition, tmp_path):
+def student_kernel(edition: Path, dest: Path) -> Path:
+    """A jupyter data folder whose ``python3`` kernel imports the student edition (the
+    graders themselves keep the full package, as an instructor's do)."""
+    spec = dest / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (student edition)",
+                "language": "python",
+                "env": {"PYTHONPATH": str(edition)},
+            }
+        )
+    )
+    return dest
+
+
+def test_gate_holds_with_kernels_importing_the_student_edition(edition, tmp_path, monkeypatch):
     """Every solution earns every automatic mark and every blank none, graded by `make
-    grade`'s code path in an environment whose kernels import the student edition."""
+    grade`'s code path with kernels that import the student edition."""
+    jupyter_path = student_kernel(edition, tmp_path / "share")
+    monkeypatch.setenv("JUPYTER_PATH", str(jupyter_path))
+    probe = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("import attention_ref\nprint(attention_ref.__file__)")]
+    )
+    NotebookClient(probe, kernel_name="python3", timeout=120).execute()
+    assert probe.cells[0].outputs[0]["text"].strip() == str(
+        edition / "attention_ref" / "__init__.pyc"
+    )
+
     course = make_course(tmp_path / "course", GATE)
     for aid in GATE:
         submit(course, "solution", aid, solved_submission(aid))
         submit(course, "blank", aid, nbformat.read(release_path(aid), as_version=4))
-    env = {"PYTHONPATH": str(edition), "NBGRADER_CELL_TIMEOUT": "600"}
-    probe = subprocess.run(
-        [sys.executable, "-c", "import attention_ref; print(attention_ref.__file__)"],
-        env=dict(os.environ, **env),
-        capture_output=True,
-        text=True,
-        cwd=course,
-    )
-    assert probe.stdout.strip() == str(edition / "attention_ref" / "__init__.pyc")
+    env = {"JUPYTER_PATH": str(jupyter_path), "NBGRADER_CELL_TIMEOUT": "600"}
     proc = run_course(course, "grade", *GATE, env_extra=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(course / "grades.csv", newline="") as f:
