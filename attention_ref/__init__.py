@@ -14,6 +14,7 @@ from .attention import sdpa, sdpa_np, softmax_np
 from .decoder import Decoder, DecoderLayer
 from .efficient import naive_attention, online_softmax, online_softmax_attention
 from .encoder import Encoder, EncoderLayer, FeedForward
+from .gpt import GPT, GPTBlock, GroupedQueryAttention, generate, sample_next_token
 from .kv_cache import KVCache, cached_self_attention
 from .masking import causal_mask, masked_softmax, padding_mask
 from .multihead import MultiHeadAttention, merge_heads, split_heads
@@ -50,6 +51,11 @@ __all__ = [
     "online_softmax_attention",
     "KVCache",
     "cached_self_attention",
+    "GPT",
+    "GPTBlock",
+    "GroupedQueryAttention",
+    "sample_next_token",
+    "generate",
     "FeedForward",
     "EncoderLayer",
     "Encoder",
