@@ -186,6 +186,15 @@ def _api(root: Path):
     return _APIS[key]
 
 
+def _quiet_worker() -> None:
+    """A worker's stderr (and its kernels') carries only noise: kernel start-up warnings,
+    SQLAlchemy's about nbgrader's sessions. What matters, nbgrader's log, comes back in
+    the :class:`Outcome`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+
+
 def _result_text(result: dict) -> str:
     return (result.get("log") or "") + (result.get("error") or "")
 
@@ -248,13 +257,14 @@ def _grade_all(
             flush=True,
         )
 
-    if jobs <= 1 or len(tasks) <= 1:
-        for aid, student in tasks:
-            finished(grade_submission(str(root), aid, student, force))
+    if not tasks:
         return done
+    # Worker processes even for one job, so that JOBS=1 grades exactly as JOBS=N does.
     # spawn, not fork: a worker starts clean (no copied event loops, sockets or threads).
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(tasks)), mp_context=ctx, initializer=_quiet_worker
+    ) as pool:
         futures = [pool.submit(grade_submission, str(root), a, s, force) for a, s in tasks]
         for fut in as_completed(futures):
             finished(fut.result())

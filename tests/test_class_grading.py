@@ -1,13 +1,19 @@
 """A whole class, autograded (instructor guide section 4).
 
 A throwaway course is built from the real solutions/ and nbgrader_config.py, and a class
-submits assignments 01 and 02: a full solution, a blank notebook, a partial one, one
-submission per catalogued mistake, and hostile submissions. `make grade`'s code path
-grades them; every student's exact score is asserted, a second run changes nothing, and
-the report names the submission whose kernel died.
+submits assignments 01 and 02: a full solution, a blank notebook, a partial one, the
+catalogued mistakes, and hostile submissions (a loop at the top level of a cell, a function
+that loops only under grading, a dead kernel, ...). `make grade`'s code path grades them
+with two workers; every student's exact score is asserted, a second run changes nothing,
+a sequential forced regrade gives the same grades, no looping submission costs more than
+60 s of time limits, and the report names the submission whose kernel died.
 
-Mistake submissions fill every other answer cell with a catalogued correct alternative
-(self-contained code), so a mistake costs exactly the points of its own exercise.
+Mistake submissions: submission k has the k-th catalogued mistake of every exercise that
+has one (so every catalogued mistake is graded once, in max-per-exercise submissions rather
+than one each), and a catalogued correct alternative (self-contained code) in every other
+answer cell; its expected score loses exactly the points of the exercises it got wrong.
+The last ones hold a mistake in the exercise with the most mistakes only, so a mistake is
+also seen to cost nothing outside its own exercise.
 """
 
 from __future__ import annotations
@@ -28,7 +34,12 @@ from test_grading import solved_submission, submit
 pytestmark = pytest.mark.grading
 
 AIDS = ["01_dot_product_attention", "02_masking"]
-CELL_TIMEOUT = "20"
+HOSTILE_AID = AIDS[0]  # the assignment the notebook-independent hostile submissions use
+# Short limits keep the hostile submissions cheap; the cells of a solution still fit.
+LIMITS = {"NBGRADER_CELL_TIMEOUT": "20", "NBGRADER_TIMEOUT_AFTER": "10"}
+JOBS = "2"
+# What one looping submission may cost in time limits (COURSE_DESIGN.md section 7).
+LOOP_BUDGET_S = 60
 PRELUDE = "import math\nimport numpy as np\nimport torch\nimport torch.nn.functional as F\n"
 
 
@@ -55,12 +66,37 @@ def as_answer(entry: catalog.Entry) -> str:
     return PRELUDE + "\n".join(helpers) + "\n" + src
 
 
-def alternatives_submission(aid: str, wrong: catalog.Entry | None = None):
+def alternatives_submission(aid: str, *wrong: catalog.Entry):
+    """Every answer cell a catalogued correct alternative, except the exercises of
+    ``wrong`` (catalogued mistakes), which get those."""
     nb = nbformat.read(release_path(aid), as_version=4)
+    mistakes = {e.exercise: e for e in wrong}
     for gid, cell in answer_cells(nb).items():
         alt = next(e for e in catalog.ALTERNATIVES if e.exercise == gid)
-        cell.source = as_answer(wrong if wrong is not None and wrong.exercise == gid else alt)
+        cell.source = as_answer(mistakes.get(gid, alt))
     return nb
+
+
+def packed_mistakes(exercises: list[str]) -> list[list[catalog.Entry]]:
+    """Submission k gets the k-th mistake of each exercise that has one."""
+    by_exercise = {e: [m for m in catalog.MISTAKES if m.exercise == e] for e in exercises}
+    n = max(len(ms) for ms in by_exercise.values())
+    return [[ms[k] for ms in by_exercise.values() if k < len(ms)] for k in range(n)]
+
+
+# A correct function that loops forever only while nbgrader autogrades (it checks the
+# variable nbgrader sets in the kernel): the self-check passes, the grade must not.
+GRADING_LOOP = """
+import os as _os
+
+_solved_{name} = {name}
+
+
+def {name}(*args, **kwargs):
+    while _os.environ.get("NBGRADER_EXECUTION") == "autograde":
+        pass
+    return _solved_{name}(*args, **kwargs)
+"""
 
 
 def insert_after_first_test(nb, source: str):
@@ -77,7 +113,7 @@ def class_roster(tmp: Path):
         pts = points_by_exercise(aid)
         total = sum(pts.values())
         exercises = list(pts)
-        first = exercises[0]
+        first, last = exercises[0], exercises[-1]
 
         def add(student, nb, score, aid=aid):
             submit(course, student, aid, nb)
@@ -89,13 +125,20 @@ def class_roster(tmp: Path):
         solved = answer_cells(solved_submission(aid))
         answer_cells(partial)[first].source = solved[first].source
         add("partial", partial, pts[first])
-        for entry in [e for e in catalog.MISTAKES if e.exercise in pts]:
-            add(
-                f"mistake-{entry.name}",
-                alternatives_submission(aid, entry),
-                total - pts[entry.exercise],
-            )
+        for k, entries in enumerate(packed_mistakes(exercises)):
+            lost = sum(pts[e.exercise] for e in entries)
+            add(f"mistakes-{k + 1}", alternatives_submission(aid, *entries), total - lost)
+        # The last exercise: no other exercise calls it (sdpa_np calls softmax_np).
+        looping = solved_submission(aid)
+        answer_cells(looping)[last].source += "\n" + GRADING_LOOP.format(name=last)
+        add("hostile-grading-loop", looping, total - pts[last])
 
+        calls_ref = solved_submission(aid)
+        answer_cells(calls_ref)[last].source = f"from attention_ref import {last}"
+        add("hostile-calls-reference", calls_ref, total - pts[last])
+        if aid != HOSTILE_AID:
+            continue
+        # What these do to the grader does not depend on the notebook: one assignment.
         wrong = next(e for e in catalog.MISTAKES if e.exercise == first)
         add(
             "hostile-loop",
@@ -135,22 +178,29 @@ def class_roster(tmp: Path):
             ),
         )
         add("hostile-patched-checker", patched, total - pts[first])
-        calls_ref = solved_submission(aid)
-        last = exercises[-1]
-        answer_cells(calls_ref)[last].source = f"from attention_ref import {last}"
-        add("hostile-calls-reference", calls_ref, total - pts[last])
     return course, expected
 
 
-def read_scores(course: Path) -> dict[tuple[str, str], float]:
-    with open(course / "grades.csv", newline="") as f:
+def read_scores(course: Path, csv_name: str = "grades.csv") -> dict[tuple[str, str], float]:
+    with open(course / csv_name, newline="") as f:
         return {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
 
 
 # Grading the class is the most expensive thing in the suite, so it happens once per
-# session: the class is submitted once, and each gradebook (sqlite here, PostgreSQL in
-# tests/test_postgres.py) grades its own copy of the SAME submissions.
+# session: the class is submitted once; the sqlite gradebook grades a copy of all of it,
+# and PostgreSQL (tests/test_postgres.py) a copy of the CORE students, one of every kind
+# of submission, which is enough to prove the two gradebooks agree.
 _SESSION: dict = {}
+CORE = (
+    "full",
+    "blank",
+    "partial",
+    "mistakes-1",
+    "hostile-loop",
+    "hostile-grading-loop",
+    "hostile-exit",
+    "hostile-deleted-test",
+)
 
 
 def submitted_class(tmp_path_factory) -> tuple[Path, dict]:
@@ -161,18 +211,30 @@ def submitted_class(tmp_path_factory) -> tuple[Path, dict]:
     return _SESSION["class"]
 
 
-def grade_class(tmp_path_factory, gradebook: str = "sqlite", db_url: str | None = None):
-    """Grade a copy of the submitted class with `make grade`'s code path, once per session
-    per ``gradebook``; ``db_url`` (NBGRADER_DB_URL) picks the gradebook, None = sqlite.
+def grade_class(
+    tmp_path_factory,
+    gradebook: str = "sqlite",
+    db_url: str | None = None,
+    students: tuple[str, ...] | None = None,
+):
+    """Grade a copy of the submitted class (or of ``students`` only) with `make grade`'s
+    code path and two workers, once per session per ``gradebook``; ``db_url``
+    (NBGRADER_DB_URL) picks the gradebook, None = sqlite.
     Returns (course copy, expected scores, the grading process)."""
     if gradebook not in _SESSION:
         pristine, expected = submitted_class(tmp_path_factory)
         course = tmp_path_factory.mktemp(f"graded-{gradebook}") / "course"
         shutil.copytree(pristine, course)
-        env = {"NBGRADER_CELL_TIMEOUT": CELL_TIMEOUT}
+        if students is not None:
+            for folder in (course / "submitted").iterdir():
+                if folder.name not in students:
+                    shutil.rmtree(folder)
+            expected = {k: v for k, v in expected.items() if k[0] in students}
+        env = dict(LIMITS)
         if db_url is not None:
             env["NBGRADER_DB_URL"] = db_url
-        _SESSION[gradebook] = (course, expected, run_course(course, "grade", env_extra=env))
+        proc = run_course(course, "grade", "--jobs", JOBS, env_extra=env)
+        _SESSION[gradebook] = (course, expected, proc)
     return _SESSION[gradebook]
 
 
@@ -188,13 +250,14 @@ def sqlite_graded_class(tmp_path_factory):
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     course, expected, first, scores = sqlite_graded_class(tmp_path_factory)
-    second = run_course(course, "grade", env_extra={"NBGRADER_CELL_TIMEOUT": CELL_TIMEOUT})
+    second = run_course(course, "grade", "--jobs", JOBS, env_extra=LIMITS)
     return course, expected, first, scores, second
 
 
 def test_grading_the_class_succeeds(graded_class):
     _, _, first, _, _ = graded_class
     assert first.returncode == 0, first.stdout + first.stderr
+    assert f"{JOBS} at a time" in first.stdout
 
 
 def test_every_student_gets_exactly_the_expected_score(graded_class):
@@ -211,17 +274,40 @@ def test_every_student_gets_exactly_the_expected_score(graded_class):
 def test_the_report_names_the_crashed_submission_and_why(graded_class):
     _, _, first, _, _ = graded_class
     out = first.stdout
-    crash_lines = [line for line in out.splitlines() if "hostile-exit" in line]
+    report = out[out.index("Grading report") :]
+    crash_lines = [line for line in report.splitlines() if "hostile-exit" in line]
     assert crash_lines and all("crashed (partial credit)" in line for line in crash_lines)
-    assert "kernel died" in out
-    assert re.search(r"hostile-loop.*\n.*per-cell time limit", out)
+    assert "kernel died" in report
+    assert re.search(r"hostile-loop.*\n.*per-cell time limit", report)
+
+
+def interrupted_cells(course: Path, student: str, aid: str) -> list[int]:
+    """The time limits (s) of the cells grading interrupted in a submission."""
+    nb = nbformat.read(course / "autograded" / student / aid / f"{aid}.ipynb", as_version=4)
+    limits = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error" and out.get("ename") == "CellTimeoutError":
+                limits.append(int(re.search(r"within (\d+) s", out["evalue"]).group(1)))
+    return limits
+
+
+@pytest.mark.parametrize("student", ["hostile-loop", "hostile-grading-loop"])
+def test_a_looping_submission_costs_at_most_a_minute_of_time_limits(graded_class, student):
+    course, expected = graded_class[0], graded_class[1]
+    for aid in [aid for aid in AIDS if (student, aid) in expected]:
+        limits = interrupted_cells(course, student, aid)
+        assert sum(limits) <= LOOP_BUDGET_S, (student, aid, limits)
+        # A top-level loop is interrupted once, at the ordinary cell limit; the cells after
+        # it (which do not loop) still ran: the expected score says they earned their marks.
+        if student == "hostile-loop":
+            assert limits == [int(LIMITS["NBGRADER_CELL_TIMEOUT"])], limits
 
 
 def test_a_cell_printing_megabytes_is_cut_down_in_the_graded_copy(graded_class):
     course = graded_class[0]
-    for aid in AIDS:
-        graded = course / "autograded" / "hostile-spam" / aid / f"{aid}.ipynb"
-        assert graded.stat().st_size < 2_000_000
+    graded = course / "autograded" / "hostile-spam" / HOSTILE_AID / f"{HOSTILE_AID}.ipynb"
+    assert graded.stat().st_size < 2_000_000
 
 
 def test_grading_again_changes_nothing(graded_class):
@@ -230,18 +316,30 @@ def test_grading_again_changes_nothing(graded_class):
     assert read_scores(course) == scores
 
 
-def test_regrading_with_force_gives_the_same_scores(graded_class, tmp_path):
+def test_a_sequential_forced_regrade_gives_the_same_scores(graded_class, tmp_path):
+    """FORCE=1 and JOBS=1 on a copy of the graded class in which only the CORE students
+    (a solution, a blank, a partial, mistakes, both loops, the dead kernel, a deleted test)
+    still have submissions: graded again one at a time, they get exactly the grades the two
+    workers gave them, and every other grade stays."""
     course, _, _, scores, _ = graded_class
+    again = tmp_path / "course"
+    shutil.copytree(course, again)
+    for folder in (again / "submitted").iterdir():
+        if folder.name not in CORE:
+            shutil.rmtree(folder)
     proc = run_course(
-        course,
+        again,
         "grade",
         "--force",
-        "02_masking",
+        "--jobs",
+        "1",
+        HOSTILE_AID,
         "--csv",
-        str(tmp_path / "again.csv"),
-        env_extra={"NBGRADER_CELL_TIMEOUT": CELL_TIMEOUT},
+        "again.csv",
+        env_extra=LIMITS,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with open(tmp_path / "again.csv", newline="") as f:
-        again = {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
-    assert again == scores
+    assert "1 at a time" in proc.stdout
+    regraded = re.findall(rf"\] {HOSTILE_AID} (\S+):", proc.stdout)
+    assert sorted(regraded) == sorted(CORE)
+    assert read_scores(again, "again.csv") == scores

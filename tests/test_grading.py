@@ -1,5 +1,11 @@
 """The autograder, end to end through `make grade`'s code path, on every assignment: the
-solutions earn every automatic mark and the blank student notebooks earn none."""
+solutions earn every automatic mark under the default time limits (training cells run a
+token version of themselves under autograde), graded by two workers.
+
+That a blank student notebook fails every graded test cell is proven for every assignment
+by tests/test_notebooks.py (which executes them), and that failing test cells score 0 in
+the gradebook by the blank student of tests/test_class_grading.py, so no blank notebook is
+graded here."""
 
 from __future__ import annotations
 
@@ -52,10 +58,9 @@ def graded_course(tmp_path_factory):
     course = make_course(tmp_path_factory.mktemp("course"))
     for aid in assignment_ids():
         submit(course, "solution", aid, solved_submission(aid))
-        submit(course, "blank", aid, nbformat.read(release_path(aid), as_version=4))
-    # The application notebooks train a model in one cell: allow it far more than the
-    # 120 s default per cell, so a slow machine cannot turn a solution into a zero.
-    proc = run_course(course, "grade", env_extra={"NBGRADER_CELL_TIMEOUT": "900"})
+    # The default limits (attention_ref/cell_limits.py): the solutions must fit them.
+    defaults = ("NBGRADER_CELL_TIMEOUT", "NBGRADER_TRAINING_TIMEOUT", "NBGRADER_TIMEOUT_AFTER")
+    proc = run_course(course, "grade", "--jobs", "2", env_extra=dict.fromkeys(defaults, ""))
     return course, proc
 
 
@@ -65,14 +70,86 @@ def test_make_grade_succeeds_and_exports_a_row_per_submission(graded_course):
     with open(course / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["assignment"], r["student_id"]) for r in rows) == sorted(
-        (aid, s) for aid in assignment_ids() for s in ("blank", "solution")
+        (aid, "solution") for aid in assignment_ids()
     )
+    assert "per-cell time limit" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("aid", assignment_ids())
-def test_solution_earns_every_automatic_mark_and_blank_earns_none(graded_course, aid):
+def test_solution_earns_every_automatic_mark(graded_course, aid):
     course, _ = graded_course
     scores = code_scores(course, aid)
     total = auto_points(nbformat.read(solution_path(aid), as_version=4))
     assert scores["solution"] == (total, total)
-    assert scores["blank"] == (0.0, total)
+
+
+# ----------------------------------------------------------------------------- time limits
+def test_cell_limits_fit_the_cell_and_shrink_after_a_timeout():
+    from attention_ref.cell_limits import CellLimits
+
+    limits = CellLimits(cell=30, training=300, after=10)
+    plain = nbformat.v4.new_code_cell("x = 1")
+    training = nbformat.v4.new_code_cell("train()", metadata={"tags": ["training"]})
+    assert (limits(plain), limits(training)) == (30, 300)
+    limits.timed_out(30)
+    assert (limits(plain), limits(training)) == (10, 10)
+    assert CellLimits(cell=5, training=300, after=10)(plain) == 5  # never longer than its own
+
+
+def test_cell_limits_read_the_environment(monkeypatch):
+    from attention_ref.cell_limits import CellLimits
+
+    monkeypatch.setenv("NBGRADER_CELL_TIMEOUT", "45")
+    monkeypatch.setenv("NBGRADER_TRAINING_TIMEOUT", "")  # blank: the default
+    monkeypatch.delenv("NBGRADER_TIMEOUT_AFTER", raising=False)
+    limits = CellLimits()
+    assert (limits.cell, limits.training, limits.after) == (45, 300, 10)
+    monkeypatch.setenv("NBGRADER_CELL_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="NBGRADER_CELL_TIMEOUT"):
+        CellLimits()
+
+
+def test_the_course_config_grades_with_the_course_limits():
+    """nbgrader_config.py swaps nbgrader's Execute for the course's, without importing
+    the course package (and PyTorch) into nbgrader."""
+    import subprocess
+    import sys
+
+    from course_tools import ROOT
+
+    code = (
+        "import sys\n"
+        "from traitlets.config.loader import PyFileConfigLoader\n"
+        f"c = PyFileConfigLoader('nbgrader_config.py', path={str(ROOT)!r}).load_config()\n"
+        "print([p.__name__ for p in c.Autograde.autograde_preprocessors])\n"
+        "print('torch' in sys.modules, 'attention_ref' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert "CourseExecute" in out and "'Execute'" not in out, out
+    assert out.splitlines()[-1] == "False False", out
+
+
+def test_a_loop_costs_one_cell_limit_then_a_reduced_one(monkeypatch):
+    """The course's Execute preprocessor on a notebook whose first two cells loop forever:
+    the first gets the ordinary limit, the second the reduced one, the kernel recovers
+    between them, and the last cell runs normally."""
+    import time
+
+    from attention_ref.cell_limits import execute_preprocessor
+
+    monkeypatch.setenv("NBGRADER_CELL_TIMEOUT", "4")
+    monkeypatch.setenv("NBGRADER_TIMEOUT_AFTER", "2")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    loop = "while True:\n    pass"
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in ("x = 1", loop, loop, "print(x + 1)")]
+    start = time.perf_counter()
+    execute_preprocessor()(kernel_name="python3").preprocess(nb, {"metadata": {"path": "."}})
+    seconds = time.perf_counter() - start
+    errors = [" ".join(o.evalue for o in c.outputs if o.output_type == "error") for c in nb.cells]
+    assert "within 4 s" in errors[1] and "within 2 s" in errors[2], errors
+    assert not errors[0] and not errors[3], errors
+    assert nb.cells[3].outputs[0]["text"] == "2\n"
+    assert seconds < 60, seconds
