@@ -19,10 +19,11 @@ PIP_ARGS ?=
 # Running as root (a container) needs --allow-root for JupyterLab.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
-# The class-grading tests (a whole class graded into sqlite, then PostgreSQL) take about as
-# long as all the other tests together, so `make test` runs them beside the rest: two
-# pytest processes, one per core. Each one's report appears when it finishes.
-GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py
+# `make test` runs two pytest processes side by side, one per core: the grading tests (a
+# class graded into sqlite and PostgreSQL, every solution graded, the exchange; they grade
+# with two workers themselves) and everything else. Each one's report appears when it ends.
+GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py \
+	tests/test_exchange.py
 ASSIGNMENTS ?=
 JOBS ?=
 
@@ -46,7 +47,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(ROOT_FLAG)
 
 test: $(STAMP)
-	@echo "make test: two lanes (class grading | everything else); reports follow as each ends"
+	@echo "make test: two lanes (grading | everything else); reports follow as each ends"
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-class-lane test-other-lane
 
 test-class-lane: $(STAMP)

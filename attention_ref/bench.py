@@ -8,6 +8,11 @@
 - ``apps`` (notebooks 08-10): trains each application model as its notebook does and prints
   one line per application, e.g. ``app=translation metric=exact_match value=0.995
   train_seconds=48.1``.
+- ``grading`` (``make grade``): what one submission of notebook 01 that loops forever in
+  ``sdpa`` costs (its grading time minus a solution's), then the time to grade a class of
+  ``--students`` students with full solutions to every assignment with each of
+  ``--grading-jobs`` workers (default 1 and 2), the ratio, and the comparison with the
+  sequential grading of issue 13 (212 s per student). Takes minutes.
 
 Benchmarks are registered in :data:`BENCHMARKS` with :func:`benchmark`; each takes the
 parsed command-line options, prints its lines and returns True when it ran without error
@@ -276,6 +281,156 @@ def bench_apps(opts: argparse.Namespace) -> bool:
     return ok
 
 
+# ----------------------------------------------------------------------------- grading
+#: Issue 13's measurements of the course before per-cell limits and parallel grading
+#: (2 CPU cores): one submission of notebook 01 looping forever in ``sdpa`` cost 900 s
+#: (three cells x the 300 s limit); a student with full solutions to every assignment
+#: took 212 s to grade, sequentially.
+OLD_LOOP_S = 900.0
+OLD_STUDENT_S = 212.0
+LOOP_TARGET_S = 60.0
+
+
+def _grading_course(dest, aids: list[str]):
+    """A throwaway course: nbgrader_config.py and solutions/ of this course."""
+    import shutil
+
+    from .course import course_root
+
+    root = course_root()
+    dest.mkdir(parents=True)
+    shutil.copy(root / "nbgrader_config.py", dest / "nbgrader_config.py")
+    for aid in aids:
+        shutil.copytree(root / "solutions" / aid, dest / "solutions" / aid)
+    return dest
+
+
+def _solved(aid: str, loop: str | None = None):
+    """The student notebook of ``aid`` with every answer cell solved as in solutions/;
+    with ``loop``, that exercise's function loops forever after its solution."""
+    import re
+
+    import nbformat
+
+    from .course import course_root
+
+    root = course_root()
+    nb = nbformat.read(root / "notebooks" / aid / f"{aid}.ipynb", as_version=4)
+    src = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
+
+    def answers(book):
+        return {
+            c.metadata["nbgrader"]["grade_id"]: c
+            for c in book.cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")
+        }
+
+    solved = answers(src)
+    for gid, cell in answers(nb).items():
+        cell.source = re.sub(r"(?m)^\s*### (BEGIN|END) SOLUTION\n?", "", solved[gid].source)
+        if gid == loop:
+            cell.source += f"\n\ndef {gid}(*args, **kwargs):\n    while True:\n        pass\n"
+    return nb
+
+
+def _submit(course, student: str, aid: str, nb) -> None:
+    import nbformat
+
+    folder = course / "submitted" / student / aid
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / f"{aid}.ipynb")
+
+
+def _make_grade(course, jobs: int, env: dict | None = None) -> tuple[float, str]:
+    """Seconds of `make grade --jobs JOBS` in ``course`` (its code path), and its output."""
+    import os
+    import subprocess
+
+    full_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
+    full_env.pop("NBGRADER_DB_URL", None)
+    full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_ref.course", "grade", "--jobs", str(jobs)],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        env=full_env,
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"make grade failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return seconds, proc.stdout
+
+
+def _seconds_of(out: str, student: str) -> float:
+    import re
+
+    found = re.findall(rf"\] \S+ {re.escape(student)}: .*\(([\d.]+) s\)", out)
+    return sum(float(s) for s in found)
+
+
+@benchmark("grading", "cost of a looping submission; a class graded with 1 vs 2 workers")
+def bench_grading(opts: argparse.Namespace) -> bool:
+    import tempfile
+    from pathlib import Path
+
+    from .course import assignments, course_root
+
+    aids = assignments(course_root())
+    loop_aid = "01_dot_product_attention"
+    met = []
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        tmp = Path(tmp)
+        # 1. One submission of notebook 01 whose sdpa loops forever, next to a solution:
+        #    both graded one at a time, so the difference is what the loop costs.
+        course = _grading_course(tmp / "loop", [loop_aid])
+        _submit(course, "solution", loop_aid, _solved(loop_aid))
+        _submit(course, "looping", loop_aid, _solved(loop_aid, loop="sdpa"))
+        _, out = _make_grade(course, 1)
+        loop_cost = _seconds_of(out, "looping") - _seconds_of(out, "solution")
+        print(
+            f"grading loop notebook={loop_aid} exercise=sdpa before_s={OLD_LOOP_S:.0f} "
+            f"(issue 13, 300 s per cell) after_s={loop_cost:.1f} "
+            f"(looping {_seconds_of(out, 'looping'):.1f} s - solution "
+            f"{_seconds_of(out, 'solution'):.1f} s)",
+            flush=True,
+        )
+        met.append(
+            _target(f"loop<={LOOP_TARGET_S:.0f}s", loop_cost <= LOOP_TARGET_S, f"{loop_cost:.1f} s")
+        )
+        # 2. A class of N students with full solutions to every assignment, graded with
+        #    each number of workers in turn (each in a fresh copy of the same course).
+        n = opts.students
+        times = {}
+        for jobs in opts.grading_jobs:
+            course = _grading_course(tmp / f"class-{jobs}", aids)
+            for k in range(n):
+                for aid in aids:
+                    _submit(course, f"student{k + 1:03d}", aid, _solved(aid))
+            times[jobs], _ = _make_grade(course, jobs)
+            print(
+                f"grading class students={n} assignments={len(aids)} jobs={jobs} "
+                f"seconds={times[jobs]:.1f} per_student_s={times[jobs] / n:.1f}",
+                flush=True,
+            )
+    if 1 in times:
+        for jobs, t in times.items():
+            if jobs != 1:
+                print(f"grading class jobs={jobs}/jobs=1 time={t / times[1]:.2f}x", flush=True)
+    best = min(times.values())
+    old = OLD_STUDENT_S * n
+    ratio = best / old
+    print(
+        f"grading class students={n} best_s={best:.1f} old_sequential_s={old:.0f} "
+        f"(issue 13: {OLD_STUDENT_S:.0f} s per student) ratio={ratio:.2f}; extrapolated to "
+        f"20 students: {best / n * 20:.0f} s vs {OLD_STUDENT_S * 20:.0f} s",
+        flush=True,
+    )
+    met.append(_target("class<=1/3_old_sequential", ratio <= 1 / 3, f"{ratio:.2f}x"))
+    return all(met) or not opts.strict
+
+
 # ----------------------------------------------------------------------------- command line
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -308,6 +463,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--kv-tokens", type=int, default=256, help="tokens generated (0: skip)")
     p.add_argument("--kv-d-model", type=int, default=256)
+    p.add_argument("--students", type=int, default=2, help="grading: students in the class")
+    p.add_argument(
+        "--grading-jobs", type=int, nargs="+", default=[1, 2], help="grading: workers to compare"
+    )
     p.add_argument("--strict", action="store_true", help="a missed target is an error")
     return p
 
