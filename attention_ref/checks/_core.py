@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import linecache
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -101,6 +104,25 @@ def fmt_shape(x: Any) -> str:
     if isinstance(x, torch.Tensor | np.ndarray):
         return str(tuple(x.shape))
     return type(x).__name__
+
+
+def _callable_name(fn: Any) -> str:
+    """How feedback names the learner's callable: ``sdpa``, ``SelfAttention(...)`` for a
+    class being built, ``SelfAttention.forward`` for a module being called."""
+    try:
+        if isinstance(fn, type):
+            return f"{fn.__name__}(...)"
+        if isinstance(fn, torch.nn.Module):
+            return f"{type(fn).__name__}.forward"
+        owner = getattr(fn, "__self__", None)
+        name = getattr(fn, "__name__", "")
+        if owner is not None and not isinstance(owner, type(sys)) and name:
+            return f"{type(owner).__name__}.{name}"
+        if name and name != "<lambda>":
+            return name
+    except Exception:  # noqa: BLE001 - a name is only cosmetic
+        pass
+    return "code"
 
 
 def describe_inputs(names: Sequence[str], values: Sequence[Any]) -> str:
@@ -216,6 +238,145 @@ class _Tripwire:
         return False
 
 
+# ----------------------------------------------------------------------------- time limits
+#: Seconds one call of the learner's code may take on a check's inputs. The inputs are
+#: small (at most a few thousand numbers): the reference takes milliseconds and the
+#: slowest correct alternative in the catalog (pure-Python loops) under a second on a
+#: loaded 2-core machine, so a call that runs past the limit is looping, not slow.
+DEFAULT_TIME_LIMIT = 5.0
+#: The graded (thorough) run uses larger inputs and runs beside other grading workers.
+THOROUGH_TIME_FACTOR = 2.0
+#: A whole check may take this many per-call limits (a backstop for code a check runs
+#: outside ``ctx.call``).
+CHECK_TIME_FACTOR = 12.0
+#: A call is stopped when it has run the limit on the clock AND used this share of it in
+#: CPU time: on a machine crowded by other processes (a class graded in parallel) a slow
+#: but correct call is not cut off because it did not get the CPU ...
+CPU_SHARE = 0.8
+#: ... up to this many times the limit on the clock (code that sleeps or waits).
+LOADED_FACTOR = 4.0
+#: Environment variable that overrides the per-call limit (seconds; 0 turns limits off).
+TIME_LIMIT_ENV = "ATTENTION_REF_TIME_LIMIT"
+
+
+def resolve_time_limit(time_limit: float | None = None) -> float | None:
+    """The per-call limit in seconds: ``time_limit`` if given, else ``$ATTENTION_REF_TIME_LIMIT``,
+    else :data:`DEFAULT_TIME_LIMIT`. ``0`` (or less) means no limit (``None``)."""
+    if time_limit is None:
+        raw = os.environ.get(TIME_LIMIT_ENV, "").strip()
+        try:
+            time_limit = float(raw) if raw else DEFAULT_TIME_LIMIT
+        except ValueError:
+            time_limit = DEFAULT_TIME_LIMIT
+    return float(time_limit) if time_limit and time_limit > 0 else None
+
+
+class _TimeUp(BaseException):  # noqa: N818 - an event; BaseException so `except Exception` in
+    # the learner's code cannot swallow it.
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__(deadline.seconds)
+        self.deadline = deadline
+
+
+def _signals_usable() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+class _Deadline:
+    """``with _Deadline(seconds):`` raises :class:`_TimeUp` in the body when it runs past
+    ``seconds`` (SIGALRM through ``setitimer``, so only on the main thread of a POSIX
+    process, which is where Jupyter runs cells). Elsewhere, or with ``seconds=None``, it does
+    nothing: no limit rather than a crash. Deadlines nest; a timer that was already running
+    (someone else's) is paused and restored with its remaining time."""
+
+    _active: list[_Deadline] = []
+    _saved: tuple[Any, tuple[float, float], float] | None = None
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.at = self.t0 = self.cpu0 = 0.0
+        self.armed = False
+        self.grace = 240  # quarter-seconds an import in progress may delay the interruption
+
+    def __enter__(self) -> _Deadline:
+        if not self.seconds or not _signals_usable():
+            return self
+        now = time.monotonic()
+        if not _Deadline._active:
+            try:
+                handler = signal.signal(signal.SIGALRM, _Deadline._on_alarm)
+            except (ValueError, OSError):  # pragma: no cover - not the main thread after all
+                return self
+            _Deadline._saved = (handler, signal.setitimer(signal.ITIMER_REAL, 0), now)
+        self.at = now + self.seconds
+        self.t0, self.cpu0 = now, time.process_time()
+        _Deadline._active.append(self)
+        self.armed = True
+        _Deadline._arm()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        if not self.armed:
+            return False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self.armed = False
+        _Deadline._active.remove(self)
+        if _Deadline._active:
+            _Deadline._arm()
+        elif _Deadline._saved is not None:
+            handler, (delay, interval), since = _Deadline._saved
+            _Deadline._saved = None
+            signal.signal(signal.SIGALRM, handler)
+            if delay > 0:
+                left = delay - (time.monotonic() - since)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), interval)
+        return False
+
+    @staticmethod
+    def _arm() -> None:
+        first = min(d.at for d in _Deadline._active)
+        signal.setitimer(signal.ITIMER_REAL, max(first - time.monotonic(), 1e-4))
+
+    @staticmethod
+    def _on_alarm(signum, frame) -> None:
+        if not _Deadline._active:
+            return
+        due = min(_Deadline._active, key=lambda d: d.at)
+        if due.at > time.monotonic() + 1e-3:  # early wake-up: wait for the real deadline
+            _Deadline._arm()
+            return
+        now, cpu = time.monotonic(), time.process_time() - due.cpu0
+        if cpu < CPU_SHARE * due.seconds and now < due.t0 + LOADED_FACTOR * due.seconds:
+            # The machine is busy (other processes had the CPU): the code has not yet had
+            # its time. Wait until it has used its share of the CPU, up to the wall cap.
+            wait = min(CPU_SHARE * due.seconds - cpu, due.t0 + LOADED_FACTOR * due.seconds - now)
+            signal.setitimer(signal.ITIMER_REAL, max(wait, 0.05))
+            return
+        if _importing(frame) and due.grace > 0:
+            # Never interrupt an import (the first call of some torch code imports sympy,
+            # for one): a half-imported module would break the kernel for later cells.
+            due.grace -= 1
+            signal.setitimer(signal.ITIMER_REAL, 0.25)
+            return
+        # Fire again every second in case the learner's code swallows the first one
+        # (a bare `except:`); leaving the `with` block disarms it.
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        raise _TimeUp(due)
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` or a caller is inside Python's import machinery."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _seconds(x: float) -> str:
+    return f"{x:g} s"
+
+
 # ----------------------------------------------------------------------------- context
 def _clone(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -236,12 +397,18 @@ def _same(a: Any, b: Any) -> bool:
 class Context:
     """Passed to each check: calls the learner's code safely and reports failures."""
 
-    def __init__(self, exercise: Exercise, seed: int, thorough: bool) -> None:
+    def __init__(
+        self, exercise: Exercise, seed: int, thorough: bool, time_limit: float | None = None
+    ) -> None:
         self.exercise = exercise
         self.seed = seed
         self.thorough = thorough
         self.cases_run = 0
         self._forbidden = exercise.forbidden()
+        #: seconds one call of the learner's code may take (None: no limit)
+        self.time_limit = time_limit
+        #: what the check is doing, for the feedback if the check itself cannot finish
+        self.doing = "starting the check"
 
     # -- randomness
     def rng(self, salt: int = 0) -> np.random.Generator:
@@ -262,19 +429,47 @@ class Context:
         raise CheckFailure(msg)
 
     # -- calling the learner
-    def call(self, fn: Callable, *args: Any, case: str = "", **kwargs: Any) -> Any:
-        """Call the learner's ``fn`` on copies of the inputs, under the tripwire.
+    def call(
+        self,
+        fn: Callable,
+        *args: Any,
+        case: str = "",
+        limit_scale: float = 1.0,
+        call_name: str = "",
+        **kwargs: Any,
+    ) -> Any:
+        """Call the learner's ``fn`` on copies of the inputs, under the tripwire and the time
+        limit (``self.time_limit`` seconds times ``limit_scale``, for a call on larger inputs).
 
         Exceptions raised by the learner's code become a CheckFailure that quotes their
-        line; a forbidden call becomes a CheckFailure that says what was called; an input
-        modified in place is reported.
+        line; a forbidden call becomes a CheckFailure that says what was called; a call that
+        does not return in time, one that says so; an input modified in place is reported.
+        ``call_name`` names ``fn`` in that feedback (default: from ``fn`` itself).
         """
         self.cases_run += 1
+        name = call_name or _callable_name(fn)
+        on = f" on {case}" if case else ""
+        self.doing = f"calling your {name}{on}"
         copies = [_clone(a) for a in args]
         kw_copies = {k: _clone(v) for k, v in kwargs.items()}
+        limit = None if self.time_limit is None else self.time_limit * limit_scale
+        deadline = _Deadline(limit)
         try:
-            with _Tripwire(self._forbidden):
+            with deadline, _Tripwire(self._forbidden):
                 result = fn(*copies, **kw_copies)
+        except _TimeUp as up:
+            if up.deadline is not deadline:
+                raise
+            self.fail(
+                f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
+                case=case,
+                likely="a loop whose condition never becomes false (a while loop whose "
+                "variable is never updated, an index that is never advanced), or recursion "
+                "that never reaches its base case.",
+                hint=f"on these small inputs a correct answer takes well under a second; "
+                f"each call of your code in a check may take at most {_seconds(limit)} (set "
+                f"{TIME_LIMIT_ENV} to change it).",
+            )
         except ReferenceUsed as used:
             self.fail(
                 f"your code calls {used.name} instead of implementing the exercise.",
@@ -307,6 +502,7 @@ class Context:
                     hint="use out-of-place operations (x = x - m, masked_fill rather than "
                     "masked_fill_) so the caller's tensors are left untouched.",
                 )
+        self.doing = f"checking what your {name} returned{on}"
         return result
 
     # -- checking what came back
@@ -417,11 +613,14 @@ class Context:
             detail = f"first difference at index {idx}: expected {e[idx]}, got {g[idx]}"
         else:
             diff = float(np.max(np.abs(g - e)))
+            want, have = _distinct(float(e[idx]), float(g[idx]))
             detail = (
-                f"first difference at index {idx}: expected {e[idx]:.6g}, got {g[idx]:.6g} "
+                f"first difference at index {idx}: expected {want}, got {have} "
                 f"(max abs difference {diff:.3g}; tolerance rtol={rtol:g}, atol={atol:g})"
             )
         likely, mhint = self.diagnose(got, expected, mistakes, model_args, model_kwargs or {})
+        if not likely and _precision_lost(got, g, e, rtol, atol):
+            likely, mhint = PRECISION_LOSS
         if not likely and fallback is not None:
             likely = fallback(g, e)
         self.fail(f"{what} is wrong; {detail}.", case=case, likely=likely, hint=mhint or hint)
@@ -434,11 +633,15 @@ class Context:
         model_args: tuple,
         model_kwargs: dict,
     ) -> tuple[str, str]:
+        """The first mistake that explains ``got``: its model's output matches ``got`` and
+        differs from ``expected`` on this input (a mistake that makes no difference here,
+        e.g. a missing causal mask with one query, cannot be what went wrong)."""
         g = _as_np(got)
+        e = _as_np(expected)
         for m in mistakes:
             try:
                 if m.applies is not None:
-                    if m.applies(g, _as_np(expected)):
+                    if m.applies(g, e):
                         return m.name, m.hint
                     continue
                 if m.model is None:
@@ -449,11 +652,64 @@ class Context:
             if pred.shape != g.shape:
                 continue
             if pred.dtype == np.bool_ or g.dtype == np.bool_:
-                if np.array_equal(pred, g):
+                if np.array_equal(pred, g) and not (
+                    pred.shape == e.shape and np.array_equal(pred, e)
+                ):
                     return m.name, m.hint
-            elif np.allclose(pred, g, rtol=1e-3, atol=1e-4, equal_nan=True):
+            elif np.allclose(pred, g, rtol=1e-3, atol=1e-4, equal_nan=True) and (
+                # ... and closer to what came back than to the correct answer.
+                pred.shape != e.shape or _dist(g, pred) < 0.5 * _dist(pred, e)
+            ):
                 return m.name, m.hint
         return "", ""
+
+
+PRECISION_LOSS = (
+    "precision loss: your result is right to float32 precision (about 7 significant "
+    "digits) but not to float64 precision: part of the computation runs in float32 although "
+    "the inputs are float64 (a .float(), dtype=torch.float32, or a tensor created without "
+    "dtype= somewhere).",
+    "keep every step in the input's dtype: create tensors with dtype=x.dtype (or "
+    "torch.zeros_like / x.new_zeros) and do not cast to float32 on the way.",
+)
+
+#: What float32 arithmetic achieves on the checks' inputs (the course's float32 tolerance).
+_FLOAT32_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def _is_float64(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return x.dtype == torch.float64
+    return isinstance(x, np.ndarray | np.floating) and np.asarray(x).dtype == np.float64
+
+
+def _precision_lost(got: Any, g: np.ndarray, e: np.ndarray, rtol: float, atol: float) -> bool:
+    """``got`` is float64, fails a float64 tolerance, but is within float32 rounding."""
+    tighter = rtol < _FLOAT32_TOL["rtol"] or atol < _FLOAT32_TOL["atol"]
+    return (
+        tighter
+        and _is_float64(got)
+        and g.shape == e.shape
+        and bool(np.allclose(g, e, equal_nan=True, **_FLOAT32_TOL))
+    )
+
+
+def _dist(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest absolute difference, with equal infinities and NaN-vs-NaN counted as 0."""
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+    d = np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0.0, d)
+    d = np.where(np.isnan(d), np.inf, d)
+    return float(np.max(d)) if d.size else 0.0
+
+
+def _distinct(expected: float, got: float) -> tuple[str, str]:
+    """Both numbers with the fewest significant digits (at least 6) that tell them apart."""
+    for digits in (6, 8, 10, 12, 14, 17):
+        a, b = f"{expected:.{digits}g}", f"{got:.{digits}g}"
+        if a != b:
+            break
+    return a, b
 
 
 def _as_np(x: Any) -> np.ndarray:
@@ -465,8 +721,22 @@ def _as_np(x: Any) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- entry point
-def run_check(exercise_id: str, candidate: Any, *, seed: int = 0, thorough: bool = False) -> int:
-    """Run the check of ``exercise_id`` on ``candidate``; return the number of cases run."""
+def run_check(
+    exercise_id: str,
+    candidate: Any,
+    *,
+    seed: int = 0,
+    thorough: bool = False,
+    time_limit: float | None = None,
+) -> int:
+    """Run the check of ``exercise_id`` on ``candidate``; return the number of cases run.
+
+    Raises :class:`CheckFailure` and nothing else for any candidate: an unexpected error
+    inside the check (something about the candidate the check did not foresee) becomes
+    feedback that names the exercise and what the check was doing. ``time_limit`` is the
+    per-call limit in seconds (see :func:`resolve_time_limit`); the graded (thorough) run
+    allows :data:`THOROUGH_TIME_FACTOR` times more.
+    """
     if not isinstance(exercise_id, str) or exercise_id not in REGISTRY:
         known = ", ".join(sorted(REGISTRY))
         raise ValueError(f"unknown exercise id {exercise_id!r}; known ids: {known}")
@@ -481,6 +751,33 @@ def run_check(exercise_id: str, candidate: Any, *, seed: int = 0, thorough: bool
         raise CheckFailure(
             f"{exercise_id}: pass your function itself; got {type(candidate).__name__}."
         )
-    ctx = Context(ex, seed, thorough)
-    ex.run(candidate, ctx)
+    limit = resolve_time_limit(time_limit)
+    if limit is not None and thorough:
+        limit *= THOROUGH_TIME_FACTOR
+    ctx = Context(ex, seed, thorough, limit)
+    whole = _Deadline(None if limit is None else limit * CHECK_TIME_FACTOR)
+    failure = None
+    try:
+        with whole:
+            ex.run(candidate, ctx)
+    except CheckFailure:
+        raise
+    except _TimeUp as up:
+        if up.deadline is not whole:  # pragma: no cover - an outer caller's deadline
+            raise
+        failure = (
+            f"{exercise_id}: the check did not finish within {_seconds(whole.seconds)} "
+            f"(it was {ctx.doing}): does your code loop forever?"
+        )
+    except Exception as err:  # noqa: BLE001 - the safety net: never crash on a candidate
+        failure = (
+            f"{exercise_id}: the check could not finish: while {ctx.doing}, it failed with "
+            f"{type(err).__name__}: {err}\n"
+            "  Likely mistake: something about your code (what it returns, or how your "
+            "module is built) is of a kind this check did not expect.\n"
+            "  Hint: follow the exercise's spec for the return types and the module's "
+            "parameters; if your code does, tell your instructor: it is a bug in the check."
+        )
+    if failure is not None:
+        raise CheckFailure(failure) from None
     return ctx.cases_run

@@ -1,0 +1,166 @@
+"""Each call of the learner's code in a check runs under a time limit: code that never
+returns becomes feedback, and the interpreter (a Jupyter kernel) stays usable."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from attention_ref.checks import CheckFailure, check
+
+from catalog.nb01 import sdpa_einsum_where
+from catalog.nb03 import SelfAttentionWithSdpa
+
+LIMIT = 0.5  # seconds: short, so the tests are quick
+
+
+def looping_sdpa(q, k, v, mask=None):
+    while True:
+        pass
+
+
+class LoopingForward(nn.Module):
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__()
+        self.w_q = nn.Linear(d_in, d_k, bias=False)
+        self.w_k = nn.Linear(d_in, d_k, bias=False)
+        self.w_v = nn.Linear(d_in, d_v, bias=False)
+
+    def forward(self, x, mask=None):
+        n = 0
+        while n >= 0:  # the learner forgot that n only grows
+            n += 1
+
+
+class LoopingInit(nn.Module):
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__()
+        i = 0
+        while i < d_in:  # forgot i += 1
+            pass
+
+
+def swallowing_sdpa(q, k, v, mask=None):
+    """Catches the first interruption (a bare `except:`) and loops on. (Code that swallows
+    every interruption in a loop cannot be stopped from inside the process; the grader's
+    per-cell limit is the backstop for that.)"""
+    try:
+        while True:
+            pass
+    except BaseException:  # noqa: BLE001, S110 - the point of the test
+        pass
+    while True:
+        pass
+
+
+def _timed_check(exercise_id, candidate, **kwargs) -> tuple[str, float]:
+    start = time.monotonic()
+    with pytest.raises(CheckFailure) as err:
+        check(exercise_id, candidate, time_limit=LIMIT, **kwargs)
+    return str(err.value), time.monotonic() - start
+
+
+def test_a_looping_function_is_stopped_with_feedback():
+    msg, took = _timed_check("sdpa", looping_sdpa)
+    assert "your looping_sdpa did not return within 0.5 s: an infinite loop?" in msg
+    assert "Input: " in msg and "q (" in msg  # says on which input
+    assert "Traceback" not in msg
+    assert took < 5
+
+
+def test_a_looping_module_forward_is_stopped_with_feedback():
+    msg, took = _timed_check("self_attention", LoopingForward)
+    assert "your LoopingForward.forward did not return within 0.5 s" in msg
+    assert took < 5
+
+
+def test_a_looping_module_init_is_stopped_with_feedback():
+    msg, took = _timed_check("self_attention", LoopingInit)
+    assert "your LoopingInit(...) did not return within 0.5 s" in msg
+    assert took < 5
+
+
+def test_code_that_swallows_the_interruption_is_still_stopped():
+    msg, took = _timed_check("sdpa", swallowing_sdpa)
+    assert "did not return within 0.5 s" in msg
+    assert took < 10
+
+
+def test_the_graded_run_allows_twice_the_time():
+    msg, _ = _timed_check("sdpa", looping_sdpa, seed=2024, thorough=True)
+    assert "did not return within 1 s" in msg
+
+
+def test_the_kernel_is_usable_after_a_timed_out_check(capsys):
+    handler = signal.getsignal(signal.SIGALRM)
+    _timed_check("sdpa", looping_sdpa)
+    # Nothing is left armed or replaced ...
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is handler
+    assert torch.is_grad_enabled()
+    # ... and the same interpreter runs other checks, including slow-ish code, fine.
+    check("sdpa", sdpa_einsum_where, time_limit=LIMIT)
+    check("self_attention", SelfAttentionWithSdpa, time_limit=LIMIT)
+    time.sleep(LIMIT * 1.5)  # no stray alarm fires later
+    assert "✓ self_attention: passed" in capsys.readouterr().out
+
+
+def test_a_timer_that_was_running_before_the_check_is_restored():
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *a: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30.0)
+        check("sdpa", sdpa_einsum_where, time_limit=LIMIT)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 20.0 < left <= 30.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not fired
+
+
+def test_the_limit_is_configurable_by_environment(monkeypatch):
+    monkeypatch.setenv("ATTENTION_REF_TIME_LIMIT", "0.3")
+    with pytest.raises(CheckFailure, match="did not return within 0.3 s"):
+        check("sdpa", looping_sdpa)
+
+
+def test_off_the_main_thread_there_is_no_limit_and_no_crash():
+    """Signals work only on the main thread: elsewhere a check runs without a limit."""
+    results = []
+
+    def slow_but_correct(q, k, v, mask=None):
+        time.sleep(0.02)
+        return sdpa_einsum_where(q, k, v, mask)
+
+    def run():
+        try:
+            check("sdpa", slow_but_correct, time_limit=0.01)
+            results.append("passed")
+        except BaseException as err:  # noqa: BLE001 - reported below
+            results.append(repr(err))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(120)
+    assert results == ["passed"]
+
+
+def test_slow_but_correct_code_is_not_cut_off():
+    """A correct candidate that takes a while per call (well within the limit) passes."""
+
+    def sdpa_slowly(q, k, v, mask=None):
+        time.sleep(0.01)
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        w = torch.softmax(s, -1).nan_to_num(0.0)
+        return w @ v, w
+
+    check("sdpa", sdpa_slowly, time_limit=LIMIT)
