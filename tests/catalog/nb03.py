@@ -318,3 +318,63 @@ class SelfAttentionFusedQKV(nn.Module):
         e = torch.exp(s - m) * allowed
         w = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).tiny)
         return w @ v, w
+
+
+@alternative("self_attention")
+class SelfAttentionLazyLinear(nn.Module):
+    """nn.LazyLinear layers: the input size is found on the first call."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__()
+        self.w_q = nn.LazyLinear(d_k, bias=False)
+        self.w_k = nn.LazyLinear(d_k, bias=False)
+        self.w_v = nn.LazyLinear(d_v, bias=False)
+
+    def forward(self, x, mask=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        w = _softmax_masked(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
+        return w @ v, w
+
+
+class _Unconstrained(nn.Module):
+    """A parametrization that leaves the weight as it is (e.g. a hook point for later)."""
+
+    def forward(self, w):
+        return w
+
+
+@alternative("self_attention")
+class SelfAttentionParametrized(_Base):
+    """Weights behind torch.nn.utils.parametrize (with no right_inverse), and the scale
+    1/sqrt(d_k) kept in a registered buffer."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__(d_in, d_k, d_v)
+        for layer in (self.w_q, self.w_k, self.w_v):
+            nn.utils.parametrize.register_parametrization(layer, "weight", _Unconstrained())
+        self.register_buffer("scale", torch.tensor(1 / math.sqrt(d_k), dtype=torch.float64))
+
+    def forward(self, x, mask=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        w = _softmax_masked((q @ k.transpose(-2, -1)) * self.scale, mask)
+        return w @ v, w
+
+
+class _Symmetric(nn.Module):
+    def forward(self, w):
+        return (w + w.T) / 2
+
+
+@mistake("self_attention", expect="reads back as something else")
+class SelfAttentionSymmetricWeights(_Base):
+    """Constrains W_Q to be symmetric: not the free projection the exercise asks for."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__(d_in, d_k, d_v)
+        if d_in == d_k:
+            nn.utils.parametrize.register_parametrization(self.w_q, "weight", _Symmetric())
+
+    def forward(self, x, mask=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        w = _softmax_masked(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
+        return w @ v, w
