@@ -363,6 +363,25 @@ def _make_grade(course, jobs: int, env: dict | None = None) -> tuple[float, str]
     return seconds, proc.stdout
 
 
+def _interrupted(nb_path) -> tuple[list[str], int]:
+    """The limits (s) of the cells grading interrupted, and how many checks reported a
+    call that did not return in time."""
+    import re
+
+    import nbformat
+
+    cells, checks = [], 0
+    for cell in nbformat.read(nb_path, as_version=4).cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") != "error":
+                continue
+            if o.get("ename") == "CellTimeoutError":
+                cells.append(re.search(r"within (\d+) s", o["evalue"]).group(1))
+            elif "did not return within" in o.get("evalue", ""):
+                checks += 1
+    return cells, checks
+
+
 def _seconds_of(out: str, student: str) -> float:
     import re
 
@@ -372,6 +391,7 @@ def _seconds_of(out: str, student: str) -> float:
 
 @benchmark("grading", "cost of a looping submission; a class graded with 1 vs 2 workers")
 def bench_grading(opts: argparse.Namespace) -> bool:
+    import os
     import tempfile
     from pathlib import Path
 
@@ -389,11 +409,14 @@ def bench_grading(opts: argparse.Namespace) -> bool:
         _submit(course, "looping", loop_aid, _solved(loop_aid, loop="sdpa"))
         _, out = _make_grade(course, 1)
         loop_cost = _seconds_of(out, "looping") - _seconds_of(out, "solution")
+        graded = course / "autograded" / "looping" / loop_aid / f"{loop_aid}.ipynb"
+        cells, checks = _interrupted(graded)
         print(
             f"grading loop notebook={loop_aid} exercise=sdpa before_s={OLD_LOOP_S:.0f} "
             f"(issue 13, 300 s per cell) after_s={loop_cost:.1f} "
             f"(looping {_seconds_of(out, 'looping'):.1f} s - solution "
-            f"{_seconds_of(out, 'solution'):.1f} s)",
+            f"{_seconds_of(out, 'solution'):.1f} s) interrupted_cells_s={'+'.join(cells)} "
+            f"check_time_limits_hit={checks} load_average={os.getloadavg()[0]:.1f}",
             flush=True,
         )
         met.append(
@@ -411,7 +434,8 @@ def bench_grading(opts: argparse.Namespace) -> bool:
             times[jobs], _ = _make_grade(course, jobs)
             print(
                 f"grading class students={n} assignments={len(aids)} jobs={jobs} "
-                f"seconds={times[jobs]:.1f} per_student_s={times[jobs] / n:.1f}",
+                f"seconds={times[jobs]:.1f} per_student_s={times[jobs] / n:.1f} "
+                f"load_average={os.getloadavg()[0]:.1f}",
                 flush=True,
             )
     if 1 in times:
