@@ -274,6 +274,8 @@ def bench_apps(opts: argparse.Namespace) -> bool:
                 f"app={app} metric={result.metric} value={float(result.value):.3f} "
                 f"train_seconds={float(result.train_seconds):.1f}"
             )
+            if getattr(result, "bleu", None) is not None:  # sacrebleu corpus BLEU, 0-100
+                line += f" bleu={float(result.bleu):.1f}"
         except Exception as err:  # report and go on with the next application
             ok = False
             line = f"app={app} FAILED: {type(err).__name__}: {err}"
