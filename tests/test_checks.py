@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from attention_ref.authoring import HIDDEN_CHECK
-from attention_ref.checks import check, exercise_ids
+from attention_ref.checks import _core, check, exercise_ids
 
 from catalog.nb01 import sdpa_einsum_where
 
@@ -134,3 +135,28 @@ def test_hidden_tests_pass_a_correct_answer():
     proc = _run_in_fresh_python(code)
     assert proc.returncode == 0, proc.stderr
     assert "✓ causal_mask: passed" in proc.stdout
+
+
+def test_expected_and_got_are_printed_with_enough_digits_to_differ():
+    from catalog.framework import sdpa_softmax_in_float32
+
+    with pytest.raises(AssertionError) as err:
+        check("sdpa", sdpa_softmax_in_float32)
+    want, got = re.search(r"expected (\S+), got (\S+) \(", str(err.value)).groups()
+    assert want != got
+    assert "precision loss" in str(err.value)
+
+
+def test_a_mistake_that_changes_nothing_on_the_input_is_not_named():
+    """A mistake is named only if its model differs from the correct output there."""
+    ctx = _core.Context(_core.REGISTRY["sdpa"], 0, False)
+    expected = np.array([0.25, 0.75])
+    got = np.array([0.3, 0.7])
+    mistakes = [
+        _core.Mistake("harmless here", "-", model=lambda: expected.copy()),
+        _core.Mistake("the real one", "-", model=lambda: got.copy()),
+    ]
+    with pytest.raises(AssertionError) as err:
+        ctx.expect_close(got, expected, what="w", rtol=1e-7, atol=1e-10, mistakes=mistakes)
+    assert "harmless here" not in str(err.value)
+    assert "Likely mistake: the real one" in str(err.value)
