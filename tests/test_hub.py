@@ -69,7 +69,10 @@ def _nbgrader_code(cwd: str, *args: str) -> str:
 
 
 def run_tool(h, acct, cwd: str, *args: str) -> dict:
+    t0 = time.time()
     res = h.run_json(acct, _nbgrader_code(cwd, *args))
+    step = " ".join(args[:2])
+    TIMINGS[step] = TIMINGS.get(step, 0.0) + time.time() - t0
     assert res["rc"] == 0, f"{acct.name}: python -m {' '.join(args)}:\n{res['out']}{res['err']}"
     return res
 
@@ -86,6 +89,7 @@ def hub():
         hubkit.make_envs(h)
         config = hubkit.write_config(h)
         _instructor_course(h)
+        TIMINGS["accounts, exchange, envs"] = time.time() - start
         hubkit.start_hub(h, config)
         for acct in h.accounts:
             h.start_server(acct)

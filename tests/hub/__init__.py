@@ -84,19 +84,46 @@ def sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
-def runnable_python(user: str) -> str:
-    """An interpreter of this Python version that ``user`` can run (this venv's base
-    interpreter may sit in root's home, e.g. pyenv under /root)."""
-    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for cand in (sys._base_executable, f"/usr/bin/python{ver}", f"/usr/local/bin/python{ver}"):
-        if cand and os.path.exists(cand):
-            probe = sh("runuser", "-u", user, "--", cand, "-c", "import sys", check=False)
-            if probe.returncode == 0:
-                return cand
-    raise RuntimeError(
-        f"no Python {ver} that the account {user} may run (the venv's base interpreter "
-        f"{sys._base_executable} is not readable by other users)"
+def runnable_python(user: str, base: Path) -> tuple[str, str]:
+    """An interpreter of this very Python that ``user`` can run. This venv's base
+    interpreter may sit where other accounts cannot reach it (pyenv under /root, mode
+    0700): then its files are linked (or copied) into ``base``, site-packages left out.
+    Returns the interpreter and the LD_LIBRARY_PATH it needs ("" for none)."""
+    exe = Path(sys._base_executable)
+    if sh("runuser", "-u", user, "--", str(exe), "-c", "import sys", check=False).returncode == 0:
+        return str(exe), ""
+    src, dest = Path(sys.base_prefix), base / "python"
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for path in [exe, *(src / "lib").glob("libpython*"), *(src / "lib" / ver).rglob("*")]:
+        rel = path.relative_to(src)
+        if "site-packages" in rel.parts or path.is_dir():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+    for d in [dest, *(p for p in dest.rglob("*") if p.is_dir())]:
+        d.chmod(0o755)
+    (dest / "lib" / ver / "site-packages").mkdir(exist_ok=True)
+    copy, lib = dest / exe.relative_to(src), str(dest / "lib")
+    code = f"import sys; assert sys.version_info[:3] == {tuple(sys.version_info[:3])!r}"
+    probe = sh(
+        "runuser",
+        "-u",
+        user,
+        "--",
+        "env",
+        f"LD_LIBRARY_PATH={lib}",
+        str(copy),
+        "-c",
+        code,
+        check=False,
     )
+    if probe.returncode != 0:
+        raise RuntimeError(f"{user} cannot run a copy of {exe}: {probe.stderr}")
+    return str(copy), lib
 
 
 @dataclass
@@ -116,6 +143,7 @@ class Hub:
     instructor: Account
     students: list[Account]
     envs: dict[str, Path] = field(default_factory=dict)
+    ld_path: str = ""  # LD_LIBRARY_PATH for a linked copy of the interpreter
     url: str = ""
     admin_token: str = ""
     process: subprocess.Popen | None = None
@@ -302,9 +330,14 @@ def _add_users(hub: Hub, group: str) -> None:
 
 
 def remove_accounts(hub: Hub) -> None:
-    for acct in hub.accounts:
-        sh("pkill", "-KILL", "-u", acct.name, check=False)  # only processes of our accounts
-    time.sleep(0.2)
+    uids = {a.uid for a in hub.accounts if a.uid}
+    for _ in range(3):  # only processes of the accounts the test created
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if d.stat().st_uid in uids:
+                        os.kill(int(d.name), 9)
+        time.sleep(0.2)
     for acct in hub.accounts:
         sh("userdel", acct.name, check=False)
     sh("groupdel", hub.group, check=False)
@@ -328,10 +361,11 @@ def make_envs(hub: Hub) -> None:
     """Two Python environments sharing the course's dependencies (this venv's
     site-packages): the instructor's with the full package, the students' with the student
     edition in place of it."""
-    py = runnable_python(hub.students[0].name)
+    py, hub.ld_path = runnable_python(hub.students[0].name, hub.base)
+    run_env = dict(os.environ, LD_LIBRARY_PATH=hub.ld_path) if hub.ld_path else None
     for who in ("instructor", "student"):
         env = hub.base / "envs" / who
-        sh(py, "-m", "venv", "--without-pip", str(env))
+        sh(py, "-m", "venv", "--without-pip", str(env), env=run_env)
         site = next((env / "lib").glob("python3*/site-packages"))
         if who == "instructor":
             # addsitedir also runs this venv's .pth files: the editable attention_ref.
@@ -401,7 +435,10 @@ def pre_spawn_hook(spawner):
     spawner.environment.update({{
         "PATH": env + "/bin:/usr/local/bin:/usr/bin:/bin",
         "JUPYTER_CONFIG_PATH": {str(etc)!r},
+        # nbconvert's templates (generate_feedback) and kernelspecs of the shared deps
+        "JUPYTER_PATH": {str(Path(sys.prefix) / "share" / "jupyter")!r},
         "OMP_NUM_THREADS": "1",
+        **({{"LD_LIBRARY_PATH": {hub.ld_path!r}}} if {bool(hub.ld_path)!r} else {{}}),
         "PYTHONHASHSEED": "0",
         "MPLBACKEND": "Agg",
     }})
