@@ -8,6 +8,7 @@ import torch
 from attention_ref import merge_heads, split_heads
 
 from . import mistake
+from .nb03 import _Base
 
 
 def _softmax_in_float32(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -39,13 +40,7 @@ def kv_softmax_in_float32(mha, x_new, cache):
 
 
 @mistake("self_attention", expect="precision loss")
-class SelfAttentionFloat32Softmax(torch.nn.Module):
-    def __init__(self, d_in, d_k, d_v):
-        super().__init__()
-        self.w_q = torch.nn.Linear(d_in, d_k, bias=False)
-        self.w_k = torch.nn.Linear(d_in, d_k, bias=False)
-        self.w_v = torch.nn.Linear(d_in, d_v, bias=False)
-
+class SelfAttentionFloat32Softmax(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         w = _softmax_in_float32(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
