@@ -164,3 +164,29 @@ def test_slow_but_correct_code_is_not_cut_off():
         return w @ v, w
 
     check("sdpa", sdpa_slowly, time_limit=LIMIT)
+
+
+@pytest.mark.notebooks
+def test_in_a_jupyter_kernel_a_looping_cell_is_stopped_and_the_kernel_goes_on():
+    """The way a learner meets it: the check cell fails with feedback, later cells run."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [
+        "from attention_ref.checks import check\n"
+        "def sdpa(q, k, v, mask=None):\n"
+        "    while True:\n"
+        "        pass\n"
+        "check('sdpa', sdpa, time_limit=1)",
+        "def softmax_np(x, axis=-1):\n"
+        "    import numpy as np\n"
+        "    e = np.exp(x - x.max(axis=axis, keepdims=True))\n"
+        "    return e / e.sum(axis=axis, keepdims=True)\n"
+        "check('softmax_np', softmax_np, time_limit=1)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3").execute()
+    first, second = nb.cells
+    assert first.outputs[0].ename == "CheckFailure"
+    assert "did not return within 1 s" in first.outputs[0].evalue
+    assert any("✓ softmax_np: passed" in o.get("text", "") for o in second.outputs)
