@@ -39,7 +39,7 @@ FAKE_ROOT = "/nonexistent/site-packages"
 # Objects whose source a notebook prints on purpose (module -> qualified names); none of
 # them is the reference implementation of a graded exercise.
 SHOWN: dict[str, tuple[str, ...]] = {
-    f"{PACKAGE}.encoder": ("Encoder.embed_tokens", "Encoder.forward"),
+    f"{PACKAGE}.encoder": ("init_embedding", "Encoder.embed_tokens", "Encoder.forward"),
 }
 SHOWN_SUFFIX = " (parts shown in the notebooks)"
 

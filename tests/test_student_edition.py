@@ -151,6 +151,22 @@ def test_shown_demonstration_source_is_kept(edition):
     assert "def forward(" in out and "HIDDEN" in out
 
 
+def test_every_source_a_notebook_prints_is_kept(edition):
+    """Whatever a solution notebook prints with inspect.getsource(ar.X) must still print
+    under the student edition (attention_ref.edition.SHOWN), or the notebook would fail."""
+    names = set()
+    for nb in (ROOT / "solutions").glob("*/*.ipynb"):
+        names |= set(re.findall(r"getsource\((?:ar|attention_ref)\.([\w.]+)\)", nb.read_text()))
+    assert names, "expected notebook 06 to print some reference source"
+    code = (
+        "import inspect, json, operator, attention_ref as ar\n"
+        f"names = {sorted(names)!r}\n"
+        "get = lambda n: inspect.getsource(operator.attrgetter(n)(ar))\n"
+        "print(json.dumps({n: len(get(n)) for n in names}))\n"
+    )
+    assert all(json.loads(run_with(edition, code)).values())
+
+
 FEEDBACK = """
 import json, catalog
 from attention_ref.checks import check
