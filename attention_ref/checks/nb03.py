@@ -7,6 +7,12 @@ it, copies the reference's weights into it by parameter name (``w_q``, ``w_k``, 
 float64 from the same weights and inputs. It also checks that self-attention without a
 mask is permutation-equivariant and, in the graded run, that a causal mask stops the
 future from leaking into the past.
+
+Lazy layers (``nn.LazyLinear``) get their shapes from one call on a small input before the
+weights are loaded; parametrized weights (``torch.nn.utils.parametrize``) are set through
+their ``right_inverse`` (or their original tensor) and must read back as loaded. Calling
+``attention_ref.sdpa`` / ``masked_softmax`` inside the module is allowed (the spec says so:
+the exercise is the projections); the reference modules and PyTorch's attention are not.
 """
 
 from __future__ import annotations
