@@ -369,9 +369,12 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             if (torch_dtype is not None)
             else (out64.astype(c.q.dtype), w64.astype(c.q.dtype))
         )
+        # Only arrays have shapes: anything else gets expect_array's message below.
+        shaped = all(isinstance(g, torch.Tensor | np.ndarray) for g in got)
         # (weights, out) returned in the wrong order?
         if (
-            tuple(got[0].shape) == tuple(w64.shape)
+            shaped
+            and tuple(got[0].shape) == tuple(w64.shape)
             and tuple(got[1].shape) == tuple(out64.shape)
             and w64.shape != out64.shape
         ):
@@ -382,7 +385,7 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
                 hint="end with `return out, weights`.",
             )
         swap_msg = "returned (weights, out) instead of (out, weights)."
-        if c.mask is not None and _nan_rows_where_mask_is_full(got[1], c.mask):
+        if shaped and c.mask is not None and _nan_rows_where_mask_is_full(got[1], c.mask):
             ctx.fail(
                 "the weights contain NaN in the rows of queries that may attend to every key.",
                 case=case,

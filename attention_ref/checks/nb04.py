@@ -558,7 +558,8 @@ def _mha_forbidden():
 
 def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.Module:
     kwargs = {} if bias is None else {"bias": bias}
-    mod = build_module(ctx, cls, (D, H), kwargs, case)
+    x = torch.zeros(1, 2, D, dtype=dtype)  # (B, T, D): one call sets up lazy layers
+    mod = build_module(ctx, cls, (D, H), kwargs, case, sample=(x, x, x))
     mod.to(dtype)
     b = bias is not False
     spec = f"nn.Linear(d_model, d_model, bias=bias), here nn.Linear({D}, {D}, bias={b})"

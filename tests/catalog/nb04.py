@@ -499,3 +499,13 @@ class MHAEinsumWhere(_Base):
             w = torch.where(mask.any(-1, keepdim=True), w, torch.zeros((), dtype=w.dtype))
         out = torch.einsum("bhqk,bkhd->bqhd", w, v).flatten(2).to(query.dtype)
         return self.w_o(out), w.to(query.dtype)
+
+
+@alternative("multi_head_attention")
+class MHALazyProjections(MHAWithReferenceHelpers):
+    """Projections as nn.LazyLinear: their shapes are set by the first forward call."""
+
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__(d_model, n_heads, bias)
+        self.w_q, self.w_k = nn.LazyLinear(d_model, bias), nn.LazyLinear(d_model, bias)
+        self.w_v, self.w_o = nn.LazyLinear(d_model, bias), nn.LazyLinear(d_model, bias)
