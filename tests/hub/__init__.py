@@ -363,6 +363,18 @@ def make_envs(hub: Hub) -> None:
     edition in place of it."""
     py, hub.ld_path = runnable_python(hub.students[0].name, hub.base)
     run_env = dict(os.environ, LD_LIBRARY_PATH=hub.ld_path) if hub.ld_path else None
+    probe = sh(
+        "runuser", "-u", hub.students[0].name, "--", "env",
+        f"LD_LIBRARY_PATH={hub.ld_path}", py, "-c",
+        f"import sys; sys.path.append({str(SITE)!r}); import torch, nbgrader, jupyterhub",
+        check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        raise RuntimeError(
+            f"the course's dependencies in {SITE} are not readable by other accounts (every "
+            "folder above the checkout needs o+rx, e.g. clone it under /srv or /tmp, not "
+            f"/root):\n{probe.stderr[-2000:]}"
+        )
     for who in ("instructor", "student"):
         env = hub.base / "envs" / who
         sh(py, "-m", "venv", "--without-pip", str(env), env=run_env)
