@@ -144,6 +144,8 @@ class Hub:
     students: list[Account]
     envs: dict[str, Path] = field(default_factory=dict)
     ld_path: str = ""  # LD_LIBRARY_PATH for a linked copy of the interpreter
+    # Folders above the checkout given o+x (traverse) for the test, with their old modes.
+    opened: list[tuple[Path, int]] = field(default_factory=list)
     url: str = ""
     admin_token: str = ""
     process: subprocess.Popen | None = None
@@ -363,17 +365,29 @@ def make_envs(hub: Hub) -> None:
     edition in place of it."""
     py, hub.ld_path = runnable_python(hub.students[0].name, hub.base)
     run_env = dict(os.environ, LD_LIBRARY_PATH=hub.ld_path) if hub.ld_path else None
-    probe = sh(
-        "runuser", "-u", hub.students[0].name, "--", "env",
-        f"LD_LIBRARY_PATH={hub.ld_path}", py, "-c",
-        f"import sys; sys.path.append({str(SITE)!r}); import torch, nbgrader, jupyterhub",
-        check=False,
-    )  # fmt: skip
-    if probe.returncode != 0:
+
+    def probe():
+        return sh(
+            "runuser", "-u", hub.students[0].name, "--", "env",
+            f"LD_LIBRARY_PATH={hub.ld_path}", py, "-c",
+            f"import sys; sys.path.append({str(SITE)!r}); import torch, nbgrader, jupyterhub",
+            check=False,
+        )  # fmt: skip
+
+    if probe().returncode != 0:
+        # A checkout under a private folder (/root, mode 0700): let other accounts pass
+        # through (x, not r) the folders above it for the test; stop_hub restores them.
+        for d in reversed(SITE.parents):
+            mode = d.stat().st_mode & 0o7777
+            if not mode & 0o001:
+                hub.opened.append((d, mode))
+                d.chmod(mode | 0o001)
+    result = probe()
+    if result.returncode != 0:
         raise RuntimeError(
             f"the course's dependencies in {SITE} are not readable by other accounts (every "
             "folder above the checkout needs o+rx, e.g. clone it under /srv or /tmp, not "
-            f"/root):\n{probe.stderr[-2000:]}"
+            f"/root):\n{result.stderr[-2000:]}"
         )
     for who in ("instructor", "student"):
         env = hub.base / "envs" / who
@@ -519,6 +533,10 @@ def stop_hub(hub: Hub) -> None:
     if pidfile.exists():
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(pidfile.read_text().strip()), 15)
+    while hub.opened:  # the folders make_envs opened for traversal, as they were
+        d, mode = hub.opened.pop()
+        with contextlib.suppress(OSError):
+            d.chmod(mode)
 
 
 def new_base() -> Path:
