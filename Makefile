@@ -70,12 +70,12 @@ student-edition: $(STAMP)
 	$(BIN)/python -m attention_ref.edition build $(EDITION)
 
 lint: $(STAMP)
-	$(BIN)/ruff check attention_ref tests
-	$(BIN)/ruff format --check attention_ref tests
+	$(BIN)/ruff check attention_ref tests tools solutions notebooks
+	$(BIN)/ruff format --check attention_ref tests tools solutions notebooks
 
 format: $(STAMP)
-	$(BIN)/ruff format attention_ref tests
-	$(BIN)/ruff check --fix attention_ref tests
+	$(BIN)/ruff format attention_ref tests tools solutions
+	$(BIN)/ruff check --fix attention_ref tests tools solutions
 
 # Maintainers: resolve the newest versions the pyproject ranges allow and write the lock.
 lock:

@@ -21,13 +21,17 @@ import nbformat
 
 _ID = re.compile(r"^[a-zA-Z0-9_-]+$")
 
+# The imports come after the visible self-check on purpose (E402): the checker is reloaded
+# from disk after the learner's code has run.
 HIDDEN_CHECK = """### BEGIN HIDDEN TESTS
 # Graded run: a fresh copy of the checker is loaded from disk (whatever the notebook
 # did to the one in memory) and run on other inputs.
-import sys as _sys
+import sys as _sys  # noqa: E402
+
 for _m in [m for m in _sys.modules if m.split(".")[0] == "attention_ref"]:
     del _sys.modules[_m]
-from attention_ref.checks import check as _fresh_check
+from attention_ref.checks import check as _fresh_check  # noqa: E402
+
 _fresh_check("{id}", {name}, seed={seed}, thorough=True)
 ### END HIDDEN TESTS"""
 

@@ -1,4 +1,5 @@
-"""ruff is clean over the package, the tests and the tools."""
+"""ruff is clean over the package, the tests, the tools and the notebooks (solutions/ and
+the generated notebooks/: ruff reads .ipynb)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["attention_ref", "tests", "tools", "nbgrader_config.py"]
+PATHS = ["attention_ref", "tests", "tools", "nbgrader_config.py", "solutions", "notebooks"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:
