@@ -555,6 +555,19 @@ class GPTResult:
     history: TrainResult
     figures: dict[str, float] = field(default_factory=dict)
 
+    def extras(self) -> str:
+        """The figures for the benchmark line, ``key=value`` separated by spaces."""
+        f = self.figures
+        keys = ("agreement", "grammatical", "novel", "bigram_ratio", "bigram_agreement")
+        parts = [f"{k}={f[k]:.3f}" for k in keys]
+        parts += [
+            f"floor={f['floor']:.4f}",
+            f"steps={self.history.steps}",
+            f"steps_per_second={f['steps_per_second']:.1f}",
+            f"threads={GPT_CONFIG['cpu_threads']}",
+        ]
+        return " ".join(parts)
+
 
 def train_gpt(
     seed: int = 0, device=None, *, progress: bool = True, samples: int = 1000

@@ -108,6 +108,9 @@ def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
         "attention_ref.apps.summarization": types.SimpleNamespace(
             train_summarization=_fake_app("sentence_f1", 0.875, 12.0)
         ),
+        "attention_ref.gpt": types.SimpleNamespace(
+            train_gpt=_fake_app("cross_entropy_over_floor", 1.0081, 49.04)
+        ),
     }
     monkeypatch.setattr(bench.importlib, "import_module", modules.__getitem__)
     assert bench.main(["apps"]) == 0
@@ -116,6 +119,7 @@ def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
         "app=translation metric=exact_match value=0.995 train_seconds=48.1",
         "app=qa metric=exact_match value=0.900 train_seconds=5.0",
         "app=summarization metric=sentence_f1 value=0.875 train_seconds=12.0",
+        "app=gpt metric=cross_entropy_over_floor value=1.008 train_seconds=49.0",
     ]
 
 
