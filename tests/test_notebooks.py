@@ -64,7 +64,12 @@ def test_student_notebook_hides_solutions_and_hidden_tests(aid):
 
 
 @pytest.mark.parametrize("aid", AIDS)
-def test_student_notebook_fails_every_test_cell_and_errs_only_where_work_is_missing(aid):
+def test_student_notebook_fails_every_test_cell_and_errs_only_where_work_is_missing(
+    aid, monkeypatch
+):
+    # Run as the autograder runs it (training cells take a token few steps; claims about
+    # trained models are skipped): nbval already trains every model fully in the solutions.
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     nb = nbformat.read(release_path(aid), as_version=4)
     client = NotebookClient(
         nb,
