@@ -37,7 +37,7 @@ from .data.grammar import BigramModel, GrammarData, Sentence, distinct_ngrams, m
 from .data.vocab import BOS_ID, PAD_ID, SPECIALS
 from .encoder import FeedForward
 from .kv_cache import KVCache, cached_self_attention
-from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .multihead import MultiHeadAttention, check_qkv, merge_heads, split_heads
 from .training import Stream, TrainResult, evaluating, pick_device, seed_everything, train
 
 
@@ -92,15 +92,7 @@ class GroupedQueryAttention(nn.Module):
         return self.w_o(merge_heads(out)), weights
 
     def forward(self, query, key, value, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            require_tensor(name, t)
-            if t.dim() != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"{name} must be (batch, seq, d_model={self.d_model}); got shape "
-                    f"{tuple(t.shape)}"
-                )
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # (B, n_q, n_k) -> (B, 1, n_q, n_k)
+        mask = check_qkv(self.d_model, query, key, value, mask)
         q = split_heads(self.w_q(query), self.n_heads)  # (B, H, n_q, d_head)
         k = split_heads(self.w_k(key), self.n_kv_heads)  # (B, G, n_k, d_head)
         v = split_heads(self.w_v(value), self.n_kv_heads)

@@ -46,6 +46,27 @@ def _check_sizes(d_model: int, n_heads: int) -> None:
         )
 
 
+def check_qkv(
+    d_model: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Validate the inputs of a multi-head attention (each ``(batch, seq, d_model)``) and
+    return the mask ready for the heads: a ``(B, n_q, n_k)`` mask gets a head axis,
+    ``(B, 1, n_q, n_k)``; other masks are returned as they are."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        require_tensor(name, t)
+        if t.dim() != 3 or t.shape[-1] != d_model:
+            raise ValueError(
+                f"{name} must be (batch, seq, d_model={d_model}); got shape {tuple(t.shape)}"
+            )
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(1)  # (B, n_q, n_k) -> (B, 1, n_q, n_k): same for every head
+    return mask
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate ``W_Q, W_K, W_V`` of size ``d_model x d_model``
     and an output projection ``W_O``.
@@ -90,15 +111,7 @@ class MultiHeadAttention(nn.Module):
         value: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            require_tensor(name, t)
-            if t.dim() != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"{name} must be (batch, seq, d_model={self.d_model}); got shape "
-                    f"{tuple(t.shape)}"
-                )
-        if mask is not None and mask.dim() == 3:
-            mask = mask.unsqueeze(1)  # (B, n_q, n_k) -> (B, 1, n_q, n_k): same for every head
+        mask = check_qkv(self.d_model, query, key, value, mask)
         q = split_heads(self.w_q(query), self.n_heads)  # (B, H, n_q, d_head)
         k = split_heads(self.w_k(key), self.n_heads)  # (B, H, n_k, d_head)
         v = split_heads(self.w_v(value), self.n_heads)  # (B, H, n_k, d_head)
