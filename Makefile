@@ -20,12 +20,12 @@ PIP_ARGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 # `make test` runs two pytest processes side by side, one per core: the grading tests (a
-# class graded into sqlite and PostgreSQL, every solution graded, the exchange; they grade
-# with two workers themselves) and everything else. Each one's report appears when it ends.
-# The browser test runs in the grading lane too: it balances the two lanes (measured on a
-# fresh clone: about 570 s of grading against 730 s for everything else before the move).
+# class graded into sqlite and PostgreSQL, every solution graded; they grade with two
+# workers themselves) and everything else. Each one's report appears when it ends. The
+# browser and student-edition tests run in the grading lane too, to balance the two lanes
+# (the hub, every notebook and the unit tests are the other).
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py \
-	tests/test_exchange.py tests/test_browser.py
+	tests/test_browser.py tests/test_student_edition.py
 ASSIGNMENTS ?=
 JOBS ?=
 

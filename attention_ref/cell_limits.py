@@ -78,6 +78,24 @@ class CellLimits:
         )
 
 
+#: How often grading starts a kernel for one notebook before it gives up. A kernel can die
+#: before it runs anything for reasons that are not the submission's: two kernels started
+#: at the same moment by parallel workers can be handed the same free TCP port, and the
+#: second one cannot bind it. No cell has run then, so starting another is safe.
+KERNEL_START_ATTEMPTS = 3
+#: The words grading logs (and the report quotes) when it replaced a kernel.
+KERNEL_RESTARTED = "kernel restarted"
+
+
+def kernel_failed_to_start(err: BaseException) -> bool:
+    """Whether ``err`` (raised while a notebook's kernel was being set up) says the kernel
+    died or never answered before it ran any code."""
+    text = str(err)
+    return isinstance(err, RuntimeError) and (
+        "Kernel died before replying to kernel_info" in text or "Kernel didn't respond" in text
+    )
+
+
 def timeout_message(limit: int, cell: Any) -> str:
     kind = f"a cell tagged '{TRAINING_TAG}'" if is_training(cell) else "a cell"
     return (
@@ -92,12 +110,37 @@ def execute_preprocessor():
     from nbgrader.preprocessors import Execute
 
     class CourseExecute(Execute):
-        """Execute with :class:`CellLimits`: a fresh budget for each notebook."""
+        """Execute with :class:`CellLimits`: a fresh budget for each notebook; a kernel
+        that dies before its first cell is replaced (:func:`kernel_failed_to_start`)."""
 
         def preprocess(self, nb, resources=None, km=None):
-            self.limits = CellLimits()
-            self.timeout_func = self.limits
-            return super().preprocess(nb, resources, km)
+            for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+                self.limits = CellLimits()
+                self.timeout_func = self.limits
+                self.cells_started = 0
+                try:
+                    return super().preprocess(nb, resources, km)
+                except Exception as err:
+                    if (
+                        self.cells_started
+                        or km is not None
+                        or attempt == KERNEL_START_ATTEMPTS
+                        or not kernel_failed_to_start(err)
+                    ):
+                        raise
+                    self.log.warning(
+                        "%s: the kernel died before running any cell (%s); starting "
+                        "another, attempt %d of %d",
+                        KERNEL_RESTARTED,
+                        err,
+                        attempt + 1,
+                        KERNEL_START_ATTEMPTS,
+                    )
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
+            self.cells_started += 1
+            return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
 
         async def _async_handle_timeout(self, timeout, cell=None):
             self.limits.timed_out(timeout)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import nbformat
 
-from .cell_limits import CellLimits, timeout_message
+from .cell_limits import KERNEL_RESTARTED, CellLimits, timeout_message
 from .course import assignments, nbgrader
 
 CRASHED_CELL = (
@@ -217,6 +217,11 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
     outcome = Outcome(student, aid)
     try:
         result = _autograde(_api(root_path), aid, student, force)
+        if KERNEL_RESTARTED in _result_text(result):
+            outcome.notes.append(
+                "a kernel died before running any cell (not the submission's doing: "
+                "e.g. a port taken by a kernel started at the same moment) and was replaced"
+            )
         graded = root_path / "autograded" / student / aid
         if graded.is_dir():
             for nb_path in sorted(graded.glob("*.ipynb")):

@@ -133,6 +133,31 @@ def under_autograde() -> bool:
     return os.environ.get("NBGRADER_EXECUTION") == "autograde"
 
 
+#: The environment variable that sets how many steps :func:`train` takes while autograding:
+#: a number, or ``all`` to train in full (e.g. to show trained models in the feedback, or
+#: to measure what grading cost before training was cut short). Unset: ``grading_steps``.
+GRADING_STEPS_ENV = "ATTENTION_REF_GRADING_STEPS"
+
+
+def grading_step_cap(default: int) -> int | None:
+    """The steps :func:`train` takes while autograding: ``$ATTENTION_REF_GRADING_STEPS``
+    (``all``: None, no cap) or ``default``."""
+    raw = os.environ.get(GRADING_STEPS_ENV, "").strip()
+    if not raw:
+        return default
+    if raw.lower() == "all":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"{GRADING_STEPS_ENV} must be a whole number of steps >= 1 or 'all'; got {raw!r}"
+        )
+    return value
+
+
 #: ``under_autograde()`` when the package was imported: write claims about a trained model
 #: as ``assert GRADING or accuracy >= 0.95, ...`` so they hold in every normal run and are
 #: skipped only while autograding (where :func:`train` runs ``grading_steps`` steps).
@@ -200,6 +225,7 @@ def train(
         grading_steps: while nbgrader autogrades (:func:`under_autograde`), train only
             this many steps: the graded cells never depend on the trained model, and a
             class's grading should not train hundreds of models. A note says so.
+            ``$ATTENTION_REF_GRADING_STEPS`` overrides it (:func:`grading_step_cap`).
 
     Returns:
         A :class:`TrainResult` with the per-step losses, steps done and seconds taken.
@@ -207,8 +233,9 @@ def train(
     if steps < 1:
         raise ValueError(f"steps must be >= 1; got {steps}")
     planned = steps
-    if under_autograde():
-        steps = max(1, min(steps, grading_steps))
+    cap = grading_step_cap(grading_steps) if under_autograde() else None
+    if cap is not None:
+        steps = max(1, min(steps, cap))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     bar = tqdm(total=steps, desc=desc, unit="step", mininterval=0.25) if progress else None
     result = TrainResult()

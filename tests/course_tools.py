@@ -90,3 +90,25 @@ def run_course(course: Path, *args: str, timeout: int = 3000, env_extra: dict | 
         timeout=timeout,
         env=env,
     )
+
+
+def execute(nb, **client_options):
+    """Execute ``nb`` in place with nbclient (``client_options`` as for NotebookClient);
+    a kernel that dies before running any cell (a port taken by a kernel started at the
+    same moment) is replaced, as the grader does."""
+    import atexit
+
+    from nbclient import NotebookClient
+
+    from attention_ref.cell_limits import KERNEL_START_ATTEMPTS, kernel_failed_to_start
+
+    for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+        client = NotebookClient(nb, **client_options)
+        started = []
+        client.on_cell_start = lambda **kwargs: started.append(True)
+        try:
+            return client.execute()
+        except RuntimeError as err:
+            if started or attempt == KERNEL_START_ATTEMPTS or not kernel_failed_to_start(err):
+                raise
+            atexit.unregister(client._cleanup_kernel)  # that kernel is cleaned up already

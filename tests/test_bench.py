@@ -146,3 +146,37 @@ def test_apps_benchmark_reports_a_missing_or_failing_app_and_exits_nonzero(monke
 def test_unknown_benchmark_is_a_usage_error():
     with pytest.raises(SystemExit):
         bench.main(["nonsense"])
+
+
+def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch, capsys):
+    """The baseline is graded with one worker and full training, and the class ratio is
+    the best time over the baseline scaled to the class (grading itself is faked here:
+    the real one takes minutes; tests/test_grading.py proves grading)."""
+    calls = []
+
+    def fake_make_grade(course, jobs, env=None):
+        students = sorted(p.name for p in (course / "submitted").iterdir())
+        calls.append((course.name, jobs, dict(env or {}), students))
+        if course.name == "loop":
+            out = "   [1/2] 01 solution: graded (8.0 s)\n   [2/2] 01 looping: graded (50.0 s)\n"
+            return 58.0, out
+        if course.name == "baseline":
+            return 150.0 * len(students), ""
+        return {1: 400.0, 2: 250.0}[jobs], ""
+
+    monkeypatch.setattr(bench, "_make_grade", fake_make_grade)
+    monkeypatch.setattr(bench, "_interrupted", lambda path: (["30", "10"], 1))
+    argv = ["grading", "--students", "4", "--baseline-students", "2"]
+    assert bench.main([*argv, "--strict"]) == 1  # a missed target fails with --strict
+    out = capsys.readouterr().out
+    baseline = [c for c in calls if c[0] == "baseline"]
+    assert baseline == [("baseline", 1, {"ATTENTION_REF_GRADING_STEPS": "all"}, baseline[0][3])]
+    assert len(baseline[0][3]) == 2
+    assert [c[1] for c in calls if c[0].startswith("class")] == [1, 2]
+    assert "grading loop notebook=01_dot_product_attention exercise=sdpa" in out
+    assert "after_s=42.0" in out
+    assert "grading baseline students=2 assignments=12 jobs=1 training=full seconds=300.0" in out
+    # best 250 s against 150 s x 4 students = 600 s
+    assert "old_sequential_s=600 (measured in this run: 150.0 s per student x 4) ratio=0.42" in out
+    assert "target class<=1/3_old_sequential: MISSED (0.42x)" in out
+    assert bench.main(argv) == 0  # and only then

@@ -153,3 +153,67 @@ def test_a_loop_costs_one_cell_limit_then_a_reduced_one(monkeypatch):
     assert not errors[0] and not errors[3], errors
     assert nb.cells[3].outputs[0]["text"] == "2\n"
     assert seconds < 60, seconds
+
+
+def flaky_kernel(share, marker):
+    """A JUPYTER_PATH whose python3 kernel dies at once the first time it is started (as
+    a kernel does that cannot bind its port) and starts normally after that."""
+    import json
+    import sys
+
+    spec = share / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "launch.py").write_text(
+        "import os, runpy, sys\n"
+        f"if not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    os._exit(1)\n"
+        "sys.argv[0] = 'ipykernel_launcher'\n"
+        "runpy.run_module('ipykernel_launcher', run_name='__main__')\n"
+    )
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, str(spec / "launch.py"), "-f", "{connection_file}"],
+                "display_name": "Python 3 (dies once)",
+                "language": "python",
+            }
+        )
+    )
+    return share
+
+
+def test_a_kernel_that_dies_before_any_cell_is_replaced_and_the_grade_is_whole(tmp_path):
+    aid = "02_masking"
+    course = make_course(tmp_path / "course", [aid])
+    submit(course, "solution", aid, solved_submission(aid))
+    marker = tmp_path / "died-once"
+    share = flaky_kernel(tmp_path / "share", marker)
+    proc = run_course(course, "grade", "--jobs", "1", env_extra={"JUPYTER_PATH": str(share)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert marker.exists(), "the first kernel never started: the test proves nothing"
+    total = auto_points(nbformat.read(solution_path(aid), as_version=4))
+    assert code_scores(course, aid)["solution"] == (total, total)
+    report = proc.stdout[proc.stdout.index("Grading report") :]
+    assert "solution" in report and "graded" in report and "crashed" not in report
+    assert "a kernel died before running any cell" in report, report
+
+
+def test_the_tests_own_kernels_are_replaced_too(tmp_path, monkeypatch):
+    """nbval's kernel start (patched in conftest.py) and the tests' notebook runner."""
+    import nbval.kernel
+
+    from course_tools import execute
+
+    for runner in ("nbval", "nbclient"):
+        marker = tmp_path / f"died-once-{runner}"
+        monkeypatch.setenv("JUPYTER_PATH", str(flaky_kernel(tmp_path / runner, marker)))
+        if runner == "nbval":
+            km, kc = nbval.kernel.start_new_kernel(kernel_name="python3")
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+        else:
+            nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+            execute(nb, kernel_name="python3", timeout=60)
+            assert nb.cells[0].outputs[0]["text"] == "42\n"
+        assert marker.exists(), f"{runner}: the first kernel never started"

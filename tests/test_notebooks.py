@@ -11,11 +11,11 @@ import json
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from course_tools import (
     assignment_ids,
     auto_points,
+    execute,
     make_course,
     release_path,
     run_course,
@@ -71,14 +71,13 @@ def test_student_notebook_fails_every_test_cell_and_errs_only_where_work_is_miss
     # trained models are skipped): nbval already trains every model fully in the solutions.
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     nb = nbformat.read(release_path(aid), as_version=4)
-    client = NotebookClient(
+    execute(
         nb,
         timeout=300,
         allow_errors=True,
         kernel_name="python3",
         resources={"metadata": {"path": str(release_path(aid).parent)}},
     )
-    client.execute()
     tests = {id(c) for c in test_cells(nb)}
     assert tests, f"{aid} has no graded test cells"
     for i, cell in enumerate(nb.cells):

@@ -4,10 +4,11 @@ A throwaway PostgreSQL server is started from the system's binaries (Debian's
 ``postgresql`` package: /usr/lib/postgresql/*/bin, or initdb/pg_ctl on PATH), in a
 temporary folder, listening on 127.0.0.1 at a free port and on a unix socket in that
 folder only. As root it runs as the unprivileged ``postgres`` user (or ``nobody``). One
-student of every kind of the class of tests/test_class_grading.py (the same submissions:
-CORE there) is graded with `make grade`'s code path, two workers writing concurrently, and
-one setting, ``NBGRADER_DB_URL=postgresql+psycopg://...``; the exported grades must equal
-the sqlite gradebook's exactly. (Every other student of that class differs from one of
+student of every kind of gradebook write, from the class of tests/test_class_grading.py
+(the same submissions: PG_STUDENTS, on assignment 01), is graded with `make grade`'s code
+path, two workers writing concurrently, and one setting,
+``NBGRADER_DB_URL=postgresql+psycopg://...``; the exported grades must equal the sqlite
+gradebook's exactly. (Every other student of that class differs from one of
 these only in its code, which the sqlite gradebook grades; the gradebook stores what
 nbgrader computed either way.)
 
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from test_class_grading import CORE, grade_class, sqlite_graded_class
+from test_class_grading import HOSTILE_AID, grade_class, sqlite_graded_class
 
 pytestmark = pytest.mark.grading
 
@@ -209,10 +210,20 @@ def postgres():
         server.stop()
 
 
+#: Graded into PostgreSQL on one assignment: one student of every kind of write to the
+#: gradebook (full marks, none, part of them, a failed check, a cell restored from the
+#: source, a dead kernel's salvage: a second autograde of the same submission).
+PG_STUDENTS = ("full", "blank", "partial", "mistakes-1", "hostile-deleted-test", "hostile-exit")
+
+
 @pytest.fixture(scope="module")
 def graded_on_postgres(postgres, tmp_path_factory):
     course, expected, proc = grade_class(
-        tmp_path_factory, "postgresql", db_url=postgres.url, students=CORE
+        tmp_path_factory,
+        "postgresql",
+        db_url=postgres.url,
+        students=PG_STUDENTS,
+        aids=(HOSTILE_AID,),
     )
     return course, expected, proc
 
@@ -244,8 +255,12 @@ def test_postgresql_exports_exactly_the_grades_of_sqlite(graded_on_postgres, tmp
     assert pg_proc.returncode == 0, pg_proc.stdout + pg_proc.stderr
     sqlite_course, _, sqlite_proc, _ = sqlite_graded_class(tmp_path_factory)
     assert sqlite_proc.returncode == 0, sqlite_proc.stdout + sqlite_proc.stderr
-    pg_rows = export_rows(pg_course)
-    sqlite_rows = [r for r in export_rows(sqlite_course) if r["student_id"] in CORE]
-    # The export has a row per student and assignment (0 where nothing was submitted).
-    assert {(r["student_id"], r["assignment"]) for r in pg_rows} >= set(expected)
+    pg_rows = [r for r in export_rows(pg_course) if r["assignment"] == HOSTILE_AID]
+    sqlite_rows = [
+        r
+        for r in export_rows(sqlite_course)
+        if r["student_id"] in PG_STUDENTS and r["assignment"] == HOSTILE_AID
+    ]
+    assert {(r["student_id"], r["assignment"]) for r in pg_rows} == set(expected)
+    assert len(pg_rows) == len(PG_STUDENTS)
     assert pg_rows == sqlite_rows
