@@ -170,7 +170,8 @@ def test_slow_but_correct_code_is_not_cut_off():
 def test_in_a_jupyter_kernel_a_looping_cell_is_stopped_and_the_kernel_goes_on():
     """The way a learner meets it: the check cell fails with feedback, later cells run."""
     import nbformat
-    from nbclient import NotebookClient
+
+    from course_tools import execute
 
     cells = [
         "from attention_ref.checks import check\n"
@@ -185,7 +186,7 @@ def test_in_a_jupyter_kernel_a_looping_cell_is_stopped_and_the_kernel_goes_on():
         "check('softmax_np', softmax_np, time_limit=1)",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3").execute()
+    execute(nb, timeout=120, allow_errors=True, kernel_name="python3")
     first, second = nb.cells
     assert first.outputs[0].ename == "CheckFailure"
     assert "did not return within 1 s" in first.outputs[0].evalue

@@ -8,12 +8,14 @@ with two workers; every student's exact score is asserted, a second run changes 
 a sequential forced regrade gives the same grades, no looping submission costs more than
 60 s of time limits, and the report names the submission whose kernel died.
 
-Mistake submissions: submission k has the k-th catalogued mistake of every exercise that
-has one (so every catalogued mistake is graded once, in max-per-exercise submissions rather
-than one each), and a catalogued correct alternative (self-contained code) in every other
+Mistake submissions: packed submission k has the k-th catalogued mistake of every exercise
+that has one, and a catalogued correct alternative (self-contained code) in every other
 answer cell; its expected score loses exactly the points of the exercises it got wrong.
-The last ones hold a mistake in the exercise with the most mistakes only, so a mistake is
-also seen to cost nothing outside its own exercise.
+The class holds the first two packed submissions and the last one, which has a mistake in
+the exercise with the most mistakes only, so a mistake is also seen to cost nothing outside
+its own exercise. That every catalogued mistake fails the visible and the hidden checks is
+proven in-process by tests/test_catalog.py; here, that grading turns a failed check into
+exactly the points of its exercise.
 """
 
 from __future__ import annotations
@@ -125,9 +127,10 @@ def class_roster(tmp: Path):
         solved = answer_cells(solved_submission(aid))
         answer_cells(partial)[first].source = solved[first].source
         add("partial", partial, pts[first])
-        for k, entries in enumerate(packed_mistakes(exercises)):
-            lost = sum(pts[e.exercise] for e in entries)
-            add(f"mistakes-{k + 1}", alternatives_submission(aid, *entries), total - lost)
+        packed = packed_mistakes(exercises)
+        for k in sorted({0, 1, len(packed) - 1}):
+            lost = sum(pts[e.exercise] for e in packed[k])
+            add(f"mistakes-{k + 1}", alternatives_submission(aid, *packed[k]), total - lost)
         # The last exercise: no other exercise calls it (sdpa_np calls softmax_np).
         looping = solved_submission(aid)
         answer_cells(looping)[last].source += "\n" + GRADING_LOOP.format(name=last)
