@@ -173,6 +173,7 @@ class TrainResult:
     steps: int = 0
     seconds: float = 0.0
     timed_out: bool = False
+    threads: int | None = None  # PyTorch's CPU threads while it trained (None on a GPU)
 
     def __repr__(self) -> str:
         tail = f", final loss {self.losses[-1]:.4f}" if self.losses else ""
@@ -244,6 +245,7 @@ def train(
     threads = torch.get_num_threads()
     if on_cpu and cpu_threads:
         torch.set_num_threads(cpu_threads)
+    result.threads = torch.get_num_threads() if on_cpu else None
     try:
         _loop(model, loss_fn, batches, opt, result, bar, steps, lr, warmup, clip, time_limit)
     finally:
