@@ -69,10 +69,21 @@ def _pick(root: Path, requested: list[str]) -> list[str]:
 
 
 def release(root: Path, requested: list[str]) -> list[str]:
-    """Regenerate the student notebooks of ``requested`` (all by default)."""
+    """Regenerate the student notebooks of ``requested`` (all by default): nbgrader's
+    ``generate_assignment --force`` for each, through its Python API in this one process
+    (one start-up and one gradebook connection for all of them)."""
+    from .grading import nbgrader_api
+
+    aids = _pick(root, requested)
+    api = nbgrader_api(root)
     done = []
-    for aid in _pick(root, requested):
-        nbgrader(root, "generate_assignment", aid, "--force")
+    for aid in aids:
+        result = api.generate_assignment(aid, force=True)
+        if not result["success"]:
+            raise SystemExit(
+                f"error: `nbgrader generate_assignment {aid} --force` failed:\n"
+                f"{result.get('log') or ''}{result.get('error') or ''}"
+            )
         print(f"released {aid} -> notebooks/{aid}/")
         done.append(aid)
     return done

@@ -147,7 +147,7 @@ def _salvage(root: Path, aid: str, student: str, outcome: Outcome) -> None:
                 "to kill the kernel: see nbgrader's log above"
             )
             return
-        api = _api(root)
+        api = nbgrader_api(root)
         with temp_attrs(api.coursedir, submitted_directory=tmp):
             result = _autograde(api, aid, student, force=True)
         if (root / "autograded" / student / aid).is_dir():
@@ -163,7 +163,7 @@ _APIS: dict[str, object] = {}
 LOCKED_RETRIES = 4
 
 
-def _api(root: Path):
+def nbgrader_api(root: Path):
     """nbgrader's Python API for the course at ``root``, configured as the command line
     would be (nbgrader_config.py of the course and of the user), one per process."""
     key = str(root)
@@ -216,7 +216,7 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
     root_path = Path(root)
     outcome = Outcome(student, aid)
     try:
-        result = _autograde(_api(root_path), aid, student, force)
+        result = _autograde(nbgrader_api(root_path), aid, student, force)
         if KERNEL_RESTARTED in _result_text(result):
             outcome.notes.append(
                 "a kernel died before running any cell (not the submission's doing: "
@@ -322,7 +322,7 @@ def grade(
         )
         return 1
     jobs = jobs or default_jobs()
-    api = _api(root)
+    api = nbgrader_api(root)
     tasks = []
     for aid in todo:
         students = subs.get(aid, [])
