@@ -58,6 +58,32 @@ def nbgrader(root: Path, *args: str, check: bool = True) -> subprocess.Completed
     return proc
 
 
+_APIS: dict[str, object] = {}
+
+
+def nbgrader_api(root: Path):
+    """nbgrader's Python API for the course at ``root``, configured as the command line
+    would be (nbgrader_config.py of the course and of the user), one per process."""
+    key = str(root)
+    if key not in _APIS:
+        from nbgrader.apps.api import NbGraderAPI
+        from nbgrader.apps.baseapp import NbGrader
+
+        os.chdir(root)
+        # nbgrader runs `alembic` and starts kernels: both must come from this environment.
+        bindir = os.path.dirname(sys.executable)
+        if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+        app = NbGrader()
+        app.initialize([])
+        url = app.coursedir.db_url
+        if url.startswith("sqlite") and "?" not in url:
+            # Wait up to 2 minutes for another worker's write instead of failing at once.
+            app.coursedir.db_url = url + "?timeout=120"
+        _APIS[key] = NbGraderAPI(coursedir=app.coursedir, parent=app)
+    return _APIS[key]
+
+
 def _pick(root: Path, requested: list[str]) -> list[str]:
     known = assignments(root)
     unknown = [a for a in requested if a not in known]
@@ -72,8 +98,6 @@ def release(root: Path, requested: list[str]) -> list[str]:
     """Regenerate the student notebooks of ``requested`` (all by default): nbgrader's
     ``generate_assignment --force`` for each, through its Python API in this one process
     (one start-up and one gradebook connection for all of them)."""
-    from .grading import nbgrader_api
-
     aids = _pick(root, requested)
     api = nbgrader_api(root)
     done = []

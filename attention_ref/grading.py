@@ -37,7 +37,7 @@ from pathlib import Path
 import nbformat
 
 from .cell_limits import KERNEL_RESTARTED, CellLimits, timeout_message
-from .course import assignments, nbgrader
+from .course import assignments, nbgrader, nbgrader_api
 
 CRASHED_CELL = (
     'raise RuntimeError("Grading: this cell stopped the Python kernel ({why}). It was not '
@@ -159,31 +159,7 @@ def _salvage(root: Path, aid: str, student: str, outcome: Outcome) -> None:
 
 
 # ----------------------------------------------------------------------------- workers
-_APIS: dict[str, object] = {}
 LOCKED_RETRIES = 4
-
-
-def nbgrader_api(root: Path):
-    """nbgrader's Python API for the course at ``root``, configured as the command line
-    would be (nbgrader_config.py of the course and of the user), one per process."""
-    key = str(root)
-    if key not in _APIS:
-        from nbgrader.apps.api import NbGraderAPI
-        from nbgrader.apps.baseapp import NbGrader
-
-        os.chdir(root)
-        # nbgrader runs `alembic` and starts kernels: both must come from this environment.
-        bindir = os.path.dirname(sys.executable)
-        if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
-            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-        app = NbGrader()
-        app.initialize([])
-        url = app.coursedir.db_url
-        if url.startswith("sqlite") and "?" not in url:
-            # Wait up to 2 minutes for another worker's write instead of failing at once.
-            app.coursedir.db_url = url + "?timeout=120"
-        _APIS[key] = NbGraderAPI(coursedir=app.coursedir, parent=app)
-    return _APIS[key]
 
 
 def _quiet_worker() -> None:
