@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 # workers themselves) and everything else. Each one's report appears when it ends. The
 # browser, student-edition and check time-limit tests run in the grading lane too, to
 # balance the two lanes (the hub, every notebook and the unit tests are the other).
-GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py \
+GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
 	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py
 ASSIGNMENTS ?=
 JOBS ?=
@@ -69,7 +69,7 @@ bench: $(STAMP)
 
 EDITION ?= build/student-edition
 student-edition: $(STAMP)
-	$(BIN)/python -m attention_ref.edition build $(EDITION)
+	$(BIN)/python -m attention_ref.course.edition build $(EDITION)
 
 lint: $(STAMP)
 	$(BIN)/ruff check attention_ref tests tools solutions notebooks

@@ -7,8 +7,9 @@ submissions. See docs/INSTRUCTOR_GUIDE.md.
 
 import importlib.util
 import os
+import sys
 
-from nbgrader.converters import Autograde
+from nbgrader.converters import Autograde, GenerateFeedback
 from nbgrader.preprocessors import Execute
 
 c = get_config()  # noqa: F821 - provided by nbgrader when it loads this file
@@ -27,22 +28,46 @@ c.CourseDirectory.db_url = os.environ.get(
     "NBGRADER_DB_URL", "sqlite:///" + os.path.join(c.CourseDirectory.root, "gradebook.db")
 )
 
-# Grading: per-cell time limits, so an infinite loop costs seconds, not the class. A cell
+# Grading runs students' code: every graded notebook runs in a sandbox of its own
+# (attention_ref/course/sandbox.py): it sees a read-only Python environment and the
+# student edition of the package, a private copy of its notebook, no network, no
+# credentials, with caps on memory, processes and bytes written (ATTENTION_REF_SANDBOX_*:
+# docs/INSTRUCTOR_GUIDE.md). Where no sandbox can start, grading refuses;
+# ATTENTION_REF_SANDBOX=off grades without one (trusted submissions only).
+# Per-cell time limits, so that an infinite loop costs seconds, not the class: a cell
 # tagged "training" gets NBGRADER_TRAINING_TIMEOUT (300 s), every other cell
 # NBGRADER_CELL_TIMEOUT (30 s), and once a cell of a notebook timed out, every later cell
-# of it at most NBGRADER_TIMEOUT_AFTER (10 s). attention_ref/cell_limits.py implements it;
-# it is loaded by file path so that nbgrader does not import PyTorch with the package.
-_spec = importlib.util.find_spec("attention_ref")
-_limits_spec = importlib.util.spec_from_file_location(
-    "attention_ref_cell_limits",
-    os.path.join(os.path.dirname(_spec.origin), "cell_limits.py"),
+# of it at most NBGRADER_TIMEOUT_AFTER (10 s) (attention_ref/course/cell_limits.py).
+# These modules are loaded by file path, so that nbgrader does not import PyTorch.
+_course_tools = os.path.join(
+    os.path.dirname(importlib.util.find_spec("attention_ref").origin), "course"
 )
-_cell_limits = importlib.util.module_from_spec(_limits_spec)
-_limits_spec.loader.exec_module(_cell_limits)
-_CourseExecute = _cell_limits.execute_preprocessor()
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(
+        f"attention_ref_course_{name}", os.path.join(_course_tools, f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_sandbox = _load("sandbox")
+_cell_limits = _load("cell_limits")
+_feedback = _load("feedback")
+_CourseExecute = _cell_limits.execute_preprocessor(
+    _sandbox.kernel_manager_class() if _sandbox.enabled() else None
+)
 c.Autograde.autograde_preprocessors = [
     _CourseExecute if p is Execute else p
     for p in Autograde.class_traits()["autograde_preprocessors"].default()
+]
+# Feedback shows that hidden tests ran and their points, never their code.
+c.GenerateFeedback.preprocessors = [
+    _feedback.HideHiddenTests,
+    *GenerateFeedback.class_traits()["preprocessors"].default(),
 ]
 c.Execute.timeout = _cell_limits.CellLimits().cell  # the limit of cells outside autograde
 c.Execute.interrupt_on_timeout = True

@@ -304,7 +304,7 @@ def _grading_course(dest, aids: list[str]):
     """A throwaway course: nbgrader_config.py and solutions/ of this course."""
     import shutil
 
-    from .course import course_root
+    from .course.plumbing import course_root
 
     root = course_root()
     dest.mkdir(parents=True)
@@ -321,7 +321,7 @@ def _solved(aid: str, loop: str | None = None):
 
     import nbformat
 
-    from .course import course_root
+    from .course.plumbing import course_root
 
     root = course_root()
     nb = nbformat.read(root / "notebooks" / aid / f"{aid}.ipynb", as_version=4)
@@ -404,7 +404,7 @@ def bench_grading(opts: argparse.Namespace) -> bool:
     import tempfile
     from pathlib import Path
 
-    from .course import assignments, course_root
+    from .course.plumbing import assignments, course_root
     from .training import GRADING_STEPS_ENV
 
     aids = assignments(course_root())

@@ -15,7 +15,7 @@ def _start_with_retries(start):
     """``start`` (nbval's kernel start) again when the kernel died before it ran anything:
     two processes starting kernels at once can be handed the same free TCP port (the
     grader does the same: attention_ref/cell_limits.py). Any other error is raised."""
-    from attention_ref.cell_limits import KERNEL_START_ATTEMPTS, kernel_failed_to_start
+    from attention_ref.course.cell_limits import KERNEL_START_ATTEMPTS, kernel_failed_to_start
 
     def start_kernel(*args, **kwargs):
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):

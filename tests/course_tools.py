@@ -100,7 +100,7 @@ def execute(nb, **client_options):
 
     from nbclient import NotebookClient
 
-    from attention_ref.cell_limits import KERNEL_START_ATTEMPTS, kernel_failed_to_start
+    from attention_ref.course.cell_limits import KERNEL_START_ATTEMPTS, kernel_failed_to_start
 
     for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
         client = NotebookClient(nb, **client_options)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from attention_ref.authoring import HIDDEN_CHECK
 from attention_ref.checks import _core, check, exercise_ids
+from attention_ref.course.authoring import HIDDEN_CHECK
 
 from catalog.nb01 import sdpa_einsum_where
 

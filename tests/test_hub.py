@@ -43,7 +43,7 @@ COURSE_CONFIG_EXTRA = """
 c.Exchange.root = {root!r}
 # nbgrader's own collect only warns about a submission folder owned by another account;
 # this one ignores it, so no student can replace a classmate's submission.
-c.ExchangeFactory.collect = "attention_ref.exchange.OwnerCheckedCollect"
+c.ExchangeFactory.collect = "attention_ref.course.exchange.OwnerCheckedCollect"
 """
 TIMINGS: dict[str, float] = {}
 

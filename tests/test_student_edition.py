@@ -1,4 +1,4 @@
-"""The student edition (`make student-edition`, attention_ref/edition.py): no readable
+"""The student edition (`make student-edition`, attention_ref/course/edition.py): no readable
 reference source, the same check feedback, and the autograder's gate still holds when the
 kernels import it."""
 
@@ -53,7 +53,7 @@ SDPA_LINES = ["def sdpa(", "softmax", "math.sqrt", "@"]
 def edition(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("edition")
     proc = subprocess.run(
-        [sys.executable, "-m", "attention_ref.edition", "build", str(dest)],
+        [sys.executable, "-m", "attention_ref.course.edition", "build", str(dest)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -160,7 +160,7 @@ def test_shown_demonstration_source_is_kept(edition):
 
 def test_every_source_a_notebook_prints_is_kept(edition):
     """Whatever a solution notebook prints with inspect.getsource(ar.X) must still print
-    under the student edition (attention_ref.edition.SHOWN), or the notebook would fail."""
+    under the student edition (attention_ref.course.edition.SHOWN), or the notebook would fail."""
     names = set()
     for nb in (ROOT / "solutions").glob("*/*.ipynb"):
         names |= set(re.findall(r"getsource\((?:ar|attention_ref)\.([\w.]+)\)", nb.read_text()))

@@ -5,7 +5,7 @@ nbgrader "Create Assignment" toolbar, or build it from Python with these helpers
 produce the metadata the course's tests expect (schema 3, ``grade_id`` = the exercise id
 for answer cells and ``test_<id>`` for test cells, explicit points, no outputs)::
 
-    from attention_ref import authoring as A
+    from attention_ref.course import authoring as A
     cells = [A.md("# Title"), A.answer("sdpa", code), A.tests("sdpa", points=3),
              A.training("result = train(model, loss_fn, batches, steps=500)")]
     A.write(A.notebook(cells), "solutions/01_x/01_x.ipynb")

@@ -104,14 +104,20 @@ def timeout_message(limit: int, cell: Any) -> str:
     )
 
 
-def execute_preprocessor():
-    """nbgrader's ``Execute`` preprocessor with the course's per-cell limits (imported
-    lazily: this module must load without nbgrader for :class:`CellLimits` alone)."""
+def execute_preprocessor(kernel_manager_class=None):
+    """nbgrader's ``Execute`` preprocessor with the course's per-cell limits, whose
+    kernels ``kernel_manager_class`` starts (the sandbox's; None: Jupyter's default).
+    Imported lazily: this module must load without nbgrader for :class:`CellLimits`."""
     from nbgrader.preprocessors import Execute
 
     class CourseExecute(Execute):
         """Execute with :class:`CellLimits`: a fresh budget for each notebook; a kernel
         that dies before its first cell is replaced (:func:`kernel_failed_to_start`)."""
+
+        def __init__(self, *args, **kwargs):
+            if kernel_manager_class is not None:
+                kwargs.setdefault("kernel_manager_class", kernel_manager_class)
+            super().__init__(*args, **kwargs)
 
         def preprocess(self, nb, resources=None, km=None):
             for attempt in range(1, KERNEL_START_ATTEMPTS + 1):

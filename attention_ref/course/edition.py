@@ -1,6 +1,6 @@
 """The student edition of ``attention_ref``: the package without readable solutions.
 
-    python -m attention_ref.edition build DIR     (or: make student-edition)
+    python -m attention_ref.course.edition build DIR     (or: make student-edition)
 
 writes ``DIR/attention_ref/`` (bytecode only) and ``DIR/attention_ref-VERSION.dist-info/``,
 a tree ready to sit in the site-packages of the environment where students work (see
@@ -109,7 +109,7 @@ def compile_module(src: Path, rel: Path) -> bytes:
 
 def build(dest: Path, source: Path | None = None) -> Path:
     """Write the student edition into ``dest``; return the package folder."""
-    source = Path(source or Path(__file__).resolve().parent)
+    source = Path(source or Path(__file__).resolve().parents[1])
     dest = Path(dest)
     out = dest / PACKAGE
     if out.exists():
@@ -141,7 +141,7 @@ def build(dest: Path, source: Path | None = None) -> Path:
         "Summary: Attention from Scratch, student edition (bytecode only, "
         f"CPython {sys.version_info.major}.{sys.version_info.minor})\n"
     )
-    (info / "INSTALLER").write_text("attention_ref.edition\n")
+    (info / "INSTALLER").write_text("attention_ref.course.edition\n")
     (info / "RECORD").write_text("")
     print(
         f"student edition: {count} modules compiled to bytecode for CPython "
@@ -159,7 +159,7 @@ def _version(source: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attention_ref.edition",
+        prog="python -m attention_ref.course.edition",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -8,7 +8,7 @@ collects it anyway: a student could replace a classmate's submission with a newe
 one. ``OwnerCheckedCollect`` ignores every folder whose owner is not the student it names,
 before choosing the newest. Enable it in the instructor's nbgrader_config.py::
 
-    c.ExchangeFactory.collect = "attention_ref.exchange.OwnerCheckedCollect"
+    c.ExchangeFactory.collect = "attention_ref.course.exchange.OwnerCheckedCollect"
 """
 
 from __future__ import annotations

@@ -2,13 +2,18 @@
 
 nbgrader does the grading. This module adds what an instructor needs around it:
 
+- every notebook runs in a sandbox of its own (:mod:`attention_ref.course.sandbox`);
+  where none can start, grading refuses before it grades anything, unless
+  ``ATTENTION_REF_SANDBOX=off``, and then the report says so on its first line;
+
 - every assignment with submissions is graded (or those named);
 - a submission whose kernel died (``os._exit``, a segfault, running out of memory) is
   zeroed whole by nbgrader and only mentioned in its log. Here it is named in the report
   with the cell that killed the kernel, and graded again from a copy in which that one
   cell is replaced by an error, so the cells before and after it still earn their marks.
   The student's submitted file is never modified;
-- cells that hit their time limit are listed (the limits: attention_ref/cell_limits.py);
+- cells that hit their time limit, or a cap of the sandbox (memory, processes, bytes
+  written), are listed (the limits: attention_ref/course/cell_limits.py);
 - submissions are graded ``jobs`` at a time (default: one per core), each by nbgrader's own
   autograde code in a worker process; the grades are those of a sequential run (the
   report lists the submissions in the same order, whatever the order they finished in);
@@ -26,6 +31,7 @@ import csv
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -36,8 +42,9 @@ from pathlib import Path
 
 import nbformat
 
+from . import sandbox
 from .cell_limits import KERNEL_RESTARTED, CellLimits, timeout_message
-from .course import assignments, nbgrader, nbgrader_api
+from .plumbing import assignments, nbgrader, nbgrader_api
 
 CRASHED_CELL = (
     'raise RuntimeError("Grading: this cell stopped the Python kernel ({why}). It was not '
@@ -68,14 +75,41 @@ def find_submissions(root: Path) -> dict[str, list[str]]:
     return found
 
 
-def _timed_out_cells(nb_path: Path) -> list[str]:
+#: What an error output says when a cap of the sandbox stopped the cell: (the cap, the
+#: words that show it in ``ename: evalue``).
+CAP_SIGNS = {
+    "memory": re.compile(
+        r"^MemoryError|can't allocate memory|Cannot allocate memory|Unable to allocate|"
+        r"std::bad_alloc"
+    ),
+    "processes and threads": re.compile(
+        r"Resource temporarily unavailable|can't start new thread|can't create new thread"
+    ),
+    "bytes written": re.compile(r"No space left on device|File too large"),
+}
+
+
+def _cell_name(i: int, cell) -> str:
+    gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+    return f"cell {i + 1}" + (f" ({gid})" if gid else "")
+
+
+def _stopped_cells(nb_path: Path) -> dict[str, list[str]]:
+    """``{"time": [cell, ...], "memory": [...], ...}``: the cells a time limit or a cap
+    of the sandbox stopped, by what stopped them."""
     nb = nbformat.read(nb_path, as_version=4)
-    out = []
+    out: dict[str, list[str]] = {}
     for i, cell in enumerate(nb.cells):
         for o in cell.get("outputs", []):
-            if o.get("output_type") == "error" and "Timeout" in o.get("ename", ""):
-                gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-                out.append(f"cell {i + 1}" + (f" ({gid})" if gid else ""))
+            if o.get("output_type") != "error":
+                continue
+            text = f"{o.get('ename', '')}: {o.get('evalue', '')}"
+            if "Timeout" in o.get("ename", ""):
+                out.setdefault("time", []).append(_cell_name(i, cell))
+                break
+            hit = [cap for cap, sign in CAP_SIGNS.items() if sign.search(text)]
+            if hit:
+                out.setdefault(hit[0], []).append(_cell_name(i, cell))
                 break
     return out
 
@@ -103,6 +137,7 @@ def find_killer_cell(nb_path: Path, limits: CellLimits | None = None) -> tuple[i
 
     client = Client(
         nb,
+        **_kernel_manager(),
         timeout_func=limits,
         interrupt_on_timeout=True,
         allow_errors=True,
@@ -120,6 +155,11 @@ def find_killer_cell(nb_path: Path, limits: CellLimits | None = None) -> tuple[i
     return None, ""
 
 
+def _kernel_manager() -> dict:
+    """The kernel manager of grading's own runs (the sandbox's, unless switched off)."""
+    return {"kernel_manager_class": sandbox.kernel_manager_class()} if sandbox.enabled() else {}
+
+
 def _salvage(root: Path, aid: str, student: str, outcome: Outcome) -> None:
     """Grade a copy of a crashed submission with the killing cell neutralised."""
     from nbgrader.utils import temp_attrs
@@ -127,7 +167,10 @@ def _salvage(root: Path, aid: str, student: str, outcome: Outcome) -> None:
     src_dir = root / "submitted" / student / aid
     with tempfile.TemporaryDirectory(prefix="salvage-") as tmp:
         dst_dir = Path(tmp) / student / aid
-        shutil.copytree(src_dir, dst_dir)
+        dst_dir.mkdir(parents=True)
+        for nb_path in src_dir.glob("*.ipynb"):  # the notebooks, never through a link
+            if nb_path.is_file() and not nb_path.is_symlink():
+                shutil.copyfile(nb_path, dst_dir / nb_path.name)
         replaced = []
         for nb_path in sorted(dst_dir.glob("*.ipynb")):
             idx, why = find_killer_cell(nb_path)
@@ -201,12 +244,13 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
         graded = root_path / "autograded" / student / aid
         if graded.is_dir():
             for nb_path in sorted(graded.glob("*.ipynb")):
-                cells = _timed_out_cells(nb_path)
-                if cells:
-                    outcome.notes.append(
-                        f"{nb_path.name}: {', '.join(cells)} hit the per-cell time limit "
-                        f"({CellLimits().describe()})"
+                for what, cells in _stopped_cells(nb_path).items():
+                    limit = (
+                        f"the per-cell time limit ({CellLimits().describe()})"
+                        if what == "time"
+                        else f"the sandbox's cap on {what} ({sandbox.Caps.from_env().describe()})"
                     )
+                    outcome.notes.append(f"{nb_path.name}: {', '.join(cells)} hit {limit}")
         else:
             outcome.log = _result_text(result)
             _salvage(root_path, aid, student, outcome)
@@ -298,6 +342,21 @@ def grade(
         )
         return 1
     jobs = jobs or default_jobs()
+    if sandbox.enabled():
+        reason = sandbox.unavailable_reason()
+        if reason:
+            print(f"error: grading refused: {reason}", file=sys.stderr)
+            return 2
+        try:
+            # Built once here, for every worker's kernels.
+            os.environ[sandbox.EDITION_ENV] = str(sandbox.student_edition())
+            caps = sandbox.Caps.from_env()
+        except (sandbox.SandboxUnavailableError, ValueError) as err:
+            print(f"error: grading refused: {err}", file=sys.stderr)
+            return 2
+        print(f"sandbox: each notebook in its own; caps: {caps.describe()}", flush=True)
+    else:
+        print(sandbox.UNSANDBOXED_WARNING, flush=True)
     api = nbgrader_api(root)
     tasks = []
     for aid in todo:
@@ -331,6 +390,8 @@ def _print_report(outcomes: list[Outcome], csv_path: Path) -> None:
         for row in csv.DictReader(f):
             scores[(row["student_id"], row["assignment"])] = (row["score"], row["max_score"])
     print("\nGrading report")
+    if not sandbox.enabled():
+        print(sandbox.UNSANDBOXED_WARNING)
     for o in outcomes:
         score, max_score = scores.get((o.student, o.assignment), ("?", "?"))
         print(f"  {o.assignment:32s} {o.student:20s} {score:>6s} / {max_score:<6s} {o.status}")

@@ -1,18 +1,12 @@
-"""Course commands behind ``make release`` and ``make grade``.
+"""nbgrader's plumbing, shared by every course command: the course root, its
+assignments, and nbgrader itself (its command line and its Python API).
 
-    python -m attention_ref.course release [ASSIGNMENT ...]
-        regenerate notebooks/NN_name/ (student versions) from solutions/ with nbgrader.
-    python -m attention_ref.course grade [--jobs N] [--force] [ASSIGNMENT ...]
-        autograde every submission under submitted/ into the gradebook, N at a time
-        (default: the number of cores), report any submission whose kernel crashed or
-        that hit a time limit, and export grades.csv.
-
-Run them from the course root (the folder with nbgrader_config.py).
+Nothing here imports another module of :mod:`attention_ref.course`, so every command
+(release, grading, the report) builds on this module and none on another command.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -82,67 +76,3 @@ def nbgrader_api(root: Path):
             app.coursedir.db_url = url + "?timeout=120"
         _APIS[key] = NbGraderAPI(coursedir=app.coursedir, parent=app)
     return _APIS[key]
-
-
-def _pick(root: Path, requested: list[str]) -> list[str]:
-    known = assignments(root)
-    unknown = [a for a in requested if a not in known]
-    if unknown:
-        raise SystemExit(
-            f"error: unknown assignment(s) {', '.join(unknown)}; known: {', '.join(known)}"
-        )
-    return requested or known
-
-
-def release(root: Path, requested: list[str]) -> list[str]:
-    """Regenerate the student notebooks of ``requested`` (all by default): nbgrader's
-    ``generate_assignment --force`` for each, through its Python API in this one process
-    (one start-up and one gradebook connection for all of them)."""
-    aids = _pick(root, requested)
-    api = nbgrader_api(root)
-    done = []
-    for aid in aids:
-        result = api.generate_assignment(aid, force=True)
-        if not result["success"]:
-            raise SystemExit(
-                f"error: `nbgrader generate_assignment {aid} --force` failed:\n"
-                f"{result.get('log') or ''}{result.get('error') or ''}"
-            )
-        print(f"released {aid} -> notebooks/{aid}/")
-        done.append(aid)
-    return done
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m attention_ref.course",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_rel = sub.add_parser("release", help="regenerate notebooks/ from solutions/")
-    p_rel.add_argument("assignments", nargs="*")
-    p_grade = sub.add_parser("grade", help="autograde submitted/ and export grades.csv")
-    p_grade.add_argument("assignments", nargs="*")
-    p_grade.add_argument("--csv", default="grades.csv", help="where to export the grades")
-    p_grade.add_argument(
-        "--force", action="store_true", help="regrade submissions that were graded before"
-    )
-    p_grade.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="submissions graded at a time (default: the number of cores)",
-    )
-    args = parser.parse_args(argv)
-    root = course_root()
-    if args.command == "release":
-        release(root, args.assignments)
-        return 0
-    from .grading import grade  # noqa: PLC0415 - only needed for grading
-
-    return grade(root, args.assignments, csv_path=args.csv, force=args.force, jobs=args.jobs)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

