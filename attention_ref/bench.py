@@ -16,7 +16,9 @@
   on ``--baseline-students`` students, and the time to grade a class of ``--students``
   students with full solutions to every assignment with each of ``--grading-jobs`` workers
   (default 1 and 2); the ratio of the best to the baseline scaled to the class (sequential
-  grading is a sum over students, each graded alone). Takes minutes.
+  grading is a sum over students, each graded alone); and the same class graded once more
+  with the most workers without the sandbox (``ATTENTION_REF_SANDBOX=off``), for the
+  sandbox's cost. Takes minutes.
 
 Benchmarks are registered in :data:`BENCHMARKS` with :func:`benchmark`; each takes the
 parsed command-line options, prints its lines and returns True when it ran without error
@@ -398,7 +400,10 @@ def _seconds_of(out: str, student: str) -> float:
     return sum(float(s) for s in found)
 
 
-@benchmark("grading", "cost of a looping submission; a class graded with 1 vs 2 workers")
+@benchmark(
+    "grading",
+    "cost of a looping submission; a class graded with 1 vs 2 workers, with and without sandbox",
+)
 def bench_grading(opts: argparse.Namespace) -> bool:
     import os
     import tempfile
@@ -466,6 +471,23 @@ def bench_grading(opts: argparse.Namespace) -> bool:
                 f"load_average={os.getloadavg()[0]:.1f}",
                 flush=True,
             )
+        # 4. The sandbox's cost: the same class, with the most workers, graded once more
+        #    without the sandbox (ATTENTION_REF_SANDBOX=off), in this run.
+        if opts.sandbox_compare:
+            jobs = max(opts.grading_jobs)
+            course = _grading_course(tmp / "class-unsandboxed", aids)
+            for k in range(n):
+                for aid in aids:
+                    _submit(course, f"student{k + 1:03d}", aid, _solved(aid))
+            bare, _ = _make_grade(course, jobs, {"ATTENTION_REF_SANDBOX": "off"})
+            cost = times[jobs] / bare
+            print(
+                f"grading sandbox students={n} jobs={jobs} sandboxed_s={times[jobs]:.1f} "
+                f"unsandboxed_s={bare:.1f} ratio={cost:.3f} "
+                f"load_average={os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            met.append(_target("sandbox<=1.10x_unsandboxed", cost <= 1.10, f"{cost:.3f}x"))
     if 1 in times:
         for jobs, t in times.items():
             if jobs != 1:
@@ -527,6 +549,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--grading-jobs", type=int, nargs="+", default=[1, 2], help="grading: workers to compare"
+    )
+    p.add_argument(
+        "--no-sandbox-compare",
+        dest="sandbox_compare",
+        action="store_false",
+        help="grading: skip grading the class again without the sandbox",
     )
     p.add_argument("--strict", action="store_true", help="a missed target is an error")
     return p
