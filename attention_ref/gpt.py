@@ -375,6 +375,35 @@ def cross_entropy(model: GPT, sentences, vocab, batch_size: int = 500) -> float:
 
 
 @torch.no_grad()
+def sentence_nll(model: GPT, sentences, vocab, batch_size: int = 500) -> torch.Tensor:
+    """Each sentence's total ``-log q`` under the model (nats, every word and the final
+    ``"."``): ``(N,)`` float64 on the CPU. Its sum over the number of tokens is
+    :func:`cross_entropy`."""
+    device = next(model.parameters()).device
+    out = []
+    with evaluating(model):
+        for i in range(0, len(sentences), batch_size):
+            inputs, targets, mask = encode_sentences(sentences[i : i + batch_size], vocab, device)
+            logits = model(inputs)
+            nll = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+            out.append((nll * mask).double().sum(1).cpu())
+    return torch.cat(out)
+
+
+def per_token_standard_error(nll: torch.Tensor, lengths: torch.Tensor) -> float:
+    """The standard error of ``nll.sum() / lengths.sum()``, an average per token over
+    sentences drawn independently (``nll`` and ``lengths`` per sentence; the delta method
+    for a ratio of sums)."""
+    nll, lengths = nll.double(), lengths.double()
+    n = len(nll)
+    if n < 2:
+        raise ValueError(f"need at least 2 sentences; got {n}")
+    ratio = nll.sum() / lengths.sum()
+    resid = nll - ratio * lengths
+    return float(resid.pow(2).sum().div(n * (n - 1)).sqrt() / lengths.mean())
+
+
+@torch.no_grad()
 def agreement(model: GPT, sentences: Sequence[Sentence], vocab) -> float:
     """Share of sentences where the model gives the correct main verb a higher
     probability than the same verb with the other number, given the words before it."""
@@ -462,11 +491,21 @@ def subject_attention(
 
 
 def time_generation(model: GPT, prompt: torch.Tensor, n_tokens: int, use_cache: bool):
-    """``(seconds, tokens)`` of greedy generation of ``n_tokens`` after ``prompt``."""
-    start = time.perf_counter()
+    """``(seconds, tokens)`` of greedy generation of ``n_tokens`` after ``prompt``, timed
+    by the benchmark's timer (:func:`attention_ref.bench.best_time`, one run), which waits
+    for the GPU to finish before it reads the clock."""
+    from .bench import best_time
+
+    out = []
     with evaluating(model):
-        out = generate(model, prompt, n_tokens, temperature=0, use_cache=use_cache)
-    return time.perf_counter() - start, out
+        seconds = best_time(
+            lambda: out.append(
+                generate(model, prompt, n_tokens, temperature=0, use_cache=use_cache)
+            ),
+            prompt.device,
+            repeats=1,
+        )
+    return seconds, out[-1]
 
 
 # ----------------------------------------------------------------------------- training
@@ -481,7 +520,7 @@ GPT_CONFIG = dict(
     batch_size=256,
     lr=1.2e-2,
     warmup=50,
-    # No weight decay: with 100,000 sentences seen under five times each there is no
+    # No weight decay: with each of 100,000 sentences drawn four or five times there is no
     # overfitting to hold back, and decay would pull the tied embeddings, so the logits,
     # towards zero, keeping probability on words that cannot come next.
     weight_decay=0.0,

@@ -19,9 +19,12 @@ from attention_ref.gpt import (
     generate,
     kv_cache_bytes_per_token,
     make_gpt,
+    per_token_standard_error,
     sample_next_token,
     sample_quality,
     sample_sentences,
+    sentence_nll,
+    time_generation,
 )
 
 
@@ -138,3 +141,32 @@ def test_a_short_training_run_lowers_the_loss_and_samples_are_scored():
     assert hist.steps == 40 and after < before - 1.0
     quality = sample_quality(sample_sentences(model, data.vocab, 20), data)
     assert set(quality) == {"grammatical", "novel", "distinct_2", "distinct_3"}
+
+
+def test_sentence_nll_sums_to_the_cross_entropy_and_its_standard_error():
+    data = make_grammar_data(100, 20, 60, seed=1)
+    torch.manual_seed(0)
+    model = make_gpt(len(data.vocab), d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    nll = sentence_nll(model, data.test, data.vocab, batch_size=7)  # several batches
+    lengths = torch.tensor([len(s.words) for s in data.test], dtype=torch.float64)
+    assert nll.shape == (60,) and nll.dtype == torch.float64
+    assert math.isclose(
+        nll.sum() / lengths.sum(), cross_entropy(model, data.test, data.vocab), rel_tol=1e-5
+    )
+    # the delta method for a ratio of sums, against a direct computation
+    se = per_token_standard_error(nll, lengths)
+    r = nll.sum() / lengths.sum()
+    direct = math.sqrt(((nll - r * lengths) ** 2).sum() / (60 * 59)) / lengths.mean()
+    assert math.isclose(se, float(direct), rel_tol=1e-9)
+    # equal per-token values in every sentence: no spread, no error
+    assert per_token_standard_error(2 * lengths, lengths) == 0.0
+    with pytest.raises(ValueError, match="at least 2"):
+        per_token_standard_error(nll[:1], lengths[:1])
+
+
+def test_time_generation_returns_the_greedy_tokens():
+    model = small()
+    prompt = torch.zeros(2, 1, dtype=torch.long)
+    seconds, out = time_generation(model, prompt, 5, use_cache=True)
+    assert seconds > 0 and out.shape == (2, 6)
+    assert torch.equal(out, generate(model, prompt, 5, temperature=0))

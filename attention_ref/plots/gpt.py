@@ -86,9 +86,10 @@ def plot_subject_head(
     best: tuple[int, int],
     query: int,
 ):
-    """Left: every head's mean attention from the verb position to the subject (rows
-    layers, columns heads); right: the chosen head's weights on one sentence, the verb's row
-    outlined."""
+    """Left: every head's mean attention to the subject from the query position that
+    predicts the verb (the word before it: the attractor noun in an attractor sentence;
+    rows layers, columns heads); right: the chosen head's weights on one sentence, that
+    query's row outlined."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1, 2.2]})
     im = ax1.imshow(head_scores, cmap="viridis", vmin=0, vmax=1)
     ax1.set_xticks(range(head_scores.shape[1]), [f"head {h}" for h in range(head_scores.shape[1])])
@@ -104,7 +105,9 @@ def plot_subject_head(
             fontsize=9,
         )
     ax1.add_patch(plt.Rectangle((best[1] - 0.5, best[0] - 0.5), 1, 1, fill=False, ec="red", lw=2))
-    ax1.set_title("Mean weight: verb -> subject\n(held-out attractor sentences)", fontsize=10)
+    ax1.set_title(
+        "Mean weight: word before the verb -> subject\n(held-out attractor sentences)", fontsize=10
+    )
     fig.colorbar(im, ax=ax1, fraction=0.046)
     im2 = ax2.imshow(weights, cmap="Greys", vmin=0, vmax=1)
     ax2.set_xticks(range(len(words)), words, rotation=60, ha="right", fontsize=8)
