@@ -20,6 +20,9 @@ def test_mistake_is_caught_and_named(entry: Entry) -> None:
     assert entry.expect.lower() in str(visible.value).lower(), (
         f"feedback does not name the mistake ({entry.expect!r}):\n{visible.value}"
     )
+    assert not entry.absent or entry.absent.lower() not in str(visible.value).lower(), (
+        f"feedback names a mistake that was not made ({entry.absent!r}):\n{visible.value}"
+    )
     # ... and by the hidden tests used for grading.
     with pytest.raises(AssertionError):
         check(entry.exercise, entry.impl, **HIDDEN)

@@ -620,7 +620,7 @@ class Context:
             )
         likely, mhint = self.diagnose(got, expected, mistakes, model_args, model_kwargs or {})
         if not likely and _precision_lost(got, g, e, rtol, atol):
-            likely, mhint = PRECISION_LOSS
+            likely, mhint = EPSILON_SHRINK if _uniformly_shrunk(g, e) else PRECISION_LOSS
         if not likely and fallback is not None:
             likely = fallback(g, e)
         self.fail(f"{what} is wrong; {detail}.", case=case, likely=likely, hint=mhint or hint)
@@ -673,6 +673,15 @@ PRECISION_LOSS = (
     "torch.zeros_like / x.new_zeros) and do not cast to float32 on the way.",
 )
 
+EPSILON_SHRINK = (
+    "a small constant in a denominator (e.g. sum + 1e-6): every value is smaller than the "
+    "exact one by about the same tiny factor, which float32 rounding (errors of either sign) "
+    "would not do.",
+    "drop the epsilon: once the maximum is subtracted, a softmax's sum includes exp(0) = 1, "
+    "so it is never 0 (a fully masked row is the one case to handle, and not with an "
+    "epsilon).",
+)
+
 #: What float32 arithmetic achieves on the checks' inputs (the course's float32 tolerance).
 _FLOAT32_TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -692,6 +701,18 @@ def _precision_lost(got: Any, g: np.ndarray, e: np.ndarray, rtol: float, atol: f
         and g.shape == e.shape
         and bool(np.allclose(g, e, equal_nan=True, **_FLOAT32_TOL))
     )
+
+
+def _uniformly_shrunk(g: np.ndarray, e: np.ndarray) -> bool:
+    """Every value that differs is smaller in magnitude than the exact one, and at least 4
+    differ: a systematic shrink, such as an epsilon added to a denominator, not the rounding
+    of float32, whose errors have either sign."""
+    if g.shape != e.shape:
+        return False
+    with np.errstate(invalid="ignore"):
+        differ = np.isfinite(g) & np.isfinite(e) & (g != e) & (e != 0)
+        shrink = np.abs(g[differ]) < np.abs(e[differ])
+    return shrink.size >= 4 and bool(shrink.all())
 
 
 def _dist(a: np.ndarray, b: np.ndarray) -> float:

@@ -223,6 +223,14 @@ def load_linear_weights(
                 )
             _copy(p, weight.T)
             used.add(name)
+        elif name in params:  # a raw nn.Parameter where this case needs a layer
+            why = (
+                f"{name} is a raw parameter, which cannot hold the bias this module was "
+                "built with (bias=True)"
+                if bias is not None
+                else f"{name} is a raw parameter where this exercise asks for a layer"
+            )
+            ctx.fail(f"{why}: declare self.{name} = {spec}.", case=case)
         else:
             missing = ", ".join(layers)
             has = ", ".join(params) or "none"

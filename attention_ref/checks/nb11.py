@@ -14,6 +14,7 @@ softmax, ...) names that mistake.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import torch
@@ -53,8 +54,10 @@ def _build(ctx: Context, cls, args: tuple, kwargs: dict, case: str) -> nn.Module
 
 
 def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str) -> None:
-    """Load ``sd`` into the learner's module by parameter name (explaining any mismatch)."""
-    got = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    """Load ``sd`` into the learner's module by parameter name (explaining any mismatch).
+    Only parameters are compared: a buffer the learner registers (e.g. a causal mask) is
+    not a parameter, and is left as it is."""
+    got = {k: tuple(v.shape) for k, v in mod.named_parameters()}
     want = {k: tuple(v.shape) for k, v in sd.items()}
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
@@ -84,7 +87,9 @@ def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str)
             )
     mod.to(dtype)
     with torch.no_grad():
-        mod.load_state_dict({k: v.to(dtype) for k, v in sd.items()})
+        params = dict(mod.named_parameters())
+        for k, v in sd.items():
+            params[k].copy_(v.to(dtype))
     mod.eval()
 
 
@@ -126,7 +131,8 @@ def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
         return lin("attn.w_o", merge_heads(out)), w
 
     def ff(t):
-        return lin("ff.linear2", torch.relu(lin("ff.linear1", t)))
+        act = nn.functional.gelu if mode == "gelu" else torch.relu
+        return lin("ff.linear2", act(lin("ff.linear1", t)))
 
     if mode == "post_norm":
         a, w = attn(x)
@@ -184,6 +190,13 @@ BLOCK_MISTAKES = [
         "ln2 is not applied before the feed-forward network (x + ff(x)).",
         "x = x + ff(ln2(x)).",
         "ff_no_norm",
+    ),
+    (
+        "the feed-forward network uses GELU (as GPT-2 does) where the spec asks for "
+        "notebook 06's FeedForward, whose activation is ReLU.",
+        "self.ff = FeedForward(d_model, d_ff, dropout) from attention_ref.encoder, "
+        "imported at the top of the notebook.",
+        "gelu",
     ),
 ]
 
@@ -303,9 +316,10 @@ def next_token_distribution(
     if top_p is not None and mode == "p_before_k":
         s = _top_p(s, top_p, "correct")
     if top_k is not None:
-        if mode == "k_exact":
+        if mode in ("k_exact", "k_exact_high"):  # exactly k, ties by index (low or high)
+            idx = np.arange(V) if mode == "k_exact" else -np.arange(V)
             keep = np.zeros(V, dtype=bool)
-            keep[torch.from_numpy(s).topk(top_k).indices.numpy()] = True
+            keep[np.lexsort((idx, -s))[: min(top_k, V)]] = True
         else:
             kth = np.sort(s)[::-1][min(top_k, V) - 1]
             keep = s >= kth
@@ -324,11 +338,14 @@ def _top_p(s: np.ndarray, top_p: float, mode: str) -> np.ndarray:
         keep = above + p < top_p
         if not keep.any():
             keep = p == p.max()
-    elif mode == "p_sorted_ties":  # exclusive cumulative sum in sorted order
-        order = np.argsort(-p, kind="stable")
+    elif mode in ("p_sorted_ties", "p_sorted_ties_high"):  # exclusive cumsum, sorted
+        idx = np.arange(p.size) if mode == "p_sorted_ties" else -np.arange(p.size)
+        order = np.lexsort((idx, -p))  # most probable first; ties by index, low or high
         cum = np.cumsum(p[order]) - p[order]
         keep = np.zeros_like(p, dtype=bool)
         keep[order] = cum < top_p
+    elif mode == "p_le":  # keeps a token while the mass before it is <= top_p
+        keep = above <= top_p + 1e-12
     else:
         keep = above < top_p
     return np.where(keep, s, -np.inf)
@@ -361,6 +378,13 @@ SAMPLER_MISTAKES = [
         "k_exact",
     ),
     (
+        "top-k keeps exactly k tokens, and of the tokens tied with the k-th it keeps the "
+        "highest indices: every token tied with the k-th largest score must be kept.",
+        "keep every token whose score is >= the k-th largest: "
+        "kth = scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf).",
+        "k_exact_high",
+    ),
+    (
         "top-p is applied before top-k (on the full distribution): top-k comes first, then "
         "top-p on the renormalised distribution of the tokens top-k kept.",
         "apply top-k to the scores, then softmax, then top-p.",
@@ -374,11 +398,35 @@ SAMPLER_MISTAKES = [
         "when that is < top_p.",
         "p_sorted_ties",
     ),
+    (
+        "top-p breaks ties by sort order, keeping the higher index of tied tokens (as "
+        "sorting in ascending order and cutting from the bottom does): tokens as probable "
+        "as a kept token must be kept too (the spec counts only the tokens *strictly* more "
+        "probable).",
+        "for each token compute the total probability of the strictly more probable tokens, "
+        "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
+        "when that is < top_p.",
+        "p_sorted_ties_high",
+    ),
+    (
+        "top-p keeps a token while the mass before it is <= top_p; the spec keeps it only "
+        "while that mass is < top_p (when the tokens before it already reach top_p exactly, "
+        "it is not needed).",
+        "keep token i when the probability of the tokens strictly more probable than i is "
+        "strictly less than top_p.",
+        "p_le",
+    ),
 ]
 
 
 def _logits_for(probs: list[float]) -> torch.Tensor:
     return torch.log(torch.tensor(probs, dtype=torch.float64))
+
+
+#: probabilities 0.125, 0.5, 0.125, 0.25 (exact in float32 and float64: logits -2 ln 2,
+#: 0, -2 ln 2, -ln 2): 0.5 + 0.25 reach top_p = 0.75 exactly, so "< top_p" and "<= top_p" differ
+#: and rounding cannot decide between them. Run in both dtypes.
+EXACT_TOP_P = "top_p=0.75, reached exactly by 0.5 + 0.25 (probabilities 0.125, 0.5, 0.125, 0.25)"
 
 
 def _sampler_cases(ctx: Context) -> list[tuple]:
@@ -391,7 +439,13 @@ def _sampler_cases(ctx: Context) -> list[tuple]:
         ("T=2 (flatter)", _logits_for(list(base)), 2.0, None, None),
         ("T=0.5 (sharper)", _logits_for(list(base)), 0.5, None, None),
         ("top_p=0.6 (0.4 + 0.25 cross it)", _logits_for(list(base)), 1.0, None, 0.6),
-        ("top_p=0.9", _logits_for(list(base)), 1.0, None, 0.9),
+        (
+            EXACT_TOP_P,
+            torch.tensor([-2.0, 0.0, -2.0, -1.0], dtype=torch.float64) * math.log(2),
+            1.0,
+            None,
+            0.75,
+        ),
         (
             "top_k=2 with a tie at the 2nd place",
             torch.tensor([2.0, 1.0, 0.5, 1.0, -1.0, 0.0], dtype=torch.float64)[perm],
@@ -464,7 +518,7 @@ def check_sample_next_token(fn, ctx: Context) -> None:
     _check_greedy(fn, ctx)
     N = 6000 if ctx.thorough else 4000
     for label, row, T, k, p in _sampler_cases(ctx):
-        for dtype in (torch.float32,):
+        for dtype in (torch.float32, torch.float64) if label == EXACT_TOP_P else (torch.float32,):
             logits = row.to(dtype).expand(N, -1).contiguous()
             case = (
                 f"{label}: logits ({N}, {row.numel()}) {_dt(dtype)} (the same row {N} times), "
@@ -522,6 +576,11 @@ def _compare_distribution(ctx, freq, expected, row, T, k, p, N, case) -> None:
     )
 
 
+#: What an error says when temperature 0 was divided by: inf/nan logits (multinomial's
+#: "probability tensor contains either `inf`, `nan` or element < 0") or a ZeroDivisionError.
+_DIVIDED_BY_ZERO = re.compile(r"\binf\b|\bnan\b|ZeroDivision|division by zero", re.IGNORECASE)
+
+
 def _check_greedy(fn, ctx: Context) -> None:
     g = ctx.torch_gen(1103)
     rows = torch.randint(0, 4, (6, 7), generator=g).double()  # many ties
@@ -537,6 +596,9 @@ def _check_greedy(fn, ctx: Context) -> None:
             try:
                 got = _call_sampler(ctx, fn, logits, 0.0, k, p, None, case)
             except CheckFailure as err:
+                said = str(err).split("\n")[0]  # the error itself, not the quoted line
+                if "Likely mistake" in str(err) or not _DIVIDED_BY_ZERO.search(said):
+                    raise  # the cause is elsewhere (or already named)
                 raise CheckFailure(
                     f"{err}\n  Likely mistake: temperature 0 is not handled separately "
                     "(dividing by 0 gives inf/nan logits).\n  Hint: if temperature == 0: "
@@ -544,19 +606,34 @@ def _check_greedy(fn, ctx: Context) -> None:
                 ) from None
             _expect_ids(ctx, got, (6,), 7, case)
             if not torch.equal(got.cpu(), expected):
-                i = int((got.cpu() != expected).nonzero()[0])
+                got = got.cpu()
+                i = int((got != expected).nonzero()[0])
                 last = torch.tensor([6 - int(np.argmax(r[::-1])) for r in rows.numpy()])
-                likely = (
-                    "greedy picks the last of the tied maxima; the spec asks for the lowest index."
-                    if torch.equal(got.cpu(), last)
-                    else "temperature 0 does not return the argmax (greedy)."
-                )
+                tied_max = bool((rows.gather(1, got[:, None]) == rows.amax(1, keepdim=True)).all())
+                hint = "logits.argmax(-1) returns the first maximum."
+                if torch.equal(got, last):
+                    likely = "greedy picks the last of the tied maxima; the spec asks for the "
+                    likely += "lowest index."
+                elif tied_max and k is not None:
+                    likely = (
+                        "with temperature 0, top_k/top_p are applied before the greedy choice, "
+                        "and they reorder the tied maxima: temperature 0 ignores top_k and "
+                        "top_p and returns the lowest index among ties."
+                    )
+                    hint = "check temperature == 0 first: return logits.argmax(-1)."
+                elif tied_max:
+                    likely = (
+                        "greedy returns one of the tied maxima, but not the lowest index, "
+                        "which the spec asks for."
+                    )
+                else:
+                    likely = "temperature 0 does not return the argmax (greedy)."
                 ctx.fail(
                     f"row {i}: got id {int(got[i])}, expected {int(expected[i])} (the first "
                     f"index of the largest logit).",
                     case=case,
                     likely=likely,
-                    hint="logits.argmax(-1) returns the first maximum.",
+                    hint=hint,
                 )
 
 
@@ -620,7 +697,12 @@ def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
         mask = mask.unsqueeze(1)
     if mode == "no_scale":
         q = q * math.sqrt(q.shape[-1])
-    out, w = sdpa(q, k, v, None if mode == "no_mask" else mask)
+    if mode == "uniform_masked" and mask is not None:  # masked_fill(-1e9): no zero rows
+        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -1e9)
+        w = torch.softmax(s, dim=-1)
+        out = w @ v
+    else:
+        out, w = sdpa(q, k, v, None if mode == "no_mask" else mask)
     out = merge_heads(out)
     return (out if mode == "no_w_o" else lin("w_o", out)), w
 
@@ -643,6 +725,14 @@ GQA_MISTAKES = [
         "the output projection w_o is missing.",
         "return self.w_o(merge_heads(out)), weights.",
         "no_w_o",
+    ),
+    (
+        "a query row whose mask allows no key gets uniform weights (a large negative "
+        "number in place of -inf, or such a row patched to 1/n_k): the course's convention "
+        "(notebook 02) is all-zero weights, so the row's attention output is zero.",
+        "use the course's sdpa, which gives fully masked rows zero weights, or set their "
+        "weights to 0 after the softmax (e.g. weights * mask.any(-1, keepdim=True)).",
+        "uniform_masked",
     ),
 ]
 

@@ -129,6 +129,22 @@ def _whole_vector_reductions(rec: OpRecorder, n: int) -> list[str]:
     return found
 
 
+def _two_pass(rec: OpRecorder, x: torch.Tensor, bs: int) -> bool:
+    """On entries that increase block after block, a one-pass softmax exponentiates its
+    first block against that block's own maximum (the running maximum so far), so its
+    largest exponent is 0. A two-pass one knows the whole vector's maximum first: its first
+    block's largest exponent is max(x[:bs]) - max(x), well below 0."""
+    n = x.numel()
+    exps = []
+    for op in rec.ops:
+        base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
+        arg = op.args[0] if op.args else None
+        if base == "exp" and isinstance(arg, torch.Tensor) and 1 < arg.numel() < n:
+            exps.append(float(arg.detach().max()))
+    global_ref = float(x[:bs].max() - x.max())
+    return len(exps) >= 2 and global_ref < -0.5 and abs(exps[0] - global_ref) < 1e-3
+
+
 @exercise(
     "online_softmax",
     forbidden=lambda: [
@@ -174,6 +190,17 @@ def check_online_softmax(candidate, ctx: Context) -> None:
             ctx.expect_array(got, x, what="the result", case=case)
             tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else TOL[dtype]
             ctx.expect_close(got, expected, what="the result", case=case, mistakes=mistakes, **tol)
+            if "increasing" in label and _two_pass(rec, x, bs):
+                ctx.fail(
+                    "your first block is exponentiated against the maximum of the whole "
+                    "vector, which a single pass cannot know yet.",
+                    case=case,
+                    likely="two passes over the blocks: every block's maximum first, then "
+                    "the sum of exponentials with the global maximum. The exercise asks for "
+                    "one pass, in which the sum is rescaled whenever the maximum grows.",
+                    hint="in the same loop: m_new = max(m, block max); "
+                    "l = l * exp(m - m_new) + sum(exp(block - m_new)); m = m_new.",
+                )
             whole = _whole_vector_reductions(rec, x.numel())
             if x.numel() > bs and whole:
                 ctx.fail(

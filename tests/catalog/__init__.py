@@ -3,7 +3,8 @@
 Each ``nbNN.py`` module here registers, for the exercises of notebook NN:
 
 - realistic buggy implementations with ``@mistake(exercise_id, expect="...")``: the check
-  must reject each one with a message containing ``expect`` (the mistake's name);
+  must reject each one with a message containing ``expect`` (the mistake's name) and, with
+  ``absent="..."``, not containing those words (a mistake it must not be taken for);
 - correct implementations written differently with ``@alternative(exercise_id)``: the
   check must accept each one, on the visible and on the hidden (thorough) inputs.
 
@@ -24,6 +25,7 @@ class Entry:
     name: str
     impl: Callable
     expect: str = ""  # for mistakes: words the feedback must contain
+    absent: str = ""  # for mistakes: words it must not contain (a wrong name)
 
     @property
     def id(self) -> str:
@@ -34,9 +36,9 @@ MISTAKES: list[Entry] = []
 ALTERNATIVES: list[Entry] = []
 
 
-def mistake(exercise: str, expect: str):
+def mistake(exercise: str, expect: str, absent: str = ""):
     def register(fn):
-        MISTAKES.append(Entry(exercise, fn.__name__, fn, expect))
+        MISTAKES.append(Entry(exercise, fn.__name__, fn, expect, absent))
         return fn
 
     return register

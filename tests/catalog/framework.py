@@ -45,3 +45,16 @@ class SelfAttentionFloat32Softmax(_Base):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         w = _softmax_in_float32(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
         return w @ v, w
+
+
+@mistake("online_softmax", expect="small constant in a denominator", absent="precision loss")
+def softmax_epsilon_in_sum(x, block_size):
+    """The running softmax with ``+ 1e-6`` in the final division: right to float32 precision
+    on float64 inputs, but not because of float32, so "precision loss" must not be named."""
+    m = x.new_tensor(-math.inf)
+    l = x.new_tensor(0.0)  # noqa: E741
+    for block in x.split(block_size):
+        m_new = torch.maximum(m, block.max())
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum()  # noqa: E741
+        m = m_new
+    return torch.exp(x - m) / (l + 1e-6)

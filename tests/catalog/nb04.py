@@ -509,3 +509,27 @@ class MHALazyProjections(MHAWithReferenceHelpers):
         super().__init__(d_model, n_heads, bias)
         self.w_q, self.w_k = nn.LazyLinear(d_model, bias), nn.LazyLinear(d_model, bias)
         self.w_v, self.w_o = nn.LazyLinear(d_model, bias), nn.LazyLinear(d_model, bias)
+
+
+@mistake("multi_head_attention", expect="w_q is a raw parameter")
+class MHARawParameters(nn.Module):
+    """Raw (d_model, d_model) matrices used as x @ W, bias ignored: the feedback must say
+    what w_q is, not that there is "no parameter named w_q" while listing w_q."""
+
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        for name in ("w_q", "w_k", "w_v", "w_o"):
+            setattr(self, name, nn.Parameter(torch.randn(d_model, d_model) / d_model**0.5))
+
+    def forward(self, query, key, value, mask=None):
+        H = self.n_heads
+        q, k, v = (
+            _split(query @ self.w_q, H),
+            _split(key @ self.w_k, H),
+            _split(value @ self.w_v, H),
+        )
+        if mask is not None and mask.dim() == 3:
+            mask = mask.unsqueeze(1)
+        w = _masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_head), mask)
+        return _merge(w @ v) @ self.w_o, w

@@ -88,6 +88,32 @@ class BlockTorchAttention(_Block):
         self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
 
 
+@mistake("gpt_block", expect="uses GELU")
+class BlockGELU(_Block):
+    """GPT-2's activation in place of the spec's FeedForward (ReLU)."""
+
+    def forward(self, x):
+        T = x.shape[1]
+        h = self.ln1(x)
+        a, w = self.attn(h, h, h, torch.ones(T, T, dtype=torch.bool, device=x.device).tril())
+        x = x + self.dropout(a)
+        h = self.ff.linear2(self.ff.dropout(nn.functional.gelu(self.ff.linear1(self.ln2(x)))))
+        return x + self.dropout(h), w
+
+
+@alternative("gpt_block")
+class BlockMaskInBuffer(_Block):
+    """nanoGPT's pattern: the causal mask built once, kept in a registered buffer (not a
+    parameter), sliced to the length in forward."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0):
+        super().__init__(d_model, n_heads, d_ff, dropout)
+        self.register_buffer("causal", torch.ones(256, 256, dtype=torch.bool).tril())
+
+    def mask(self, T, device):
+        return self.causal[:T, :T]
+
+
 @alternative("gpt_block")
 class BlockCorrect(_Block):
     pass
@@ -193,6 +219,82 @@ def sampler_greedy_last(logits, temperature=1.0, top_k=None, top_p=None, generat
     return _sampler(logits, temperature, top_k, top_p, generator)
 
 
+@mistake(
+    "sample_next_token", expect="reorder the tied maxima", absent="temperature 0 is not handled"
+)
+def sampler_top_k_before_greedy(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Top-k first, then greedy as the first of topk's indices: a maximum, but topk does
+    not promise the lowest index among ties."""
+    if top_k is not None and temperature == 0:
+        return logits.topk(top_k, -1).indices[..., 0]
+    return _sampler(logits, temperature, top_k, top_p, generator)
+
+
+@mistake(
+    "sample_next_token",
+    expect="must match the size of tensor",
+    absent="temperature 0 is not handled",
+)
+def sampler_top_k_threshold_shape(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """The k-th score without keepdim, applied before greedy: the error is the shape's,
+    and must not be put down to temperature 0."""
+    scores = logits
+    if top_k is not None:
+        kth = scores.topk(top_k, -1).values[..., -1]  # (rows,): does not broadcast
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if temperature == 0:
+        return scores.argmax(-1)
+    return _sampler(scores, temperature, None, top_p, generator)
+
+
+@mistake("sample_next_token", expect="keeps the highest indices")
+def sampler_top_k_exact_high(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Exactly k tokens, ties at the k-th broken toward the highest index."""
+    if temperature == 0 or top_k is None:
+        return _sampler(logits, temperature, top_k, top_p, generator)
+    scores = logits / temperature
+    V = scores.shape[-1]
+    rank = scores * V + torch.arange(V, dtype=scores.dtype) / V  # ties: higher index first
+    idx = rank.double().topk(top_k, -1).indices
+    keep = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, idx, True)
+    return _sampler(scores.masked_fill(~keep, -math.inf), 1.0, None, top_p, generator)
+
+
+@mistake("sample_next_token", expect="keeping the higher index of tied tokens")
+def sampler_top_p_sorted_ascending(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """A widely used library's top-p: sort ascending, drop the tokens whose cumulative mass
+    stays <= 1 - top_p; among tied tokens the higher index ends up kept."""
+    if temperature == 0 or top_p is None:
+        return _sampler(logits, temperature, top_k, top_p, generator)
+    scores = logits / temperature
+    if top_k is not None:
+        kth = scores.topk(top_k, -1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    probs = torch.softmax(scores.double(), -1)
+    sp, order = probs.sort(dim=-1, stable=True)
+    drop_sorted = sp.cumsum(-1) <= 1 - top_p
+    drop_sorted[..., -1] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    probs = probs.masked_fill(drop, 0.0)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+@mistake("sample_next_token", expect="while the mass before it is <= top_p")
+def sampler_top_p_less_or_equal(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    if temperature == 0 or top_p is None:
+        return _sampler(logits, temperature, top_k, top_p, generator)
+    scores = logits / temperature
+    if top_k is not None:
+        kth = scores.topk(top_k, -1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    p = torch.softmax(scores, -1)
+    above = (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1)
+    p = torch.where(above <= top_p, p, torch.zeros_like(p))
+    flat = p.reshape(-1, p.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(p.shape[:-1])
+
+
 @alternative("sample_next_token")
 def sampler_reference_style(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return _sampler(logits, temperature, top_k, top_p, generator)
@@ -243,6 +345,10 @@ class _GQA(nn.Module):
             mask = mask.unsqueeze(1)
         if self.mode == "no_scale":
             q = q * math.sqrt(self.d_head)
+        if self.mode == "uniform_masked" and mask is not None:
+            s = (q @ k.transpose(-2, -1) / math.sqrt(self.d_head)).masked_fill(~mask, -1e9)
+            w = torch.softmax(s, dim=-1)  # a fully masked row comes out uniform
+            return self.w_o(merge_heads(w @ v)), w
         out, w = sdpa(q, k, v, None if self.mode == "no_mask" else mask)
         return self.w_o(merge_heads(out)), w
 
@@ -260,6 +366,11 @@ class GQANoScale(_GQA):
 @mistake("grouped_query_attention", expect="mask is ignored")
 class GQANoMask(_GQA):
     mode = "no_mask"
+
+
+@mistake("grouped_query_attention", expect="gets uniform weights")
+class GQAUniformMaskedRows(_GQA):
+    mode = "uniform_masked"
 
 
 @mistake("grouped_query_attention", expect="projected to all n_heads")

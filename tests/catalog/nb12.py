@@ -52,6 +52,31 @@ def softmax_two_pass(x, block_size):
     return torch.exp(x - m) / l
 
 
+@mistake("online_softmax", expect="two passes over the blocks")
+def softmax_two_pass_by_blocks(x, block_size):
+    """The ordinary two-pass softmax, each pass block by block: no whole-vector reduction,
+    but not the one pass with a running maximum that the exercise asks for."""
+    blocks = x.split(block_size)
+    m = x.new_tensor(-math.inf)
+    for block in blocks:  # pass 1: the global maximum
+        m = torch.maximum(m, block.max())
+    l = sum(torch.exp(block - m).sum() for block in blocks)  # noqa: E741  pass 2
+    return torch.exp(x - m) / l
+
+
+@alternative("online_softmax")
+def softmax_per_block_max(x, block_size):
+    """Each block against its own maximum, merged into the running sum (the merge rule)."""
+    m, l = x.new_tensor(-math.inf), x.new_tensor(0.0)  # noqa: E741
+    for block in x.split(block_size):
+        bm = block.max()
+        bl = torch.exp(block - bm).sum()
+        m_new = torch.maximum(m, bm)
+        l = l * torch.exp(m - m_new) + bl * torch.exp(bm - m_new)  # noqa: E741
+        m = m_new
+    return torch.exp(x - m) / l
+
+
 @alternative("online_softmax")
 def softmax_python_floats(x, block_size):
     m, l = -math.inf, 0.0  # noqa: E741
