@@ -1,0 +1,80 @@
+"""Every correct alternative of the mistake catalog runs through the whole notebook in
+place of the solution, not only through its check: a correct answer must never make a
+later cell fail (issue 21: a correct online attention broke notebook 12's cell 16).
+
+The notebook runs as the autograder runs it (training cells take a token few steps), so
+the cells that check a trained model are skipped, and every cell that depends on the
+learner's code alone still runs. Each run puts one alternative into every answer cell
+that has one, so a notebook needs as many runs as its longest list of alternatives.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from catalog import ALTERNATIVES
+from course_tools import execute, solution_path
+
+TESTS = Path(__file__).parent
+#: The notebooks checked so far (each run costs a notebook's autograde time).
+AIDS = ["11_gpt", "12_efficient_attention"]
+_DEFINES = re.compile(r"^(?:def|class) (\w+)", re.MULTILINE)
+
+
+def _answer_cells(nb) -> dict[str, tuple[int, str]]:
+    """exercise id -> (cell index, the name its answer cell defines)."""
+    found = {}
+    for i, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and meta.get("solution") and not meta.get("grade"):
+            names = _DEFINES.findall(cell.source)
+            if names:
+                found[meta["grade_id"]] = (i, names[-1])
+    return found
+
+
+def _runs(aid: str) -> list[dict[str, str]]:
+    """One dict per run: exercise id -> the catalog alternative to put in its cell."""
+    nb = nbformat.read(solution_path(aid), as_version=4)
+    per_exercise = {ex: [e for e in ALTERNATIVES if e.exercise == ex] for ex in _answer_cells(nb)}
+    n = max((len(v) for v in per_exercise.values()), default=0)
+    return [
+        {ex: alts[r % len(alts)] for ex, alts in per_exercise.items() if alts} for r in range(n)
+    ]
+
+
+CASES = [(aid, r) for aid in AIDS for r in range(len(_runs(aid)))]
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize(("aid", "run"), CASES, ids=[f"{a}-{r}" for a, r in CASES])
+def test_every_cell_passes_with_the_catalogued_alternatives(aid, run, monkeypatch):
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    nb = nbformat.read(solution_path(aid), as_version=4)
+    cells = _answer_cells(nb)
+    chosen = _runs(aid)[run]
+    for exercise, entry in chosen.items():
+        i, name = cells[exercise]
+        module = entry.impl.__module__.split(".")[-1]
+        nb.cells[i].source = (
+            f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n"
+            f"from catalog.{module} import {entry.name} as {name}"
+        )
+    execute(
+        nb,
+        timeout=300,
+        allow_errors=True,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(solution_path(aid).parent)}},
+    )
+    used = ", ".join(f"{ex}: {e.name}" for ex, e in chosen.items())
+    for i, cell in enumerate(nb.cells):
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        assert not errors, (
+            f"{aid} cell {i} fails with {errors[0].ename}: {errors[0].evalue} when the answer "
+            f"cells hold the catalog's alternatives ({used})\n{cell.source[:300]}"
+        )
