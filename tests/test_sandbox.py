@@ -447,3 +447,31 @@ def test_the_kernel_environment_keeps_only_what_grading_needs():
     assert not {"PGPASSWORD", "NBGRADER_DB_URL", "JUPYTERHUB_API_TOKEN"} & set(env)
     assert not {"AWS_SECRET_ACCESS_KEY", "ATTENTION_REF_SANDBOX_MEMORY"} & set(env)
     assert json.dumps(env).count(SECRET) == 0
+
+
+def test_the_sandbox_binds_the_environment_and_never_a_course_or_a_checkout(tmp_path, monkeypatch):
+    """What a .pth file or the grader's own import path may add: another environment's
+    site-packages is bound (the hub's layout); the working folder, a course folder, a
+    checkout of the package, anything inside them, or a folder holding them is not."""
+    from attention_ref.course import sandbox
+
+    course = make_course(tmp_path / "course", ["02_masking"])
+    (course / "lib").mkdir()
+    other_env = tmp_path / "shared-env" / "site-packages"
+    other_env.mkdir(parents=True)
+    checkout = Path(sandbox._package_source()).parent
+    monkeypatch.chdir(course)
+    monkeypatch.setattr(
+        sys,
+        "path",
+        [str(p) for p in (course, course / "lib", tmp_path, checkout, ROOT / "tests", other_env)]
+        + sys.path,
+    )
+    bound = sandbox._environment_paths()
+    assert other_env in bound
+    private = [course, course / "lib", ROOT / "tests", checkout / "attention_ref"]
+    private += [checkout / "solutions"]
+    for folder in private:  # nothing bound is it, is inside it, or holds it
+        assert not any(b == folder or folder in b.parents for b in bound), (folder, bound)
+    for holder in (tmp_path, checkout, course):
+        assert holder not in bound and not any(b in holder.parents for b in bound), bound

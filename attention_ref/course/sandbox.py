@@ -10,9 +10,9 @@ kernel sees:
   environment grading runs in (the virtual environment and the interpreter it was made
   from), and the course package as its **student edition** (bytecode, no readable
   reference sources: :mod:`attention_ref.course.edition`), first on its import path;
-- **writable**: ``/sandbox`` (a tmpfs of :attr:`Caps.disk` bytes), holding its working
-  folder ``/sandbox/work`` (a copy of the submission's notebook and nothing else, so no
-  submitted module can shadow one the notebook imports) and ``/tmp``;
+- **writable**: ``/tmp`` (a tmpfs of :attr:`Caps.disk` bytes), holding its working
+  folder ``/tmp/work`` (a copy of the submission's notebook and nothing else, so no
+  submitted module can shadow one the notebook imports) and the folder of its sockets;
 - **nothing else**: not the course root (solutions, submissions, the gradebook, feedback),
   not the exchange, not home folders, not the installed package's sources, not /etc's
   secrets; no network (a network namespace of its own: the kernel talks to the grader
@@ -63,12 +63,12 @@ DEFAULT_CAPS = {"memory": "3G", "processes": "128", "disk": "512M"}
 #: Environment variables a graded kernel keeps (everything else is dropped).
 KEEP_ENV = re.compile(
     r"^(NBGRADER_EXECUTION|PYTHONHASHSEED|OMP_NUM_THREADS|MKL_NUM_THREADS|"
-    r"OPENBLAS_NUM_THREADS|MPLBACKEND|ATTENTION_REF_(?!SANDBOX)[A-Z0-9_]+)$"
+    r"OPENBLAS_NUM_THREADS|MPLBACKEND|LD_LIBRARY_PATH|ATTENTION_REF_(?!SANDBOX)[A-Z0-9_]+)$"
 )
 #: Inside the sandbox.
-SANDBOX = "/sandbox"
+SANDBOX = "/tmp"  # the one writable folder, a tmpfs (environments may be bound inside)
 WORK = f"{SANDBOX}/work"
-RUN = f"{SANDBOX}/run"  # the kernel's Unix sockets
+RUN = f"{SANDBOX}/.kernel"  # the kernel's Unix sockets
 CONNECTION_FILE = "/opt/kernel.json"
 PACKAGE_DIR = "/opt/course-package"
 LAUNCHER = "/opt/course-launcher.py"
@@ -246,10 +246,32 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 
 def _environment_paths() -> list[Path]:
-    """The Python environment: the virtual environment and its base interpreter."""
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
-    paths.add(Path(os.path.realpath(sys.executable)).parent.parent)
-    return sorted(p.resolve() for p in paths)
+    """The Python environment: the virtual environment, its base interpreter, and every
+    folder on the import path (a .pth file may add another environment's site-packages)
+    and on LD_LIBRARY_PATH; never a course folder, the working folder, a checkout of the
+    package, or a folder that holds any of them."""
+    prefixes = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
+    prefixes.add(Path(os.path.realpath(sys.executable)).parent.parent)
+    prefixes = {p.resolve() for p in prefixes}
+    private = [Path.cwd().resolve()]
+    src = _package_source()
+    if not _inside(src, list(prefixes)):  # a checkout (editable install), not site-packages
+        private.append(src.parent)
+    paths = set(prefixes)
+    extra = [*sys.path, *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)]
+    for entry in filter(None, extra):
+        p = Path(entry).resolve()
+        if not p.is_dir() or _is_course(p) or any(_inside(q, [p]) for q in private):
+            continue
+        # Inside a private folder, only a virtual environment's folders are environment.
+        if not _inside(p, private) or any((a / "pyvenv.cfg").is_file() for a in p.parents):
+            paths.add(p)
+    # Bind the outermost only: a folder inside another one is bound with it.
+    return sorted(p for p in paths if not any(q != p and q in p.parents for q in paths))
+
+
+def _is_course(p: Path) -> bool:
+    return (p / "nbgrader_config.py").exists() or (p / "solutions").is_dir()
 
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -282,6 +304,11 @@ def bwrap_argv(
     they fall inside what is bound (the course root, the exchange...)."""
     argv = ["bwrap", *_namespaces(), "--die-with-parent", "--new-session"]
     argv += ["--hostname", "sandbox", "--clearenv"]
+    # Everything the kernel can write is in one tmpfs of caps.disk bytes, /tmp: its
+    # working folder, the folder of its sockets, its scratch space.
+    argv += ["--perms", "1777", "--size", str(caps.disk), "--tmpfs", SANDBOX]
+    for d in (WORK, RUN):
+        argv += ["--perms", "1777", "--dir", d]
     bound: list[Path] = []
     for p in SYSTEM:
         if os.path.islink(p):
@@ -306,12 +333,6 @@ def bwrap_argv(
         if _inside(p, bound) and p.is_dir():
             argv += ["--perms", "0555", "--size", "4096", "--tmpfs", str(p)]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    # Everything the kernel can write is in one tmpfs of caps.disk bytes: its working
-    # folder, /tmp and the folder of its sockets.
-    argv += ["--perms", "0755", "--size", str(caps.disk), "--tmpfs", SANDBOX]
-    for d in (WORK, f"{SANDBOX}/tmp", RUN):
-        argv += ["--perms", "1777", "--dir", d]
-    argv += ["--symlink", f"{SANDBOX}/tmp", "/tmp"]
     for nb in notebooks:
         argv += ["--ro-bind", str(nb), f"{WORK}/{nb.name}"]
     argv += ["--perms", "0755", "--dir", "/opt"]
@@ -333,14 +354,14 @@ def kernel_env(parent: dict[str, str]) -> dict[str, str]:
     bindir = os.path.dirname(sys.executable)
     env.update(
         PATH=f"{bindir}:/usr/local/bin:/usr/bin:/bin",
-        HOME=f"{SANDBOX}/tmp",
-        TMPDIR=f"{SANDBOX}/tmp",
+        HOME=SANDBOX,
+        TMPDIR=SANDBOX,
         USER="student",
         LOGNAME="student",
         LANG="C.UTF-8",
         PYTHONPATH=PACKAGE_DIR,
         PYTHONDONTWRITEBYTECODE="1",
-        MPLCONFIGDIR=f"{SANDBOX}/tmp/matplotlib",
+        MPLCONFIGDIR=f"{SANDBOX}/.matplotlib",
         MPLBACKEND=parent.get("MPLBACKEND", "module://matplotlib_inline.backend_inline"),
         ATTENTION_REF_SANDBOXED="1",
     )
@@ -420,6 +441,9 @@ def kernel_manager_class():
                 uid = ROOT_UID_BASE + secrets.randbelow(ROOT_UID_SPAN)
             kw["env"] = {}
             kw["cwd"] = str(self._run_dir)
+            # bwrap's and the launcher's own errors (the kernel's stderr goes nowhere).
+            self._log = self._run_dir / "sandbox.log"
+            kw["stderr"] = open(self._log, "wb")  # noqa: SIM115 - the kernel holds it
             argv = bwrap_argv(
                 cmd,
                 connection_file=view,
@@ -430,7 +454,10 @@ def kernel_manager_class():
                 hide=hide,
                 uid=uid,
             )
-            await super()._async_launch_kernel(argv, **kw)
+            try:
+                await super()._async_launch_kernel(argv, **kw)
+            finally:
+                kw["stderr"].close()  # bwrap holds its own copy
             # The grader reaches the sockets through the sandbox's root, seen from here.
             self.ip = f"/proc/{self._sandbox_pid()}/root{RUN}/k"
 
@@ -446,7 +473,10 @@ def kernel_manager_class():
                 if children:
                     return int(children[0])
                 if self.provisioner.process.poll() is not None:
-                    raise SandboxUnavailableError("the sandbox exited before the kernel started")
+                    why = self._log.read_text(errors="replace")[-2000:].strip()
+                    raise SandboxUnavailableError(
+                        f"the sandbox exited before the kernel started: {why or 'no message'}"
+                    )
                 time.sleep(0.01)
             raise SandboxUnavailableError("the sandbox did not start within 30 s")
 
@@ -486,9 +516,9 @@ def _launch(argv: list[str]) -> None:  # runs inside the sandbox, before the ker
     if any(int(c, 16) for c in caps_left) or os.geteuid() == 0:
         sys.exit("sandbox: the kernel would keep privileges; refusing to start it")
     os.makedirs(os.environ.get("MPLCONFIGDIR", "/tmp/matplotlib"), exist_ok=True)
-    devnull = os.open(os.devnull, os.O_RDWR)  # the kernel's banner is nobody's business
-    os.dup2(devnull, 0)
-    os.dup2(devnull, 1)
+    devnull = os.open(os.devnull, os.O_RDWR)  # the kernel's banner is nobody's business,
+    for fd in (0, 1, 2):  # and its stderr must not grow a file outside the sandbox
+        os.dup2(devnull, fd)
     os.execv(command[0], command)
 
 
