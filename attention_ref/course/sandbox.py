@@ -402,11 +402,16 @@ def kernel_manager_class():
         reach bwrap, not the kernel)."""
 
         def __init__(self, **kwargs):
-            self._run_dir = Path(tempfile.mkdtemp(prefix="ar-sb-"))
             kwargs.setdefault("transport", "ipc")
-            kwargs.setdefault("ip", str(self._run_dir / "k"))
             super().__init__(**kwargs)
+
+        async def _async_pre_start_kernel(self, **kw):
+            # A folder of the grader's for this kernel: its connection file, and the
+            # kernel's view of it and of its notebooks, copied in at launch.
+            self._run_dir = Path(tempfile.mkdtemp(prefix="ar-sb-"))
+            self.ip = str(self._run_dir / "k")
             self.connection_file = str(self._run_dir / "kernel.json")
+            return await super()._async_pre_start_kernel(**kw)
 
         async def _async_launch_kernel(self, kernel_cmd, **kw):
             if self.transport != "ipc":
@@ -480,10 +485,10 @@ def kernel_manager_class():
                 time.sleep(0.01)
             raise SandboxUnavailableError("the sandbox did not start within 30 s")
 
-        async def _async_cleanup_resources(self, restart: bool = False) -> None:
-            await super()._async_cleanup_resources(restart=restart)
-            if not restart:
-                shutil.rmtree(self._run_dir, ignore_errors=True)
+        def cleanup_connection_file(self) -> None:
+            # Called whenever the kernel is cleaned up for good (not on a restart).
+            super().cleanup_connection_file()
+            shutil.rmtree(self._run_dir, ignore_errors=True)
 
     return SandboxKernelManager
 
