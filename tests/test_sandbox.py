@@ -371,9 +371,13 @@ def test_feedback_shows_hidden_tests_ran_and_their_points_never_their_code(hosti
 
 
 def test_nbgrader_autograde_run_directly_is_sandboxed_too(hostile_class, tmp_path):
+    """The configuration does it (nbgrader_config.py), so formgrader's autograde button,
+    which calls the same nbgrader API as `make grade`, is sandboxed as well."""
     course = hostile_class[0]
     student = "direct"
-    submit(course, student, AID, with_cells(read_attacks(course, student)))
+    listener = Listener()
+    attacks = read_attacks(course, student), write_attacks(course, listener.port)
+    submit(course, student, AID, with_cells(*attacks))
     env = dict(os.environ, PGPASSWORD=SECRET, JUPYTERHUB_API_TOKEN=TOKEN, **LIMITS)
     env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     import subprocess
@@ -386,9 +390,11 @@ def test_nbgrader_autograde_run_directly_is_sandboxed_too(hostile_class, tmp_pat
         env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    listener.close()
     lines = attack_lines(course, student)
-    assert set(READS) <= set(lines), lines
-    assert all(lines[a].startswith("held") for a in READS), lines
+    assert set(READS + WRITES) <= set(lines), lines
+    assert all(lines[a].startswith("held") for a in READS + WRITES), lines
+    assert listener.received == [] and not (course / "pwned.txt").exists()
 
 
 def fake_bwrap(folder: Path) -> Path:
