@@ -13,6 +13,18 @@ classmate's name; the instructor collects, grades with `make grade`'s code path 
 releases feedback; each student fetches their own feedback. Every score is asserted, then
 every student tries to read or overwrite what is not theirs, and every attempt must fail.
 
+Submitted files are data (issue 19): a fourth, hostile student (with a hub server) and
+three course members acting on the drop box from their Unix accounts submit what a
+student who wants a better grade would: links to the solution, the gradebook, grades.csv,
+the course config, /proc/self/environ, a classmate's submission and secret; a shadowing
+`attention_ref` package; a FIFO, a mode-000 file, a folder named x.html, a fan-out of
+links; inbound names that stopped nbgrader's collect for everyone; a notebook that is a
+link to the solution; a size bomb and a count bomb. Two submissions placed in submitted/
+by hand (as from an LMS) bypass collect: a blank notebook beside a shadowing package,
+and a notebook that is a link. The tests assert what became of each: the report line that
+names the student and why, nothing leaked, nothing aborted, and every honest student
+graded and given their own feedback, which is all the exchange publishes.
+
 Needs root, nodejs and configurable-http-proxy (`.ci/run` installs them). Under CI (env CI
 set) a missing requirement fails the test; elsewhere it skips with the reason. Accounts,
 homes, exchange and processes are removed afterwards, also when a step fails.
@@ -20,6 +32,7 @@ homes, exchange and processes are removed afterwards, also when a step fails.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -42,9 +55,18 @@ COURSE_CONFIG_EXTRA = """
 # ---- JupyterHub (instructor guide, "Running the course on JupyterHub") ----
 c.Exchange.root = {root!r}
 # nbgrader's own collect only warns about a submission folder owned by another account;
-# this one ignores it, so no student can replace a classmate's submission.
-c.ExchangeFactory.collect = "attention_ref.course.exchange.OwnerCheckedCollect"
+# this one ignores it, so no student can replace a classmate's submission; it copies only
+# notebooks and the secret, regular files only, never through a link, within the caps.
+c.ExchangeFactory.collect = "attention_ref.course.exchange.SafeCollect"
+# Feedback only for the gradebook's notebooks, named from the instructor's copy of the secret.
+c.ExchangeFactory.release_feedback = "attention_ref.course.exchange.SafeReleaseFeedback"
+# The caps on one submission (these are the defaults):
+c.SubmissionLimits.max_bytes = 20 * 2**20
+c.SubmissionLimits.max_files = 20
 """
+HOSTILE = "student4"  # the fourth student, with a hub server: a hostile submission
+INTRUDERS = ("linker", "bigfile", "manyfiles")  # course members without a hub server
+LMS_SECRET = "5eed" * 32  # the secret of the submission placed by hand beside a package
 TIMINGS: dict[str, float] = {}
 
 
@@ -63,17 +85,17 @@ def _nbgrader_code(cwd: str, *args: str) -> str:
         "import json, os, subprocess, sys\n"
         f"p = subprocess.run([sys.executable, '-m', {args[0]!r}, *{list(args[1:])!r}], "
         f"cwd=os.path.expanduser({cwd!r}), capture_output=True, text=True)\n"
-        "print(json.dumps({'rc': p.returncode, 'out': p.stdout[-4000:], "
-        "'err': p.stderr[-4000:]}))\n"
+        "print(json.dumps({'rc': p.returncode, 'out': p.stdout[-30000:], "
+        "'err': p.stderr[-30000:]}))\n"
     )
 
 
-def run_tool(h, acct, cwd: str, *args: str) -> dict:
+def run_tool(h, acct, cwd: str, *args: str, rc: int = 0) -> dict:
     t0 = time.time()
     res = h.run_json(acct, _nbgrader_code(cwd, *args))
     step = " ".join(args[:2])
     TIMINGS[step] = TIMINGS.get(step, 0.0) + time.time() - t0
-    assert res["rc"] == 0, f"{acct.name}: python -m {' '.join(args)}:\n{res['out']}{res['err']}"
+    assert res["rc"] == rc, f"{acct.name}: python -m {' '.join(args)}:\n{res['out']}{res['err']}"
     return res
 
 
@@ -84,7 +106,7 @@ def hub():
     base = hubkit.new_base()
     h = None
     try:
-        h = hubkit.create_accounts(base)
+        h = hubkit.create_accounts(base, n_students=4, intruders=INTRUDERS)
         hubkit.make_exchange(h)
         hubkit.make_envs(h)
         config = hubkit.write_config(h)
@@ -129,6 +151,7 @@ def _answers() -> dict[str, tuple[dict[str, str], float]]:
         "student1": (full, total),
         "student2": (mistake, total - pts["sdpa"]),
         "student3": ({}, 0.0),  # blank: the release as fetched
+        HOSTILE: ({}, 0.0),  # blank, beside a shadowing package and every link below
     }
 
 
@@ -183,13 +206,23 @@ def course_run(hub):
             f"{victim.name!r}, 'written': os.path.isdir(d)}}))",
         )
     result["forged"] = forged
+    hostile = next(s for s in h.students if s.role == HOSTILE)
+    result["hostile"] = h.run_json(hostile, _hostile_code(h))
+    for acct in h.intruders:
+        h.run_as(acct, _intruder_code(h, acct.role))
+    result["tool_env"] = h.run_json(
+        inst, "import json, os\nprint(json.dumps(os.environ.get('JUPYTERHUB_API_TOKEN')))"
+    )
 
     collect = run_tool(h, inst, "~/course", "nbgrader", "collect", AID)
     result["collect_log"] = collect["out"] + collect["err"]
-    grade = run_tool(h, inst, "~/course", "attention_ref.course", "grade", AID)
+    h.run_json(inst, LMS_CODE)
+    # rc 1: the submission placed by hand with a link is not graded (the report says why)
+    grade = run_tool(h, inst, "~/course", "attention_ref.course", "grade", AID, rc=1)
     result["grade_log"] = grade["out"] + grade["err"]
     run_tool(h, inst, "~/course", "nbgrader", "generate_feedback", AID)
-    run_tool(h, inst, "~/course", "nbgrader", "release_feedback", AID)
+    release = run_tool(h, inst, "~/course", "nbgrader", "release_feedback", AID)
+    result["release_log"] = release["out"] + release["err"]
     result["grades"] = h.run_json(
         inst,
         "import csv, json, os\n"
@@ -208,8 +241,168 @@ def course_run(hub):
             "print(json.dumps({f: open(f).read() for f in files}))",
         )
     result["feedback"] = feedback
+    result["evidence"] = _evidence(h)
     TIMINGS["workflow"] = time.time() - t0
     return result
+
+
+# ------------------------------------------------------------------------ hostile submissions
+def _names(h) -> dict:
+    victim = h.students[0]
+    return {
+        "AID": AID,
+        "EX": str(h.exchange / hubkit.COURSE_ID),
+        "COURSE": str(h.instructor.home / "course"),
+        "VICTIM": victim.name,
+        "VHOME": str(victim.home),
+    }
+
+
+PRELUDE = """
+import datetime, json, os, pwd, secrets, shutil
+globals().update({names})
+INBOUND, ME = EX + "/inbound", pwd.getpwuid(os.getuid()).pw_name
+
+def ts(hours):
+    t = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=hours)
+    return t.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+def folder(hours, tag):
+    d = f"{{INBOUND}}/{{ME}}+{{AID}}+{{ts(hours)}}+{{tag}}"
+    os.mkdir(d)
+    return d
+"""
+
+# The hostile student's newest submission: a blank notebook (their own) beside every link,
+# special file and package below, and inbound names that stopped nbgrader's collect.
+HOSTILE_CODE = r"""
+d = folder(1, "evil")
+shutil.copy(os.path.expanduser(f"~/{AID}/{AID}.ipynb"), d)
+open(f"{d}/timestamp.txt", "w").write("not a time")
+solution = f"{COURSE}/solutions/{AID}/{AID}.ipynb"
+links = {
+    "solution.ipynb": solution,
+    "solution.html": solution,
+    "gradebook.html": f"{COURSE}/gradebook.db",
+    "grades.html": f"{COURSE}/grades.csv",
+    "config.html": f"{COURSE}/nbgrader_config.py",
+    "environ.html": "/proc/self/environ",
+    "classmate.html": f"{COURSE}/submitted/{VICTIM}/{AID}/{AID}.ipynb",
+    "classmate-graded.html": f"{COURSE}/autograded/{VICTIM}/{AID}/{AID}.ipynb",
+    "zero.html": "/dev/zero",
+    "submission_secret.txt": f"{COURSE}/submitted/{VICTIM}/{AID}/submission_secret.txt",
+}
+for name, target in links.items():
+    os.symlink(target, f"{d}/{name}")
+os.mkdir(f"{d}/fan")
+for i in range(200):  # a fan-out of links: 200 copies of the solution, were they followed
+    os.symlink(solution, f"{d}/fan/{i}.ipynb")
+os.mkfifo(f"{d}/pipe.ipynb")
+open(f"{d}/locked.ipynb", "w").write("{}")
+os.chmod(f"{d}/locked.ipynb", 0)
+os.mkdir(f"{d}/x.html")
+open(f"{d}/x.html/inner.html", "w").write("x")
+os.mkdir(f"{d}/attention_ref")
+open(f"{d}/attention_ref/__init__.py", "w").write("")
+open(f"{d}/attention_ref/checks.py", "w").write("def check(*a, **k):\n    return None\n")
+open(f"{d}/attention_ref/plots.py", "w").write(
+    "def plot_attention(*a, **k):\n    pass\n\n\ndef plot_score_scaling(*a, **k):\n    pass\n"
+)
+os.mkdir(f"{INBOUND}/{ME}+{AID}+not-a-time+x")
+os.symlink(f"{COURSE}/nowhere", f"{INBOUND}/{ME}+{AID}+{ts(2)}+dangling")
+os.symlink(VHOME, f"{INBOUND}/{VICTIM}+{AID}+{ts(3)}+home")
+open(f"{INBOUND}/{ME}+{AID}+{ts(4)}+file", "w").write("{}")
+print(json.dumps(sorted(os.listdir(d))))
+"""
+
+INTRUDER_CODE = {
+    # the graded notebook is a link to the instructor's solution
+    "linker": """
+d = folder(0, "link")
+os.symlink(f"{COURSE}/solutions/{AID}/{AID}.ipynb", f"{d}/{AID}.ipynb")
+open(f"{d}/submission_secret.txt", "w").write(secrets.token_hex(64))
+""",
+    # one byte over the default cap (a sparse file: no disk used)
+    "bigfile": """
+d = folder(0, "big")
+with open(f"{d}/{AID}.ipynb", "wb") as f:
+    f.truncate(20 * 2**20 + 1)
+""",
+    # one file over the default cap
+    "manyfiles": """
+d = folder(0, "many")
+for i in range(21):
+    open(f"{d}/n{i:02}.ipynb", "w").write("{}")
+""",
+}
+
+# Placed in submitted/ by the instructor (as from an LMS), never through collect.
+LMS_CODE = r"""
+import json, os, shutil
+sub = os.path.expanduser("~/course/submitted")
+blank = os.path.expanduser(f"~/course/notebooks/{AID}/{AID}.ipynb")
+d = f"{sub}/lms-shadow/{AID}"
+os.makedirs(f"{d}/attention_ref")
+shutil.copy(blank, d)
+open(f"{d}/submission_secret.txt", "w").write(LMS_SECRET)
+open(f"{d}/attention_ref/__init__.py", "w").write("")
+open(f"{d}/attention_ref/checks.py", "w").write("def check(*a, **k):\n    return None\n")
+open(f"{d}/attention_ref/plots.py", "w").write(
+    "def plot_attention(*a, **k):\n    pass\n\n\ndef plot_score_scaling(*a, **k):\n    pass\n"
+)
+open(f"{d}/attention_ref.py", "w").write("def check(*a, **k):\n    return None\n")
+os.makedirs(f"{d}/x.html")
+open(f"{d}/x.html/inner.html", "w").write("x")
+open(f"{d}/notes.html", "w").write("<p>my own feedback: 7 / 7</p>")
+d = f"{sub}/lms-linked/{AID}"
+os.makedirs(d)
+os.symlink(os.path.expanduser(f"~/course/solutions/{AID}/{AID}.ipynb"), f"{d}/{AID}.ipynb")
+print(json.dumps(True))
+""".replace("AID", repr(AID)).replace("LMS_SECRET", repr(LMS_SECRET))
+
+
+def _hostile_code(h) -> str:
+    return PRELUDE.format(names=_names(h)) + HOSTILE_CODE
+
+
+def _intruder_code(h, role: str) -> str:
+    return PRELUDE.format(names=_names(h)) + INTRUDER_CODE[role] + "print(json.dumps(d))\n"
+
+
+def _evidence(h) -> dict:
+    """What the test process (root) sees after the workflow: links in submitted/, the
+    exchange's published feedback, each student's own secret (from their nbgrader cache)
+    and the instructor's feedback files."""
+    course = h.instructor.home / "course"
+    odd = [
+        str(p)
+        for p in (course / "submitted").rglob("*")
+        if "lms-linked" not in p.parts and (p.is_symlink() or not (p.is_dir() or p.is_file()))
+    ]
+    published = {
+        p.name: p.read_bytes() for p in (h.exchange / hubkit.COURSE_ID / "feedback").iterdir()
+    }
+    secrets_ = {}
+    for s in h.students:
+        cache = s.home / ".local/share/jupyter/nbgrader_cache" / hubkit.COURSE_ID
+        found = sorted(cache.glob(f"*+{AID}+*/submission_secret.txt"))
+        secrets_[s.name] = [p.read_text() for p in found]
+    secrets_["lms-shadow"] = [LMS_SECRET]
+    instructor_feedback = {
+        p.parts[-3]: p.read_bytes() for p in (course / "feedback").glob(f"*/{AID}/{AID}.html")
+    }
+    submitted = {
+        str(p.relative_to(course)): p.read_bytes()
+        for p in (course / "submitted").rglob("*")
+        if p.is_file() and not p.is_symlink() and "lms-linked" not in p.parts
+    }
+    return {
+        "odd": odd,
+        "published": published,
+        "secrets": secrets_,
+        "instructor_feedback": instructor_feedback,
+        "submitted": submitted,
+    }
 
 
 def _score(html: str) -> float:
@@ -234,15 +427,25 @@ def test_servers_and_kernels_run_as_their_users(hub, course_run):
         ), module
 
 
+def _honest(hub) -> list:
+    return [s for s in hub.students if s.role != HOSTILE]
+
+
 def test_every_score_through_the_hub(hub, course_run):
+    """The honest students keep their marks; the hostile student's blank notebook and the
+    blank one placed by hand beside a shadowing package score 0 (neither package was
+    imported); the submissions that were links or over a cap are not graded at all."""
     expected = {s.name: course_run["answers"][s.role][1] for s in hub.students}
+    expected["lms-shadow"] = 0.0
     assert course_run["grades"] == expected, course_run["grade_log"]
-    for s in hub.students:
+    ev = course_run["evidence"]
+    for s in _honest(hub):
         files = course_run["feedback"][s.name]
         assert len(files) == 1, f"{s.name} fetched {len(files)} feedback files"
         html = next(iter(files.values()))
         assert _score(html) == expected[s.name], s.name
-        assert s.name in html or "feedback" in html.lower()
+        # their own: the very file the instructor generated for them
+        assert html.encode() == ev["instructor_feedback"][s.name], s.name
 
 
 def test_forged_submissions_are_written_but_never_collected(hub, course_run):
@@ -255,6 +458,118 @@ def test_forged_submissions_are_written_but_never_collected(hub, course_run):
     for s in hub.students:
         victim = course_run["forged"][s.name]["victim"]
         assert re.search(rf"Ignoring {victim}\+{AID}\+.*\+forged.*owned by {s.name}", log), log
+
+
+# ------------------------------------------------------------------------ hostile files
+def _line(log: str, student: str, pattern: str) -> None:
+    assert re.search(rf"{re.escape(student)}: .*{pattern}", log, re.M), (
+        f"{student}: {pattern}\n{log}"
+    )
+
+
+def test_collect_leaves_every_link_and_special_file_behind_and_says_why(hub, course_run):
+    log = course_run["collect_log"]
+    mallory = next(s for s in hub.students if s.role == HOSTILE).name
+    links = [
+        "solution.ipynb",
+        "solution.html",
+        "gradebook.html",
+        "grades.html",
+        "config.html",
+        "environ.html",
+        "classmate.html",
+        "classmate-graded.html",
+        "zero.html",
+        "submission_secret.txt",
+    ]
+    for name in links:
+        _line(log, mallory, rf"left behind .*'{re.escape(name)}': a symbolic link")
+    _line(log, mallory, r"'pipe.ipynb': a FIFO")
+    _line(log, mallory, r"'locked.ipynb': cannot be read \(Permission denied\)")
+    for name in ("x.html", "fan", "attention_ref"):
+        _line(log, mallory, rf"'{re.escape(name)}': a folder")
+    _line(log, mallory, rf"collected {AID}.ipynb \(\d+ bytes\); no valid submission secret")
+    # inbound names that stopped nbgrader's collect for the whole class
+    _line(log, mallory, r"not-a-time\+x': its timestamp does not parse")
+    _line(log, mallory, r"\+dangling': a symbolic link .*not a folder")
+    _line(log, mallory, r"\+file': a regular file, not a folder")
+    victim = hub.students[0].name
+    assert re.search(rf"Ignoring {victim}\+{AID}\+.*\+home: .* owned by {mallory}", log), log
+    by_role = {a.role: a.name for a in hub.intruders}
+    _line(log, by_role["linker"], rf"'{AID}.ipynb': a symbolic link")
+    _line(log, by_role["linker"], r"NOT collected .*: no notebook in it")
+    _line(log, by_role["bigfile"], r"NOT collected .*: more than 20 MiB")
+    _line(log, by_role["manyfiles"], r"NOT collected .*: more than 20 files")
+    for s in _honest(hub):
+        _line(log, s.name, rf"collected {AID}.ipynb \(\d+ bytes\)$")
+    ev = course_run["evidence"]
+    assert ev["odd"] == [], ev["odd"]  # submitted/ holds folders and regular files only
+    collected = {k.split("/")[1] for k in ev["submitted"]}
+    assert collected == {*(s.name for s in hub.students), "lms-shadow"}, collected
+    assert sorted(k for k in ev["submitted"] if f"/{mallory}/" in f"/{k}") == [
+        f"submitted/{mallory}/{AID}/{AID}.ipynb",
+        f"submitted/{mallory}/{AID}/timestamp.txt",
+    ]
+
+
+def test_make_grade_refuses_a_linked_submission_and_imports_no_submitted_package(hub, course_run):
+    log = course_run["grade_log"]
+    assert re.search(
+        rf"lms-linked .*refused\n\s+- not graded: '{AID}.ipynb' is a symbolic link", log
+    ), log
+    assert re.search(r"lms-shadow\s+0(\.0)? /", log), log
+
+
+def test_nothing_instructor_only_reaches_submitted_or_published_files(hub, course_run):
+    ev = course_run["evidence"]
+    token = course_run["tool_env"]
+    assert token, "the instructor's tools run with JUPYTERHUB_API_TOKEN (the attack's target)"
+    markers = [b"BEGIN SOLUTION", b"BEGIN HIDDEN TESTS", b"SQLite format 3", b"ExchangeFactory"]
+    markers.append(token.encode())
+    places = {**ev["submitted"], **{f"published/{k}": v for k, v in ev["published"].items()}}
+    for s in hub.students:
+        for path, text in course_run["feedback"][s.name].items():
+            places[path] = text.encode()
+    for where, data in places.items():
+        for m in markers:
+            assert m not in data, f"{m!r} in {where}"
+
+
+def test_feedback_goes_to_its_own_student_and_nothing_else_is_published(hub, course_run):
+    """The exchange's feedback folder holds exactly one file per released submission,
+    named from that submission's own secret (read here from the student's own cache) and
+    identical to what generate_feedback wrote for them: no x.html, no notes.html, nothing
+    under the hostile student's name (their secret was a link to a classmate's)."""
+    ev = course_run["evidence"]
+
+    def name(secret: str) -> str:
+        return hashlib.md5((secret + AID).encode()).hexdigest() + ".html"
+
+    expected = {}
+    for student in [*(s.name for s in _honest(hub)), "lms-shadow"]:
+        (secret,) = ev["secrets"][student]
+        expected[name(secret)] = ev["instructor_feedback"][student]
+    assert set(ev["published"]) == set(expected), course_run["release_log"]
+    for fname, data in expected.items():
+        assert ev["published"][fname] == data, fname
+    mallory = next(s for s in hub.students if s.role == HOSTILE).name
+    assert course_run["feedback"][mallory] == {}
+    log = course_run["release_log"]
+    _line(log, mallory, "feedback NOT released: no submission secret")
+    for student in [*(s.name for s in _honest(hub)), "lms-shadow"]:
+        _line(log, student, f"released {AID}.html")
+
+
+def test_the_process_that_reads_submitted_files_holds_no_credential(course_run):
+    """collect runs with the instructor's environment (here: their kernel's, holding
+    JUPYTERHUB_API_TOKEN); the process that reads the students' files holds only the
+    variables of COPIER_ENV."""
+    from attention_ref.course.exchange import COPIER_ENV
+
+    m = re.search(r"environment holds only: (.*)", course_run["collect_log"])
+    assert m, course_run["collect_log"]
+    seen = set(m.group(1).split(", "))
+    assert seen <= set(COPIER_ENV) and "PATH" in seen, seen
 
 
 # ------------------------------------------------------------------------ privacy

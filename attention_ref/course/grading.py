@@ -7,6 +7,10 @@ nbgrader does the grading. This module adds what an instructor needs around it:
   ``ATTENTION_REF_SANDBOX=off``, and then the report says so on its first line;
 
 - every assignment with submissions is graded (or those named);
+- submitted files are data: a submission holding a link or a special file, or over the
+  caps of :class:`~attention_ref.course.exchange.SubmissionLimits` (one that did not come
+  through the course's collect), is not graded, with a report line saying why; the
+  workers start without the hub's credentials;
 - a submission whose kernel died (``os._exit``, a segfault, running out of memory) is
   zeroed whole by nbgrader and only mentioned in its log. Here it is named in the report
   with the cell that killed the kernel, and graded again from a copy in which that one
@@ -44,6 +48,7 @@ import nbformat
 
 from . import sandbox
 from .cell_limits import KERNEL_RESTARTED, CellLimits, timeout_message
+from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
 from .plumbing import assignments, nbgrader, nbgrader_api
 
 CRASHED_CELL = (
@@ -56,7 +61,7 @@ CRASHED_CELL = (
 class Outcome:
     student: str
     assignment: str
-    status: str = "graded"  # graded | crashed (partial credit) | failed
+    status: str = "graded"  # graded | crashed (partial credit) | failed | refused
     notes: list[str] = field(default_factory=list)
     log: str = ""  # nbgrader's log when it could not grade the submission
     seconds: float = 0.0
@@ -282,6 +287,9 @@ def _grade_all(
             flush=True,
         )
 
+    # Workers copy students' files: no hub credential reaches them (nor their kernels).
+    for name in [k for k in os.environ if HUB_CREDENTIALS.match(k)]:
+        del os.environ[name]
     if not tasks:
         return done
     # Worker processes even for one job, so that JOBS=1 grades exactly as JOBS=N does.
@@ -358,7 +366,9 @@ def grade(
     else:
         print(sandbox.UNSANDBOXED_WARNING, flush=True)
     api = nbgrader_api(root)
+    limits = SubmissionLimits(parent=api)
     tasks = []
+    refused: dict[tuple[str, str], Outcome] = {}
     for aid in todo:
         students = subs.get(aid, [])
         print(f"== {aid}: {len(students)} submission(s)", flush=True)
@@ -366,13 +376,20 @@ def grade(
         if not result["success"]:
             print(_result_text(result)[-4000:], file=sys.stderr)
             return 2
-        tasks += [(aid, student) for student in students]
+        for student in students:
+            # Submitted files are data: a link, a special file or a submission over the
+            # caps (one not collected by the course's exchange) is not graded.
+            why = submission_problem(root / "submitted" / student / aid, limits)
+            if why:
+                refused[(aid, student)] = Outcome(student, aid, "refused", [f"not graded: {why}"])
+            tasks.append((aid, student))
     print(
         f"grading {len(tasks)} submission(s), {min(jobs, max(len(tasks), 1))} at a time; "
         f"time limits: {CellLimits().describe()}",
         flush=True,
     )
-    done = _grade_all(root, tasks, force, jobs)
+    done = _grade_all(root, [t for t in tasks if t not in refused], force, jobs)
+    done.update(refused)
     outcomes = [done[t] for t in tasks]
     for o in outcomes:
         if o.status == "failed" and o.log:
@@ -381,7 +398,7 @@ def grade(
             )
     out = export(root, csv_path)
     _print_report(outcomes, out)
-    return 0 if all(o.status != "failed" for o in outcomes) else 1
+    return 0 if all(o.status not in ("failed", "refused") for o in outcomes) else 1
 
 
 def _print_report(outcomes: list[Outcome], csv_path: Path) -> None:

@@ -142,6 +142,9 @@ class Hub:
     group: str
     instructor: Account
     students: list[Account]
+    # Course members without a hub server: they act as their Unix account (runuser), as a
+    # student's own kernel or terminal would, on the exchange's drop box.
+    intruders: list[Account] = field(default_factory=list)
     envs: dict[str, Path] = field(default_factory=dict)
     ld_path: str = ""  # LD_LIBRARY_PATH for a linked copy of the interpreter
     # Folders above the checkout given o+x (traverse) for the test, with their old modes.
@@ -153,7 +156,18 @@ class Hub:
 
     @property
     def accounts(self) -> list[Account]:
+        """The accounts with a server on the hub."""
         return [self.instructor, *self.students]
+
+    def run_as(self, acct: Account, code: str, timeout: float = 120):
+        """Run ``code`` with the students' Python as ``acct`` (no hub involved); it must
+        ``print(json.dumps(result))`` last."""
+        py = str(self.envs["student"] / "bin" / "python")
+        env = ["env", "-i", "PATH=/usr/bin:/bin", f"HOME={acct.home}"]
+        if self.ld_path:
+            env.append(f"LD_LIBRARY_PATH={self.ld_path}")
+        proc = sh("runuser", "-u", acct.name, "--", *env, py, "-c", code, timeout=timeout)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
 
     # ----------------------------------------------------------------- REST API
     def api(self, method: str, path: str, token: str, body=None, raw: bool = False):
@@ -297,7 +311,7 @@ class Hub:
 
 
 # --------------------------------------------------------------------- setup/teardown
-def create_accounts(base: Path, n_students: int = 3) -> Hub:
+def create_accounts(base: Path, n_students: int = 3, intruders: tuple[str, ...] = ()) -> Hub:
     tag = secrets.token_hex(2)
     group = f"afs{tag}course"
     homes = base / "home"
@@ -312,6 +326,7 @@ def create_accounts(base: Path, n_students: int = 3) -> Hub:
             Account(f"afs{tag}stu{i}", f"student{i}", homes / f"afs{tag}stu{i}")
             for i in range(1, n_students + 1)
         ],
+        intruders=[Account(f"afs{tag}{r[:4]}", r, homes / f"afs{tag}{r[:4]}") for r in intruders],
     )
     try:
         _add_users(hub, group)
@@ -322,7 +337,7 @@ def create_accounts(base: Path, n_students: int = 3) -> Hub:
 
 
 def _add_users(hub: Hub, group: str) -> None:
-    for acct in hub.accounts:
+    for acct in [*hub.accounts, *hub.intruders]:
         # -M + our own home: useradd's skeleton and HOME_MODE differ between distributions.
         sh("useradd", "-M", "-d", str(acct.home), "-s", "/bin/bash", "-G", group, acct.name)
         acct.uid = pwd.getpwnam(acct.name).pw_uid
@@ -332,7 +347,7 @@ def _add_users(hub: Hub, group: str) -> None:
 
 
 def remove_accounts(hub: Hub) -> None:
-    uids = {a.uid for a in hub.accounts if a.uid}
+    uids = {a.uid for a in [*hub.accounts, *hub.intruders] if a.uid}
     for _ in range(3):  # only processes of the accounts the test created
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
@@ -340,7 +355,7 @@ def remove_accounts(hub: Hub) -> None:
                     if d.stat().st_uid in uids:
                         os.kill(int(d.name), 9)
         time.sleep(0.2)
-    for acct in hub.accounts:
+    for acct in [*hub.accounts, *hub.intruders]:
         sh("userdel", acct.name, check=False)
     sh("groupdel", hub.group, check=False)
 
