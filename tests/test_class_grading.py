@@ -3,7 +3,8 @@
 A throwaway course is built from the real solutions/ and nbgrader_config.py, and a class
 submits assignments 01 and 02: a full solution, a blank notebook, a partial one, the
 catalogued mistakes, and hostile submissions (a loop at the top level of a cell, a function
-that loops only under grading, a dead kernel, ...). `make grade`'s code path grades them
+that loops only under grading, a dead kernel, ..., and the attacks on the grader of
+tests/hostile.py, whose failure tests/test_sandbox.py asserts). `make grade`'s code path grades them
 with two workers; every student's exact score is asserted, a second run changes nothing,
 a sequential forced regrade gives the same grades, no looping submission costs more than
 60 s of time limits, and the report names the submission whose kernel died.
@@ -30,6 +31,7 @@ import nbformat
 import pytest
 
 import catalog
+import hostile
 from course_tools import answer_cells, make_course, release_path, run_course, test_cells
 from test_grading import solved_submission, submit
 
@@ -142,6 +144,9 @@ def class_roster(tmp: Path):
         add("hostile-calls-reference", calls_ref, total - pts[last])
         if aid != HOSTILE_AID:
             continue
+        # The attacks on the grader itself (tests/test_sandbox.py asserts they fail).
+        for student, nb in hostile.attackers(course).items():
+            add(student, nb, total)
         # What these do to the grader does not depend on the notebook: one assignment.
         wrong = next(e for e in catalog.MISTAKES if e.exercise == first)
         add(
@@ -248,7 +253,7 @@ def grade_class(
                 for k, v in expected.items()
                 if k[0] in students and (aids is None or k[1] in aids)
             }
-        env = dict(LIMITS)
+        env = {**LIMITS, **hostile.GRADER_ENV}  # the caps, and secrets to steal
         if db_url is not None:
             env["NBGRADER_DB_URL"] = db_url
         proc = run_course(course, "grade", "--jobs", JOBS, env_extra=env)

@@ -1,18 +1,19 @@
 """Grading that no submission can subvert: every graded notebook runs in a sandbox
 (attention_ref/course/sandbox.py).
 
-A hostile class of notebook 01 is graded through `make grade`'s code path with two
-workers, next to honest students. Each hostile submission holds a correct solution plus
-cells that act only while they are graded (``NBGRADER_EXECUTION=autograde``) and print
-what they managed: read the instructor's source notebook, a classmate's submission, the
-grader's secrets in the environment, the reference sources; send data to a listener on
-127.0.0.1; write the course root, the installed package, the gradebook; start processes
-that outlive grading; exhaust memory, processes and disk. The test reads each attack's
-outcome from the graded notebook and asserts that it failed, that the honest students'
-grades are exactly their marks, that the report names the caps that stopped a cell, and
-that the feedback shows the hidden tests' points, never their code. The same attacks are
-then made under ``nbgrader autograde`` run directly in the course root. Where no sandbox
-can start, grading refuses, unless switched off, and then the report says so first.
+The attackers of tests/hostile.py are graded with the class of tests/test_class_grading.py
+(`make grade`'s code path, two workers, honest students beside them). Each holds a correct
+solution plus cells that act only while graded and print what they managed: read the
+instructor's source notebook, a classmate's submission, the grader's secrets, the
+reference sources; send data to a listener on 127.0.0.1; write the course root, the
+installed package, the gradebook; start processes that outlive grading; exhaust memory,
+processes and disk. The tests read each attack's outcome from the graded notebook and
+assert that it failed, that the attackers gained nothing (the honest students' exact
+grades are asserted by tests/test_class_grading.py), that the report names the caps that
+stopped a cell, and that the feedback shows the hidden tests' points, never their code.
+The same attacks are then made under ``nbgrader autograde`` run directly in the course
+root. Where no sandbox can start, grading refuses, unless switched off, and then the
+report says so first.
 """
 
 # ruff: noqa: E501 - the attacks are code in strings, one attempt a line
@@ -20,12 +21,13 @@ can start, grading refuses, unless switched off, and then the report says so fir
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import re
-import socket
+import shutil
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -40,233 +42,52 @@ from course_tools import (
     solution_path,
     test_cells,
 )
+from hostile import (
+    AID,
+    ATTACKERS,
+    SECRET,
+    TOKEN,
+    Listener,
+    attack_lines,
+    listener,
+    outliving_processes,
+    outputs,
+    read_attacks,
+    with_cells,
+    write_attacks,
+)
+from test_class_grading import LIMITS, sqlite_graded_class
 from test_grading import solved_submission, submit
 
 pytestmark = pytest.mark.grading
 
-AID = "01_dot_product_attention"
-SECRET = "pg-secret-4f1c9e"  # in the grader's environment, as a database password is
-TOKEN = "hub-token-77ab03"
-OUTLIVE = "outlive-marker-5d21"
-CAPS = {
-    "ATTENTION_REF_SANDBOX_MEMORY": "2G",
-    "ATTENTION_REF_SANDBOX_PROCESSES": "64",
-    "ATTENTION_REF_SANDBOX_DISK": "64M",
-}
-LIMITS = {"NBGRADER_CELL_TIMEOUT": "20", "NBGRADER_TIMEOUT_AFTER": "6"}
-
-# Each attack prints "ATTACK <name>: <what happened>"; "BREACH" marks a success.
-ATTACK_PRELUDE = """
-import os as _os
-
-def _attack(name, fn):
-    if _os.environ.get("NBGRADER_EXECUTION") != "autograde":
-        return
-    try:
-        got = fn()
-        print(f"ATTACK {name}: BREACH {str(got)[:300]!r}")
-    except BaseException as err:
-        print(f"ATTACK {name}: held ({type(err).__name__}: {str(err)[:120]})")
-"""
-
-
-def read_attacks(course: Path, student: str) -> str:
-    path = course / "submitted" / student / AID / f"{AID}.ipynb"
-    return (
-        ATTACK_PRELUDE
-        + f"""
-import glob, inspect, socket
-_attack("read the source notebook", lambda: open({str(course / "solutions" / AID / (AID + ".ipynb"))!r}).read())
-_attack("read a classmate", lambda: open({str(path).replace(student, "honest")!r}).read())
-_attack("list the submissions", lambda: glob.glob({str(course / "submitted")!r} + "/*") or 1 / 0)
-_attack("read the environment", lambda: [k for k in _os.environ if {SECRET!r} in _os.environ[k] or {TOKEN!r} in _os.environ[k]] or 1 / 0)
-_attack("read the grader's environ", lambda: [p for p in glob.glob("/proc/*/environ") if {SECRET!r}.encode() in open(p, "rb").read()] or 1 / 0)
-_attack("read the reference source", lambda: inspect.getsource(__import__("attention_ref").sdpa))
-_attack("read the package on disk", lambda: open({str(ROOT / "attention_ref" / "attention.py")!r}).read())
-_attack("read a home folder", lambda: _os.listdir(_os.path.expanduser("~root")) or 1 / 0)
-"""
-    )
-
-
-def write_attacks(course: Path, port: int) -> str:
-    import attention_ref.checks
-
-    checks_dir = Path(attention_ref.checks.__file__).parent
-    return (
-        ATTACK_PRELUDE
-        + f"""
-import socket, sqlite3
-def _send():
-    s = socket.create_connection(("127.0.0.1", {port}), timeout=3)
-    s.sendall(b"LEAK"); s.close()
-    return "sent"
-_attack("network", _send)
-_attack("write the course root", lambda: open({str(course / "pwned.txt")!r}, "w").write("x"))
-_attack("write the installed package", lambda: open({str(checks_dir / "pwned.py")!r}, "w").write("x"))
-_attack("write the package it imports", lambda: open(_os.path.join(_os.path.dirname(__import__("attention_ref.checks").checks.__file__), "pwned.py"), "w").write("x"))
-def _gradebook():
-    db = sqlite3.connect({str(course / "gradebook.db")!r})
-    db.execute("update grade set auto_score = 0")
-    db.commit()
-    return "rewritten"
-_attack("rewrite the gradebook", _gradebook)
-"""
-    )
-
-
-OUTLIVE_ATTACK = (
-    ATTACK_PRELUDE
-    + f"""
-import subprocess, sys
-def _outlive():
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}],
-                     start_new_session=True)
-    if _os.fork() == 0:  # a daemon, twice forked
-        _os.setsid()
-        if _os.fork() == 0:
-            _os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}])
-        _os._exit(0)
-    return "started (held if they are gone after grading)"
-_attack("outlive the notebook", _outlive)
-"""
-)
-
-# The resource attacks do not catch what stops them: the cell fails, as a real one would.
-GRADED_ONLY = 'import os\nif os.environ.get("NBGRADER_EXECUTION") == "autograde":\n'
-MEMORY_ATTACK = (
-    GRADED_ONLY
-    + """\
-    import numpy as np
-
-    print("ATTACK memory: 6 GiB", np.ones(6 * 2**30, dtype=np.uint8).sum())
-"""
-)
-PROCESS_ATTACK = (
-    GRADED_ONLY
-    + """\
-    import time
-
-    kids = []
-    for _ in range(400):  # bounded: 400 sleepers, were the cap to fail
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(30)
-            os._exit(0)
-        kids.append(pid)
-    print(f"ATTACK processes: {len(kids)} started")
-"""
-)
-DISK_ATTACK = (
-    GRADED_ONLY
-    + """\
-    with open("/tmp/fill", "wb") as f:
-        for _ in range(256):  # 256 MiB, four times the test's cap
-            f.write(b"x" * 2**20)
-    print("ATTACK disk: 256 MiB written")
-"""
-)
-
-
-def with_cells(*sources: str):
-    """The solved notebook with ``sources`` as extra cells after its first test cell."""
-    nb = solved_submission(AID)
-    i = nb.cells.index(test_cells(nb)[0])
-    for k, src in enumerate(sources):
-        nb.cells.insert(i + 1 + k, nbformat.v4.new_code_cell(src))
-    return nb
-
-
-def outputs(course: Path, student: str) -> str:
-    """Everything the graded notebook of ``student`` printed."""
-    nb = nbformat.read(course / "autograded" / student / AID / f"{AID}.ipynb", as_version=4)
-    return json.dumps([c.get("outputs", []) for c in nb.cells])
-
-
-def attack_lines(course: Path, student: str) -> dict[str, str]:
-    nb = nbformat.read(course / "autograded" / student / AID / f"{AID}.ipynb", as_version=4)
-    lines = {}
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            for m in re.finditer(r"ATTACK (.+?): (.*)", out.get("text", "")):
-                lines[m.group(1)] = m.group(2)
-    return lines
-
-
-class Listener:
-    """A TCP listener on 127.0.0.1 that records whatever reaches it."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.sock.settimeout(0.5)
-        self.port = self.sock.getsockname()[1]
-        self.received: list[bytes] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.received.append(conn.recv(100) or b"(connected)")
-            conn.close()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join()
-        self.sock.close()
-
-
-def outliving_processes() -> list[str]:
-    found = []
-    for p in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if OUTLIVE.encode() in p.read_bytes():
-                found.append(p.parent.name)
-        except OSError:
-            pass
-    return found
-
 
 @pytest.fixture(scope="module")
 def hostile_class(tmp_path_factory):
-    course = make_course(tmp_path_factory.mktemp("sandbox") / "course", [AID])
-    listener = Listener()
-    submit(course, "honest", AID, solved_submission(AID))
-    submit(course, "honest-2", AID, solved_submission(AID))
-    submit(course, "hostile-read", AID, with_cells(read_attacks(course, "hostile-read")))
-    submit(course, "hostile-write", AID, with_cells(write_attacks(course, listener.port)))
-    submit(course, "hostile-outlive", AID, with_cells(OUTLIVE_ATTACK))
-    submit(course, "hostile-caps", AID, with_cells(MEMORY_ATTACK, PROCESS_ATTACK, DISK_ATTACK))
-    env = {**LIMITS, **CAPS, "PGPASSWORD": SECRET, "JUPYTERHUB_API_TOKEN": TOKEN}
-    start = time.perf_counter()
-    proc = run_course(course, "grade", "--jobs", "2", env_extra=env)
-    seconds = time.perf_counter() - start
+    """The class of tests/test_class_grading.py, graded once per session with the
+    attackers of tests/hostile.py among its students: (course, the grading process, the
+    listener, the processes left running after grading)."""
+    course, _, proc, _ = sqlite_graded_class(tmp_path_factory)
     time.sleep(1)
     survivors = outliving_processes()
-    listener.close()
-    yield course, proc, listener, survivors, seconds
+    yield course, proc, listener(), survivors
     for pid in survivors:  # never leave them behind, whatever the test found
         with contextlib.suppress(OSError):
             os.kill(int(pid), 9)
 
 
-def test_the_class_is_graded_and_the_honest_grades_are_exact(hostile_class):
+def test_the_attackers_are_graded_with_the_class_and_gain_nothing(hostile_class):
     course, proc, *_ = hostile_class
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "sandbox: each notebook in its own" in proc.stdout
     total = auto_points(nbformat.read(solution_path(AID), as_version=4))
     with open(course / "grades.csv") as f:
-        scores = {r["student_id"]: float(r["score"]) for r in __import__("csv").DictReader(f)}
-    # The attacks cost nothing and gain nothing: every submission holds a full solution.
-    assert scores == dict.fromkeys(
-        ["honest", "honest-2", "hostile-read", "hostile-write", "hostile-outlive", "hostile-caps"],
-        total,
-    ), scores
+        scores = {
+            r["student_id"]: float(r["score"]) for r in csv.DictReader(f) if r["assignment"] == AID
+        }
+    # Every attacker holds a full solution: the attacks neither cost nor gain a point
+    # (the honest students' exact grades: tests/test_class_grading.py).
+    assert {s: scores[s] for s in ATTACKERS} == dict.fromkeys(ATTACKERS, total), scores
 
 
 READS = [
@@ -301,7 +122,7 @@ WRITES = [
 
 @pytest.mark.parametrize("attack", WRITES)
 def test_a_submission_writes_and_sends_nothing_outside_its_sandbox(hostile_class, attack):
-    course, _, listener, _, _ = hostile_class
+    course, _, listener, _ = hostile_class
     lines = attack_lines(course, "hostile-write")
     assert lines.get(attack, "").startswith("held"), (attack, lines)
     assert listener.received == []
@@ -312,7 +133,7 @@ def test_a_submission_writes_and_sends_nothing_outside_its_sandbox(hostile_class
 
 
 def test_nothing_a_submission_starts_outlives_its_notebook(hostile_class):
-    course, _, _, survivors, _ = hostile_class
+    course, _, _, survivors = hostile_class
     lines = attack_lines(course, "hostile-outlive")
     assert lines["outlive the notebook"].startswith("BREACH 'started"), lines  # it ran...
     assert survivors == [], f"processes outlived grading: {survivors}"  # ...and is gone
@@ -346,17 +167,15 @@ def test_each_resource_cap_stops_its_attack_with_an_error_the_report_names(
 def test_feedback_shows_hidden_tests_ran_and_their_points_never_their_code(hostile_class):
     course = hostile_class[0]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    import subprocess
-
     proc = subprocess.run(
-        [sys.executable, "-m", "nbgrader", "generate_feedback", AID, "--student", "honest"],
+        [sys.executable, "-m", "nbgrader", "generate_feedback", AID, "--student", "full"],
         cwd=course,
         capture_output=True,
         text=True,
         env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    html = (course / "feedback" / "honest" / AID / f"{AID}.html").read_text()
+    html = (course / "feedback" / "full" / AID / f"{AID}.html").read_text()
     source = nbformat.read(solution_path(AID), as_version=4)
     hidden = [c.source for c in test_cells(source) if "BEGIN HIDDEN TESTS" in c.source]
     assert hidden, "the notebook has no hidden tests: the test proves nothing"
@@ -373,15 +192,15 @@ def test_feedback_shows_hidden_tests_ran_and_their_points_never_their_code(hosti
 def test_nbgrader_autograde_run_directly_is_sandboxed_too(hostile_class, tmp_path):
     """The configuration does it (nbgrader_config.py), so formgrader's autograde button,
     which calls the same nbgrader API as `make grade`, is sandboxed as well."""
-    course = hostile_class[0]
+    course = tmp_path / "course"  # a copy: the class stays as graded for other tests
+    shutil.copytree(hostile_class[0], course)
     student = "direct"
     listener = Listener()
     attacks = read_attacks(course, student), write_attacks(course, listener.port)
     submit(course, student, AID, with_cells(*attacks))
     env = dict(os.environ, PGPASSWORD=SECRET, JUPYTERHUB_API_TOKEN=TOKEN, **LIMITS)
+    env.pop("NBGRADER_DB_URL", None)
     env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    import subprocess
-
     proc = subprocess.run(
         [sys.executable, "-m", "nbgrader", "autograde", AID, "--student", student],
         cwd=course,
