@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -282,21 +283,25 @@ def test_the_sandbox_binds_the_environment_and_never_a_course_or_a_checkout(tmp_
 
     course = make_course(tmp_path / "course", ["02_masking"])
     (course / "lib").mkdir()
-    other_env = tmp_path / "shared-env" / "site-packages"
+    other_env = tmp_path / "shared-env" / "lib" / "site-packages"  # another virtual env's
     other_env.mkdir(parents=True)
+    (tmp_path / "shared-env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    scripts = tmp_path / "my-scripts"  # a folder of modules, as a script's folder is
+    scripts.mkdir()
     checkout = Path(sandbox._package_source()).parent
     monkeypatch.chdir(course)
     monkeypatch.setattr(
         sys,
         "path",
         [str(p) for p in (course, course / "lib", tmp_path, checkout, ROOT / "tests", other_env)]
+        + [str(scripts), tempfile.gettempdir(), "/"]
         + sys.path,
     )
     bound = sandbox._environment_paths()
     assert other_env in bound
-    private = [course, course / "lib", ROOT / "tests", checkout / "attention_ref"]
+    private = [course, course / "lib", ROOT / "tests", checkout / "attention_ref", scripts]
     private += [checkout / "solutions"]
     for folder in private:  # nothing bound is it, is inside it, or holds it
         assert not any(b == folder or folder in b.parents for b in bound), (folder, bound)
-    for holder in (tmp_path, checkout, course):
+    for holder in (tmp_path, checkout, course, Path(tempfile.gettempdir())):
         assert holder not in bound and not any(b in holder.parents for b in bound), bound

@@ -56,9 +56,9 @@ CAP_ENV = {
     "processes": "ATTENTION_REF_SANDBOX_PROCESSES",
     "disk": "ATTENTION_REF_SANDBOX_DISK",
 }
-#: Defaults for a 2-core, 8 GB grading machine grading two submissions at a time: a
-#: notebook of the course needs under 1 GiB of address space; PyTorch's threads and
-#: the kernel's own come to about 20.
+#: Defaults for a 2-core, 8 GB grading machine grading two submissions at a time: graded,
+#: the course's heaviest notebooks (08, 11) peak at 1.7 GiB of address space (under
+#: 0.5 GiB resident) and 17 threads.
 DEFAULT_CAPS = {"memory": "3G", "processes": "128", "disk": "512M"}
 #: Environment variables a graded kernel keeps (everything else is dropped).
 KEEP_ENV = re.compile(
@@ -112,13 +112,14 @@ class Caps:
         if not processes.isdigit() or int(processes) < 16:
             raise ValueError(
                 f"{CAP_ENV['processes']} must be a whole number of at least 16 (a kernel "
-                f"needs about 20 threads); got {processes!r}"
+                f"runs about 15 threads); got {processes!r}"
             )
         memory = _parse_size(CAP_ENV["memory"], values["memory"])
         if memory < 2**30:
             raise ValueError(
                 f"{CAP_ENV['memory']} must be at least 1G (a kernel with PyTorch needs "
-                f"about 0.8 GiB of address space); got {values['memory']!r}"
+                f"about 0.8 GiB of address space, the course's notebooks up to 1.7 GiB); "
+                f"got {values['memory']!r}"
             )
         disk = _parse_size(CAP_ENV["disk"], values["disk"])
         if disk < 2**20:
@@ -246,21 +247,22 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 
 def _environment_paths() -> list[Path]:
-    """The Python environment: the virtual environment, its base interpreter, and every
-    folder on the import path (a .pth file may add another environment's site-packages)
-    and on LD_LIBRARY_PATH; never a course folder, the working folder, a checkout of the
-    package, or a folder that holds any of them."""
+    """The Python environment: the virtual environment, its base interpreter, the
+    site-packages folders on the import path outside them (a .pth file may add another
+    environment's), and the folders on LD_LIBRARY_PATH; never a course folder, the
+    working folder, a checkout of the package, or a folder that holds any of them. An
+    import-path folder that is no site-packages (a script's folder, /tmp...) is not bound."""
     prefixes = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
     prefixes.add(Path(os.path.realpath(sys.executable)).parent.parent)
     prefixes = {p.resolve() for p in prefixes}
-    private = [Path.cwd().resolve()]
+    private = [Path.cwd().resolve(), Path(tempfile.gettempdir()).resolve()]
     src = _package_source()
     if not _inside(src, list(prefixes)):  # a checkout (editable install), not site-packages
         private.append(src.parent)
     paths = set(prefixes)
-    extra = [*sys.path, *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)]
-    for entry in filter(None, extra):
-        p = Path(entry).resolve()
+    site = [p for p in map(Path, filter(None, sys.path)) if _is_site(p)]
+    libs = [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    for p in (q.resolve() for q in [*site, *libs]):
         if not p.is_dir() or _is_course(p) or any(_inside(q, [p]) for q in private):
             continue
         # Inside a private folder, only a virtual environment's folders are environment.
@@ -268,6 +270,10 @@ def _environment_paths() -> list[Path]:
             paths.add(p)
     # Bind the outermost only: a folder inside another one is bound with it.
     return sorted(p for p in paths if not any(q != p and q in p.parents for q in paths))
+
+
+def _is_site(p: Path) -> bool:
+    return any(part in ("site-packages", "dist-packages") for part in p.parts)
 
 
 def _is_course(p: Path) -> bool:
