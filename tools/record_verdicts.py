@@ -1,0 +1,143 @@
+"""Record what the checks say about every catalogued candidate, to prove a refactoring
+changed nothing but the code.
+
+Runs through ``attention_ref.checks.check``, visibly (seed 0) and thoroughly (seed 2024,
+``thorough=True``, as the hidden tests do):
+
+- every catalogued mistake and correct alternative (``tests/catalog/``);
+- the wrong-type candidates and the legal module variants of ``tests/test_checks_fuzz.py``.
+
+and writes ``{"exercise|entry|mode": {"verdict": "pass"|"fail"|"error", "message": ...}}``
+as JSON. Compare two recordings with ``--diff``::
+
+    .venv/bin/python tools/record_verdicts.py /tmp/before.json
+    ... change the checks ...
+    .venv/bin/python tools/record_verdicts.py /tmp/after.json
+    .venv/bin/python tools/record_verdicts.py --diff /tmp/before.json /tmp/after.json
+
+``--diff`` exits 1 if any verdict differs (or an entry is missing); changed messages are
+listed, for the author to account for each. ``--messages-only`` leaves the listing out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODES = {"visible": dict(), "thorough": dict(seed=2024, thorough=True)}
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _run(check, exercise: str, candidate) -> dict[str, str]:
+    out = {}
+    for mode, kwargs in MODES.items():
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                check(exercise, candidate, **kwargs)
+        except AssertionError as err:
+            out[mode] = {"verdict": "fail", "message": _ADDRESS.sub(" at 0x?", str(err))}
+        except Exception as err:  # noqa: BLE001 - recorded, never raised
+            out[mode] = {"verdict": "error", "message": f"{type(err).__name__}: {err}"}
+        else:
+            out[mode] = {"verdict": "pass", "message": ""}
+    return out
+
+
+def _candidates():
+    """``(exercise, entry name, candidate)`` for everything recorded."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import test_checks_fuzz as fuzz
+
+    from catalog import ALTERNATIVES, MISTAKES
+
+    for e in MISTAKES:
+        yield e.exercise, f"mistake:{e.name}", e.impl
+    for e in ALTERNATIVES:
+        yield e.exercise, f"alternative:{e.name}", e.impl
+    for p in fuzz.WRONG:
+        ex, name, cand = p.values
+        yield ex, f"wrong:{name}", cand
+    for p in fuzz.LEGAL:
+        ex, variant = p.values
+        yield ex, f"legal:{variant}", fuzz.VARIANTS[variant](fuzz._module_alternative(ex))
+
+
+def record(path: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    from attention_ref.checks import check
+
+    results: dict[str, dict[str, str]] = {}
+    t0 = time.monotonic()
+    for exercise, name, candidate in _candidates():
+        for mode, res in _run(check, exercise, candidate).items():
+            key = f"{exercise}|{name}|{mode}"
+            if key in results:
+                raise SystemExit(f"two entries record as {key}")
+            results[key] = res
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True, ensure_ascii=False)
+    print(f"{len(results)} verdicts in {time.monotonic() - t0:.0f} s -> {path}")
+
+
+def _strip_id(message: str) -> str:
+    """The message without its ``[mistake: id]`` line (compared separately)."""
+    return re.sub(r"\n  \[mistake: [a-z0-9_]+\]", "", message)
+
+
+def diff(before_path: str, after_path: str, listing: bool = True) -> int:
+    with open(before_path) as f:
+        before = json.load(f)
+    with open(after_path) as f:
+        after = json.load(f)
+    missing = sorted(set(before) - set(after))
+    added = sorted(set(after) - set(before))
+    verdicts = [k for k in before if k in after and before[k]["verdict"] != after[k]["verdict"]]
+    messages = [
+        k
+        for k in before
+        if k in after
+        and before[k]["verdict"] == after[k]["verdict"]
+        and _strip_id(before[k]["message"]) != _strip_id(after[k]["message"])
+    ]
+    same = sum(1 for k in before if k in after and before[k]["verdict"] == after[k]["verdict"])
+    print(
+        f"compared {len(before)} recorded verdicts: {same} identical verdicts, "
+        f"{len(verdicts)} changed verdicts, {len(missing)} missing, {len(added)} new; "
+        f"{len(messages)} changed messages (ignoring the [mistake: id] line)"
+    )
+    for k in verdicts:
+        was, now = before[k]["verdict"], after[k]["verdict"]
+        print(f"VERDICT {k}: {was} -> {now}\n{after[k]['message']}")
+    for k in missing:
+        print(f"MISSING {k}")
+    if listing:
+        for k in messages:
+            print(f"--- {k}\n{before[k]['message']}\n+++\n{after[k]['message']}\n")
+    return 1 if verdicts or missing else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="OUT.json, or BEFORE.json AFTER.json with --diff")
+    ap.add_argument("--diff", action="store_true")
+    ap.add_argument("--messages-only", action="store_true", help="with --diff: counts only")
+    args = ap.parse_args()
+    if args.diff:
+        return diff(*args.paths, listing=not args.messages_only)
+    record(args.paths[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
