@@ -350,6 +350,9 @@ def grade(
         )
         return 1
     jobs = jobs or default_jobs()
+    # Each kernel gets its share of the cores (PyTorch would take them all, and two
+    # workers would run four busy threads on two cores), unless the grader set it.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, default_jobs() // jobs)))
     if sandbox.enabled():
         reason = sandbox.unavailable_reason()
         if reason:
