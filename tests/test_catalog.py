@@ -1,11 +1,13 @@
-"""Every catalogued mistake is rejected with feedback that names it; every correct
-alternative is accepted, on the visible and the hidden inputs."""
+"""Every catalogued mistake is rejected with feedback that names it (by its id, exactly);
+every correct alternative is accepted, on the visible and the hidden inputs."""
 
 from __future__ import annotations
 
 import pytest
 
 from attention_ref.checks import check, exercise_ids
+from attention_ref.checks.mistakes import MISTAKES as NAMED
+from attention_ref.checks.mistakes import mistake_id
 
 from catalog import ALTERNATIVES, MISTAKES, Entry
 
@@ -17,6 +19,12 @@ def test_mistake_is_caught_and_named(entry: Entry) -> None:
     # Caught on the visible inputs (the learner's self-check) ...
     with pytest.raises(AssertionError) as visible:
         check(entry.exercise, entry.impl)
+    if entry.mistake_id:
+        assert entry.mistake_id in NAMED, f"{entry.mistake_id!r} is not in checks/mistakes.py"
+        named = mistake_id(str(visible.value))
+        assert named == entry.mistake_id, (
+            f"feedback names {named or 'no mistake'}, not {entry.mistake_id}:\n{visible.value}"
+        )
     assert entry.expect.lower() in str(visible.value).lower(), (
         f"feedback does not name the mistake ({entry.expect!r}):\n{visible.value}"
     )

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .mistakes import MISTAKES, named
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -60,6 +62,22 @@ class Mistake:
     hint: str
     model: Callable[..., Any] | None = None
     applies: Callable[[Any, Any], bool] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        mistake_id: str,
+        model: Callable[..., Any] | None = None,
+        applies: Callable[[Any, Any], bool] | None = None,
+        **params: Any,
+    ) -> Mistake:
+        """The mistake ``mistake_id`` of the table (``mistakes.py``) with its model."""
+        m = named(mistake_id, **params)
+        return cls(m, m.hint, model=model, applies=applies)
+
+    @property
+    def id(self) -> str:
+        return getattr(self.name, "id", "")
 
 
 @dataclass
@@ -418,7 +436,16 @@ class Context:
         return torch.Generator().manual_seed(self.seed * 100_003 + salt)
 
     # -- failure
-    def fail(self, what: str, *, case: str = "", likely: str = "", hint: str = "") -> None:
+    def fail(
+        self, what: str, *, case: str = "", likely: str = "", hint: str = "", mistake: str = ""
+    ) -> None:
+        """Raise the feedback. ``mistake`` names the likely mistake by its id (its message
+        and hint come from ``mistakes.py``); ``likely`` may also be a named mistake
+        (``named(id)``), or, for a mistake without an id, plain text."""
+        if mistake:
+            m = MISTAKES[mistake]
+            likely = likely or m
+            hint = hint or m.hint
         msg = f"{self.exercise.id}: {what}"
         if case:
             msg += f"\n  Input: {case}"
@@ -426,6 +453,9 @@ class Context:
             msg += f"\n  Likely mistake: {likely}"
         if hint:
             msg += f"\n  Hint: {hint}"
+        tag = getattr(likely, "id", "") or mistake
+        if tag:
+            msg += f"\n  [mistake: {tag}]"
         raise CheckFailure(msg)
 
     # -- calling the learner
@@ -463,9 +493,7 @@ class Context:
             self.fail(
                 f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
                 case=case,
-                likely="a loop whose condition never becomes false (a while loop whose "
-                "variable is never updated, an index that is never advanced), or recursion "
-                "that never reaches its base case.",
+                mistake="infinite_loop",
                 hint=f"on these small inputs a correct answer takes well under a second; "
                 f"each call of your code in a check may take at most {_seconds(limit)} (set "
                 f"{TIME_LIMIT_ENV} to change it).",
@@ -576,10 +604,7 @@ class Context:
             self.fail(
                 f"{what} contains NaN or inf (first at index {tuple(int(i) for i in bad)}).",
                 case=case,
-                likely="an exponential overflowed, or a row with no allowed position divided "
-                "0 by 0.",
-                hint="subtract the row maximum before exp; give fully masked rows zero "
-                "weights explicitly.",
+                mistake="nan_or_inf",
             )
 
     def expect_close(

@@ -12,6 +12,7 @@ import torch
 from .. import attention as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
+from .mistakes import named
 
 # Tolerances: the reference is computed in float64 from the same inputs, so the allowed
 # error is that of a correct computation in the candidate's dtype.
@@ -57,27 +58,15 @@ def _forbidden_softmax():
 
 # ----------------------------------------------------------------------------- softmax_np
 SOFTMAX_MISTAKES_FOR = {
-    "ignores_axis": lambda x, axis: Mistake(
-        "the axis argument is ignored: the softmax is always taken over the last axis.",
-        "pass axis=axis to np.max and np.sum.",
-        model=lambda: M.softmax(x, -1),
+    "ignores_axis": lambda x, axis: Mistake.of(
+        "softmax_axis_ignored", model=lambda: M.softmax(x, -1)
     ),
-    "axis0": lambda x, axis: Mistake(
-        "softmax over the wrong axis (axis 0).",
-        "normalise along the given axis: np.max(x, axis=axis, keepdims=True), and the same "
-        "for np.sum.",
-        model=lambda: M.softmax(x, 0),
+    "axis0": lambda x, axis: Mistake.of("softmax_wrong_axis", model=lambda: M.softmax(x, 0)),
+    "global_sum": lambda x, axis: Mistake.of(
+        "softmax_global_sum", model=lambda: _global_sum_softmax(x, axis)
     ),
-    "global_sum": lambda x, axis: Mistake(
-        "the sum is taken over the whole array rather than along axis, so the entries of "
-        "each slice do not sum to 1.",
-        "np.sum(e, axis=axis, keepdims=True).",
-        model=lambda: _global_sum_softmax(x, axis),
-    ),
-    "no_keepdims": lambda x, axis: Mistake(
-        "keepdims=True is missing, so the max or the sum broadcasts along the wrong axis.",
-        "np.max(x, axis=axis, keepdims=True) keeps a size-1 axis that broadcasts correctly.",
-        model=lambda: _no_keepdims_softmax(x, axis),
+    "no_keepdims": lambda x, axis: Mistake.of(
+        "keepdims_missing", model=lambda: _no_keepdims_softmax(x, axis)
     ),
 }
 
@@ -124,10 +113,7 @@ def check_softmax_np(candidate, ctx: Context) -> None:
             ctx.fail(
                 "the result contains NaN or inf for large logits.",
                 case=case,
-                likely="softmax is not numerically stable: np.exp overflows for large inputs "
-                "(or underflows to 0/0 when the maximum is taken over the whole array).",
-                hint="subtract np.max(x, axis=axis, keepdims=True) before np.exp; the "
-                "result is unchanged mathematically.",
+                mistake="softmax_unstable",
             )
         ctx.expect_array(got, expected, what="the result", case=case)
         if got.dtype != x.dtype:
@@ -291,16 +277,8 @@ def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
     return out
 
 
-ADDITIVE_MASK = (
-    "an additive mask (scores + (1 - mask) * -1e10, the convention of much published code): "
-    "on a row where every key is masked, every score gets the same constant, and softmax "
-    "ignores a constant shift, so the row attends as if there were no mask (zeros are "
-    "required)."
-)
-ADDITIVE_MASK_HINT = (
-    "an additive mask is fine where a query has at least one allowed key; rows with no "
-    "allowed key must still get zero weights: torch.where(mask.any(dim, keepdim=True), w, 0)."
-)
+ADDITIVE_MASK = named("additive_mask_full_row")
+ADDITIVE_MASK_HINT = ADDITIVE_MASK.hint
 
 
 def additive_softmax(s: np.ndarray, mask: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -327,11 +305,7 @@ def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:
         rows = np.broadcast_to(rows, got.shape)
         return bool(np.all(np.abs(got[rows & m]) < 1e-6) and np.any(got[rows & ~m] > 0))
 
-    return Mistake(
-        "the mask is inverted: True must mean 'may attend'.",
-        "keep the scores where the mask is True and fill where it is False (~mask).",
-        applies=applies,
-    )
+    return Mistake.of("mask_inverted", applies=applies)
 
 
 def _to(x: np.ndarray | None, torch_dtype=None):
@@ -381,19 +355,14 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             ctx.fail(
                 "the outputs come back in the wrong order.",
                 case=case,
-                likely="returned (weights, out) instead of (out, weights).",
-                hint="end with `return out, weights`.",
+                mistake="outputs_swapped_order",
             )
-        swap_msg = "returned (weights, out) instead of (out, weights)."
+        swap_msg = named("outputs_swapped")
         if shaped and c.mask is not None and _nan_rows_where_mask_is_full(got[1], c.mask):
             ctx.fail(
                 "the weights contain NaN in the rows of queries that may attend to every key.",
                 case=case,
-                likely="the mask is inverted: True must mean 'may attend'. Filling where the "
-                "mask is True leaves those queries no key at all, and softmax of a row that "
-                "is all -inf is NaN.",
-                hint="keep the scores where the mask is True and fill where it is False "
-                "(np.where(mask, scores, -np.inf), or masked_fill(~mask, ...)).",
+                mistake="mask_inverted_nan_rows",
             )
         ctx.expect_array(got[1], like[1], what="weights", case=case)
         ctx.expect_array(got[0], like[0], what="out", case=case)
@@ -472,7 +441,7 @@ def _check_causal_leak(candidate, ctx: Context, dtype) -> None:
             f"future attention not masked: changing token {n - 1} changed the output of "
             f"earlier query {i}.",
             case="causal mask (6, 6)",
-            likely="the mask is not applied, or applied with the wrong convention.",
+            mistake="mask_not_applied",
         )
 
 

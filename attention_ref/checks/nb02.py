@@ -8,6 +8,7 @@ import torch
 from .. import masking as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
+from .mistakes import named
 from .nb01 import ADDITIVE_MASK, ADDITIVE_MASK_HINT, TOL, additive_softmax, inverted_mask_mistake
 
 
@@ -28,7 +29,7 @@ def _expect_bool_mask(ctx: Context, got, shape: tuple[int, ...], case: str) -> N
     if tuple(got.shape) != shape:
         likely = ""
         if tuple(got.shape) == shape[::-1] and len(shape) == 2 and shape[0] != shape[1]:
-            likely = "the mask is transposed: rows must be the batch, columns the positions."
+            likely = named("mask_transposed")
         ctx.fail(
             f"the mask has shape {tuple(got.shape)}, expected {shape}.", case=case, likely=likely
         )
@@ -55,22 +56,9 @@ def check_padding_mask(candidate, ctx: Context) -> None:
         pos = torch.arange(max_len)
         L = lengths_t[:, None]
         mistakes = [
-            Mistake(
-                "the mask is inverted: it is True at the padding, but True must mark the "
-                "real tokens (the positions that may be attended).",
-                "use positions < lengths, not >=.",
-                model=lambda: ~expected,
-            ),
-            Mistake(
-                "off by one: the mask includes the first padding position (<= instead of <).",
-                "position t is real when t < length (positions start at 0).",
-                model=lambda: pos[None] <= L,
-            ),
-            Mistake(
-                "off by one: the last real token is masked out (are positions counted from 1?).",
-                "positions start at 0, so position t is real when t < length.",
-                model=lambda: pos[None] < L - 1,
-            ),
+            Mistake.of("padding_mask_inverted", model=lambda: ~expected),
+            Mistake.of("padding_mask_off_by_one_long", model=lambda: pos[None] <= L),
+            Mistake.of("padding_mask_off_by_one_short", model=lambda: pos[None] < L - 1),
         ]
         ctx.expect_close(
             got, expected, what="the mask", case=case, mistakes=mistakes, rtol=0, atol=0
@@ -88,27 +76,10 @@ def check_causal_mask(candidate, ctx: Context) -> None:
         expected = ref.causal_mask(n)
         ones = torch.ones(n, n, dtype=torch.bool)
         mistakes = [
-            Mistake(
-                "the mask is inverted: it is True for the future, but True must mean "
-                "'may attend' (key j <= query i).",
-                "use torch.tril, not ~tril.",
-                model=lambda ones=ones: ~ones.tril(),
-            ),
-            Mistake(
-                "the mask lets each query see the future, not the past (triu instead of tril).",
-                "row i is the query: True where column j <= i, i.e. torch.tril.",
-                model=lambda ones=ones: ones.triu(),
-            ),
-            Mistake(
-                "off by one: a query may not attend to itself (the diagonal is masked).",
-                "the diagonal (j == i) must be True: torch.tril(..., diagonal=0).",
-                model=lambda ones=ones: ones.tril(-1),
-            ),
-            Mistake(
-                "off by one: each query also sees the next token (diagonal=1).",
-                "use the default diagonal=0.",
-                model=lambda ones=ones: ones.tril(1),
-            ),
+            Mistake.of("causal_mask_inverted", model=lambda ones=ones: ~ones.tril()),
+            Mistake.of("causal_mask_triu", model=lambda ones=ones: ones.triu()),
+            Mistake.of("causal_mask_no_diagonal", model=lambda ones=ones: ones.tril(-1)),
+            Mistake.of("causal_mask_diagonal_1", model=lambda ones=ones: ones.tril(1)),
         ]
         ctx.expect_close(
             got, expected, what="the mask", case=case, mistakes=mistakes, rtol=0, atol=0
@@ -193,42 +164,20 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
             dead = ~np.broadcast_to(mnp, s64.shape).any(axis=dim)
             if isinstance(got, torch.Tensor) and dead.any() and torch.isnan(got).any():
                 ctx.fail(
-                    "a fully masked row came out NaN.",
-                    case=case,
-                    likely="softmax of a row that is all -inf divides 0 by 0.",
-                    hint="give rows with no allowed position zero weights explicitly, "
-                    "e.g. torch.where(mask.any(dim, keepdim=True), weights, 0).",
+                    "a fully masked row came out NaN.", case=case, mistake="fully_masked_row_nan"
                 )
             ctx.expect_array(got, s, what="the weights", case=case)
             w = got.detach().double().numpy()
             masked = ~np.broadcast_to(mnp, w.shape)
             mistakes = [
                 inverted_mask_mistake(mnp, dim),
-                Mistake(
-                    "the mask is applied after the softmax (weights * mask), so the "
-                    "weights no longer sum to 1.",
-                    "fill the masked scores with -inf before the softmax.",
-                    model=lambda: M.softmax(s64, dim) * mnp,
-                ),
-                Mistake(
-                    "the scores are multiplied by the mask instead of being filled.",
-                    "masked_fill(~mask, float('-inf')) before the softmax.",
-                    model=lambda: M.softmax(s64 * mnp, dim),
-                ),
-                Mistake(
-                    "the softmax is taken over the wrong dimension (dim is ignored).",
-                    "pass dim=dim to the softmax, the max and the sum.",
+                Mistake.of("mask_after_softmax", model=lambda: M.softmax(s64, dim) * mnp),
+                Mistake.of("mask_multiplied", model=lambda: M.softmax(s64 * mnp, dim)),
+                Mistake.of(
+                    "softmax_dim_ignored",
                     model=lambda: M.masked_softmax(s64, mnp, -1 if dim != -1 else 0),
                 ),
-                Mistake(
-                    "a fully masked row gets uniform weights instead of zeros: every score of "
-                    "the row became the same large negative number (masked_fill(~mask, -1e9), "
-                    "the 0/1-mask idiom scores * mask - 1e9 * (1 - mask), or, in float32, an "
-                    "additive mask whose constant swamps the scores).",
-                    "set rows with no allowed position to 0 after the softmax, e.g. "
-                    "torch.where(mask.any(dim, keepdim=True), weights, 0).",
-                    applies=_uniform_fully_masked(mnp, dim),
-                ),
+                Mistake.of("fully_masked_row_uniform", applies=_uniform_fully_masked(mnp, dim)),
                 Mistake(
                     ADDITIVE_MASK,
                     ADDITIVE_MASK_HINT,

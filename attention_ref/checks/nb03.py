@@ -30,6 +30,7 @@ from .. import multihead as ref_mha
 from .. import self_attention as ref
 from . import _models as M
 from ._core import ERROR_PATTERNS, Context, Mistake, exercise
+from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION, TOL, AttnCase, attention_mistakes, inverted_mask_mistake
 
 # A learner's shape error on a line that multiplies by an nn.Linear's raw weight.
@@ -172,10 +173,7 @@ def load_linear_weights(
             if tuple(p.shape) != (out_f, in_f):
                 why = likely.get(f"shape {name}", "")
                 if tuple(p.shape) == (in_f, out_f) and in_f != out_f:
-                    why = (
-                        "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, "
-                        "out) maps `in` features to `out` features."
-                    )
+                    why = named("linear_in_out_swapped")
                 ctx.fail(
                     f"{name}.weight has shape {tuple(p.shape)}, expected ({out_f}, {in_f}): "
                     f"declare self.{name} = {spec}.",
@@ -193,14 +191,14 @@ def load_linear_weights(
                     f"{name} has a bias, but this exercise asks for none: declare "
                     f"self.{name} = {spec}.",
                     case=case,
-                    likely="nn.Linear adds a bias by default; pass bias=False.",
+                    mistake="bias_by_default",
                 )
             if bias is not None and not has_bias:
                 ctx.fail(
                     f"{name} has no bias, but this module was built with bias=True: "
                     f"declare self.{name} = {spec}.",
                     case=case,
-                    likely="the bias argument is ignored: pass bias=bias to every nn.Linear.",
+                    mistake="bias_argument_ignored",
                 )
             if bias is not None:
                 b = params[f"{name}.bias"]
@@ -284,8 +282,7 @@ def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: st
             f"{name}.weight is parametrized, and after loading the check's weight into it, "
             f"{name}.weight reads back as something else.",
             case=case,
-            likely="the parametrization constrains or changes the weight (or has a "
-            "right_inverse that does not invert it); this exercise's weights are free.",
+            mistake="parametrization_changes_weight",
             hint=f"remove the parametrization from {name}, or give it a right_inverse that "
             "inverts it exactly.",
         )
@@ -495,10 +492,7 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
         and w64.shape != out64.shape
     ):
         ctx.fail(
-            "the outputs come back in the wrong order.",
-            case=case,
-            likely="returned (weights, out) instead of (out, weights).",
-            hint="end with `return out, weights`.",
+            "the outputs come back in the wrong order.", case=case, mistake="outputs_swapped_order"
         )
     if (
         isinstance(out, torch.Tensor)
@@ -586,10 +580,7 @@ def _check_permutation_equivariance(cls, ctx: Context) -> None:
                     f"{what} is not the original one permuted the same way "
                     "(out[perm] for the outputs, weights[perm][:, perm] for the weights).",
                     case=case,
-                    likely="the output depends on the tokens' positions: a mask applied by "
-                    "default, a positional term, or mixing up the token and batch axes.",
-                    hint="with mask=None every token may attend to every token; nothing in "
-                    "self-attention knows the order of the tokens.",
+                    mistake="position_dependent",
                 )
 
 
@@ -613,5 +604,5 @@ def _check_causal_leak(cls, ctx: Context) -> None:
             f"future attention not masked: changing token {T - 1} changed the output of the "
             f"earlier token {i}.",
             case=case,
-            likely="the mask is not applied, or applied with the wrong convention.",
+            mistake="mask_not_applied",
         )

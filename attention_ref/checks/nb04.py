@@ -22,6 +22,7 @@ from torch import nn
 from .. import multihead as ref
 from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise
+from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION, TOL
 from .nb03 import build_module, load_linear_weights
 
@@ -35,21 +36,10 @@ def _dt(dtype) -> str:
 
 
 # ----------------------------------------------------------------------------- split_heads
-SPLIT_VIEW = (
-    "`view` without `transpose`: x.view(B, H, T, D/H) (or reshape) keeps the memory order "
-    "(B, T, H, D/H), so each 'head' gets a jumble of several tokens' features."
-)
-SPLIT_VIEW_HINT = (
-    "split the last dimension first, then move the heads forward: "
-    "x.view(B, T, H, D // H).transpose(1, 2)."
-)
-SPLIT_INTERLEAVED = (
-    "the features are interleaved: head h gets every H-th feature (x.view(B, T, D/H, H)) "
-    "instead of the contiguous block h*D/H .. (h+1)*D/H - 1."
-)
-SPLIT_INTERLEAVED_HINT = (
-    "view the last dimension as (H, D // H), heads first: x.view(B, T, H, D // H)."
-)
+SPLIT_VIEW = named("split_view_without_transpose")
+SPLIT_VIEW_HINT = SPLIT_VIEW.hint
+SPLIT_INTERLEAVED = named("split_interleaved")
+SPLIT_INTERLEAVED_HINT = SPLIT_INTERLEAVED.hint
 
 
 def _split_view(x: torch.Tensor, H: int) -> torch.Tensor:
@@ -162,20 +152,10 @@ def check_split_heads(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- merge_heads
-MERGE_NO_TRANSPOSE = (
-    "the heads are merged without moving them back next to the features: "
-    "x.reshape(B, T, H*d_head) straight from (B, H, T, d_head) mixes tokens."
-)
-MERGE_NO_TRANSPOSE_HINT = "x.transpose(1, 2).reshape(B, T, H * d_head)."
-MERGE_WRONG_ORDER = (
-    "the heads are merged in the wrong order: the features come out interleaved "
-    "(feature i of every head, then feature i+1 ...) instead of head 0's block, then "
-    "head 1's block, ..."
-)
-MERGE_WRONG_ORDER_HINT = (
-    "put the head axis right before the feature axis, (B, T, H, d_head), then flatten the "
-    "last two: x.transpose(1, 2).reshape(B, T, H * d_head)."
-)
+MERGE_NO_TRANSPOSE = named("merge_without_transpose")
+MERGE_NO_TRANSPOSE_HINT = MERGE_NO_TRANSPOSE.hint
+MERGE_WRONG_ORDER = named("merge_wrong_order")
+MERGE_WRONG_ORDER_HINT = MERGE_WRONG_ORDER.hint
 
 
 @exercise(
@@ -445,13 +425,8 @@ def _mha_params(ctx: Context, salt: int, D: int, bias: bool) -> dict[str, np.nda
     return P
 
 
-MASK_NO_HEAD_AXIS = (
-    "the (B, n_q, n_k) mask is not given a head axis, so it broadcasts against "
-    "(B, H, n_q, n_k) with its batch axis lined up with the heads."
-)
-MASK_NO_HEAD_AXIS_HINT = (
-    "mask = mask.unsqueeze(1): (B, n_q, n_k) -> (B, 1, n_q, n_k), the same mask for every head."
-)
+MASK_NO_HEAD_AXIS = named("mask_no_head_axis")
+MASK_NO_HEAD_AXIS_HINT = MASK_NO_HEAD_AXIS.hint
 
 
 def _mha_mistakes(c: MHACase, args, P, which: int) -> list[Mistake]:
@@ -660,17 +635,14 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
         if isinstance(out, torch.Tensor) and tuple(out.shape) == w64.shape:
             likely, hint = "returned (weights, out) instead of (out, weights).", ""
         elif shape == (B, n_q, n_k):
-            likely = "the weights are averaged over the heads (or there is only one map)."
-            hint = (
-                "return the weights of every head, (B, H, n_q, n_k); (nn.MultiheadAttention "
-                "averages them unless average_attn_weights=False)."
-            )
+            likely = named("weights_averaged_over_heads")
+            hint = likely.hint
         elif shape == (B * H, n_q, n_k):
-            likely = "batch and heads are folded into one axis (B*H, n_q, n_k)."
-            hint = "keep them separate: (B, H, n_q, n_k)."
+            likely = named("batch_heads_folded")
+            hint = likely.hint
         elif n_q != n_k and shape == (B, H, n_q, n_q):
-            likely = "the keys are projected from `query` instead of `key`."
-            hint = "k = self.w_k(key), v = self.w_v(value)."
+            likely = named("keys_from_query")
+            hint = likely.hint
         ctx.fail(
             f"weights has shape {shape}, expected (B, H, n_q, n_k) = {w64.shape}.",
             case=case,
@@ -681,7 +653,7 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
         shape = tuple(out.shape)
         likely = ""
         if shape == (B, H, n_q, c.d_model // H):
-            likely = "the heads are not merged: use merge_heads, then W_O."
+            likely = named("heads_not_merged")
         ctx.fail(
             f"out has shape {shape}, expected (B, n_q, d_model) = {out64.shape}.",
             case=case,
@@ -752,8 +724,7 @@ def _check_key_permutation(cls, ctx: Context) -> None:
             "shuffling the keys and values together changed the output (or the weights did "
             "not follow their keys): attention must treat the keys as a set.",
             case=case,
-            likely="tokens are mixed up when splitting or merging heads (a view without a "
-            "transpose), or the keys and values are paired wrongly.",
+            mistake="tokens_mixed_in_heads",
         )
 
 

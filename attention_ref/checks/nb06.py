@@ -28,6 +28,7 @@ from torch.nn.utils import parametrize
 from .. import encoder as ref
 from .. import multihead as ref_mha
 from ._core import Context, Mistake, exercise
+from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION
 from .nb03 import build_module
 
@@ -98,10 +99,7 @@ def _assign(ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: 
     if tuple(p.shape) != tuple(value.shape):
         why = ""
         if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
-            why = (
-                "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out) "
-                "maps `in` features to `out` features."
-            )
+            why = named("linear_in_out_swapped")
         ctx.fail(
             f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
             f"self.{owner} = {spec}.",
@@ -226,19 +224,13 @@ FF_SPECS = {
     "linear1": "nn.Linear(d_model, d_ff)",
     "linear2": "nn.Linear(d_ff, d_model)",
 }
-NO_RELU = "the ReLU is missing: without it the two linear layers collapse into one."
-NO_RELU_HINT = "linear2(dropout(relu(linear1(x)))): the ReLU sits between the two layers."
-RELU_AFTER = (
-    "the ReLU is applied after linear2: the output of the network must be able to be "
-    "negative, and the nonlinearity belongs between the two layers."
-)
-RELU_AFTER_HINT = "linear2(dropout(relu(linear1(x)))), with nothing after linear2."
-GELU = "the activation is GELU (or another one); this network uses ReLU."
-GELU_HINT = "use torch.relu (or nn.ReLU()) between linear1 and linear2."
-GELU_TANH = (
-    "the activation is the tanh-approximate GELU (nn.GELU(approximate='tanh'), as in GPT-2 "
-    "and BERT code); this network uses ReLU, as in the paper and nn.TransformerEncoderLayer."
-)
+NO_RELU = named("relu_missing")
+NO_RELU_HINT = NO_RELU.hint
+RELU_AFTER = named("relu_after_linear2")
+RELU_AFTER_HINT = RELU_AFTER.hint
+GELU = named("activation_gelu")
+GELU_HINT = GELU.hint
+GELU_TANH = named("activation_gelu_tanh")
 
 
 def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "relu", prefix: str = ""):
@@ -363,9 +355,7 @@ def check_feed_forward(cls, ctx: Context) -> None:
                         "two calls on the same input gave different outputs, in training mode "
                         "with the default dropout=0.0.",
                         case=case,
-                        likely="dropout is active although dropout=0.0: the dropout argument "
-                        "is ignored (e.g. nn.Dropout(0.1) hard-coded).",
-                        hint="self.dropout = nn.Dropout(dropout), with the constructor's argument.",
+                        mistake="ff_dropout_hard_coded",
                     )
             ctx.expect_close(
                 got,
@@ -406,9 +396,7 @@ def _check_ff_position_wise(cls, ctx: Context) -> None:
             "changing token 3 changed the output at other positions: the feed-forward network "
             "must act on every position separately.",
             case=case,
-            likely="the tokens are mixed (e.g. a reshape that flattens the sequence into "
-            "the features).",
-            hint="nn.Linear acts on the last dimension; apply it to x directly.",
+            mistake="tokens_mixed",
         )
 
 
@@ -448,9 +436,7 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
             "with dropout=0.5 the output in training mode equals the eval-mode output: no "
             "dropout was applied.",
             case=case,
-            likely="the dropout argument is ignored, or self.dropout is never used in forward.",
-            hint="self.dropout = nn.Dropout(dropout) in __init__, and apply it to the hidden "
-            "activations in forward.",
+            mistake="ff_dropout_ignored",
         )
     # Solve linear2 for the hidden activations it was given: each must be 0 (dropped) or
     # relu(linear1(x)) / (1 - p) (kept and rescaled).
@@ -462,16 +448,7 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
     )
     if not bool(fits.all()):
         zeros = float((train_out == 0).double().mean())
-        if zeros > 0.2:
-            likely = (
-                "dropout is applied to the output of linear2 instead of the hidden "
-                "activations between the layers."
-            )
-        else:
-            likely = (
-                "dropout is not applied (only) to the hidden activations: it belongs "
-                "between relu(linear1(x)) and linear2, once."
-            )
+        likely = named("dropout_after_linear2") if zeros > 0.2 else named("dropout_misplaced")
         ctx.fail(
             "in training mode the output is not linear2 of the (randomly dropped, rescaled "
             "by 1/(1-p)) hidden activations.",
@@ -853,10 +830,7 @@ def _check_layer_case(cls, ctx: Context, c: LayerCase, P, dtype, first: bool) ->
                 "two calls on the same input gave different outputs, in training mode with "
                 "the default dropout=0.0.",
                 case=case,
-                likely="dropout is active although dropout=0.0: the dropout argument is "
-                "ignored (e.g. nn.Dropout(0.1) hard-coded).",
-                hint="self.dropout1 = nn.Dropout(dropout), and pass dropout on to "
-                "FeedForward(d_model, d_ff, dropout).",
+                mistake="encoder_dropout_hard_coded",
             )
     r = _ref_layer(c.D, c.H, c.Fd, bool(c.norm_first), _rounded(P, dtype))
     x64 = x.double()
@@ -913,8 +887,7 @@ def _check_padding_invariance(cls, ctx: Context) -> None:
                 "changing the padded tokens changed the outputs at real tokens: padding "
                 "must be invisible to the real tokens.",
                 case=case,
-                likely="the mask is ignored, or not passed to the self-attention.",
-                hint="self.self_attn(h, h, h, mask) with the mask given to forward.",
+                mistake="encoder_mask_ignored",
             )
 
 
@@ -946,11 +919,7 @@ def _check_layer_dropout(cls, ctx: Context) -> None:
                 "with dropout=0.3 the output in training mode equals the eval-mode output: "
                 "no dropout was applied.",
                 case=case,
-                likely="the dropout argument is ignored (or the dropout modules are never "
-                "used in forward).",
-                hint="self.dropout1 = nn.Dropout(dropout), self.dropout2 = nn.Dropout(dropout)"
-                " applied to each sublayer's output before the residual add, and "
-                "FeedForward(d_model, d_ff, dropout).",
+                mistake="encoder_dropout_ignored",
             )
         mod.train()
         _, train_w = _layer_call(ctx, mod, x, None, case + ", training mode")
@@ -967,7 +936,5 @@ def _check_layer_dropout(cls, ctx: Context) -> None:
                 "weights: the attention weights are not dropped. nn.TransformerEncoderLayer "
                 "applies its dropout to the attention weights too.",
                 case=case + ", training mode",
-                likely="the dropout is not passed on to the self-attention.",
-                hint="self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout) "
-                "(as a keyword: the third positional argument is bias).",
+                mistake="attention_dropout_not_passed",
             )

@@ -36,6 +36,7 @@ from .. import encoder as ref_enc
 from .. import multihead as ref_mha
 from .. import transformer as ref_tf
 from ._core import Context, Mistake, exercise
+from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION, TOL
 from .nb03 import build_module
 from .nb06 import _assign, dropout_p, materialise, substitute
@@ -409,10 +410,7 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
                 "with dropout=0.3 the output in training mode equals the eval-mode output: "
                 "no dropout was applied.",
                 case=case + ", training mode",
-                likely="the dropout argument is ignored (or the dropout modules are never "
-                "used in forward).",
-                hint="self.dropout1..3 = nn.Dropout(dropout) on each sub-layer's output, and "
-                "FeedForward(d_model, d_ff, dropout).",
+                mistake="decoder_dropout_ignored",
             )
         for got, ev, name in (
             (w_self, eval_self, "self_attn"),
@@ -460,12 +458,9 @@ def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
         if isinstance(w_cross, torch.Tensor) and tuple(w_cross.shape) != (B, H, T, S):
             likely = ""
             if tuple(w_cross.shape) == (B, H, T, T):
-                likely = (
-                    "the cross-attention takes its keys and values from the decoder instead "
-                    "of the encoder output (memory)."
-                )
+                likely = named("cross_kv_from_decoder")
             elif tuple(w_cross.shape) == (B, H, S, T):
-                likely = "the cross-attention takes its queries from memory and keys from y."
+                likely = named("cross_q_from_memory")
             ctx.fail(
                 f"cross_weights has shape {tuple(w_cross.shape)}, expected (B, H, T, S) = "
                 f"{(B, H, T, S)}.",
@@ -531,7 +526,7 @@ def _check_dec_causality(cls, ctx: Context) -> None:
                 f"changing the target tokens at positions >= {t} changed the output at "
                 f"earlier positions: the future is not masked.",
                 case=case,
-                likely="the causal self_mask is not applied in the self-attention.",
+                mistake="self_mask_not_applied",
             )
 
 
@@ -567,10 +562,7 @@ def _tf_prepare(ctx, mod, c: TfCase, case) -> None:
         if not want / 2 <= std <= 2 * want:
             likely = ""
             if 0.7 <= std <= 1.4:
-                likely = (
-                    "tgt_embed keeps nn.Embedding's N(0, 1) initialisation; multiplied by "
-                    "sqrt(d_model), the tokens would drown the positional encoding."
-                )
+                likely = named("tgt_embed_init")
             ctx.fail(
                 f"tgt_embed.weight has standard deviation {std:.3g} after __init__, expected "
                 f"about d_model**-0.5 = {want:.3g} (the course's embedding scheme).",
@@ -868,7 +860,7 @@ def _check_tf_case(cls, ctx: Context, c: TfCase, i: int, dtype) -> None:
     if tuple(got.shape) != (B, T, c.V_tgt):
         likely = ""
         if tuple(got.shape) == (B, T, c.D):
-            likely = "the output projection to the target vocabulary (out_proj) is missing."
+            likely = named("out_proj_missing")
         ctx.fail(
             f"the logits have shape {tuple(got.shape)}, expected (B, T, tgt_vocab) = "
             f"{(B, T, c.V_tgt)}.",
@@ -973,8 +965,7 @@ def _check_tf_properties(cls, ctx: Context) -> None:
                 f"changing the target tokens at positions >= {t} changed the logits at "
                 "earlier positions: the decoder sees the future.",
                 case=case + f", tgt_in {full.tolist()}",
-                likely="no causal mask in the decoder's self-attention.",
-                hint="self_mask = causal (T, T) AND target padding -> (B, 1, T, T).",
+                mistake="decoder_no_causal_mask",
             )
     padded = torch.cat([src, torch.full((src.shape[0], 2), c.pad_id)], dim=1)
     out = _tf_logits(ctx, mod, padded, full, case)
@@ -983,5 +974,5 @@ def _check_tf_properties(cls, ctx: Context) -> None:
             "adding two more padding tokens to every source sentence changed the logits: "
             "padding must be invisible.",
             case=case + f", src {src.tolist()} then the same with two more pad_id columns",
-            likely="the source padding mask is not used in the encoder or in the cross-attention.",
+            mistake="src_mask_not_used",
         )

@@ -11,6 +11,7 @@ import torch
 from .. import training as ref_training
 from ..apps import translation as ref
 from ._core import CheckFailure, Context, Mistake, exercise
+from .mistakes import named
 
 # ----------------------------------------------------------------------------- make_batch
 BOS, EOS = 1, 2
@@ -91,10 +92,7 @@ def check_make_batch(candidate, ctx: Context) -> None:
                         "tgt_out drops <bos>)."
                     )
                 elif name == "tgt_mask" and tuple(g.shape) == (B, T):
-                    likely = (
-                        "tgt_mask covers the whole target; it must line up with "
-                        "tgt_out (drop the first position)."
-                    )
+                    likely = named("tgt_mask_whole_target")
                 ctx.fail(
                     f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}.",
                     case=case,
@@ -103,15 +101,8 @@ def check_make_batch(candidate, ctx: Context) -> None:
         src_l = _pad(src_seqs, pad_id, left=True)
         tgt_l = _pad(tgt_seqs, pad_id, left=True)
         pad0 = _pad(tgt_seqs, 0)
-        left_pad = Mistake(
-            "the sequences are padded on the left; pad on the right, after the last token "
-            "(positions must start at 0 for every sentence).",
-            "write each sequence at the start of its row: ids[b, :len(s)] = s.",
-        )
-        wrong_pad = Mistake(
-            "the padding uses 0 instead of the pad_id argument.",
-            "fill with pad_id, e.g. torch.full((B, T), pad_id, dtype=torch.long).",
-        )
+        left_pad = Mistake.of("padded_on_left")
+        wrong_pad = Mistake.of("pad_with_zero")
         ctx.expect_close(
             got[0],
             expected[0],
@@ -124,11 +115,7 @@ def check_make_batch(candidate, ctx: Context) -> None:
                 Mistake(wrong_pad.name, wrong_pad.hint, model=lambda: _pad(src_seqs, 0)),
             ],
         )
-        swapped = Mistake(
-            "tgt_in and tgt_out are swapped: the decoder must READ tgt[:, :-1] (starting "
-            "with <bos>) and PREDICT tgt[:, 1:] (ending with <eos>).",
-            "tgt_in = tgt[:, :-1]; tgt_out = tgt[:, 1:].",
-        )
+        swapped = Mistake.of("tgt_in_out_swapped")
 
         # Where tgt_out is padding, tgt_in may hold <eos> or padding: neither counts.
         def counted(x, exp=expected):
@@ -170,24 +157,9 @@ def check_make_batch(candidate, ctx: Context) -> None:
             rtol=0,
             atol=0,
             mistakes=[
-                Mistake(
-                    "tgt_mask is inverted: it is True at the padding, but True must mark "
-                    "the real tokens of tgt_out (the positions the loss counts).",
-                    "tgt_mask = tgt_out != pad_id.",
-                    model=lambda: ~real[:, 1:],
-                ),
-                Mistake(
-                    "tgt_mask is taken from tgt_in, not tgt_out: it counts the <bos> "
-                    "position and misses the final <eos>, which the model must learn to "
-                    "predict.",
-                    "the mask belongs to what is predicted: tgt_mask = tgt_out != pad_id.",
-                    model=lambda: real[:, :-1],
-                ),
-                Mistake(
-                    "tgt_mask leaves out <eos>: the model never learns to stop.",
-                    "<eos> is a real target token; only padding is masked.",
-                    model=lambda: real[:, 1:] & (tgt[:, 1:] != EOS),
-                ),
+                Mistake.of("tgt_mask_inverted", model=lambda: ~real[:, 1:]),
+                Mistake.of("tgt_mask_from_tgt_in", model=lambda: real[:, :-1]),
+                Mistake.of("tgt_mask_no_eos", model=lambda: real[:, 1:] & (tgt[:, 1:] != EOS)),
                 Mistake(left_pad.name, left_pad.hint, model=lambda: (tgt_l != pad_id)[:, 1:]),
             ],
         )
@@ -209,63 +181,21 @@ def _mce_models(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor)
     per_row = (nll * m).sum(1) / m.sum(1).clamp(min=1)
     rows = m.sum(1) > 0
     return [
-        Mistake(
-            "the padding is averaged in: the mean runs over every position, padding included.",
-            "multiply by the mask (or select the real positions) before summing, and divide "
-            "by the number of real tokens.",
-            model=lambda: nll.mean(),
+        Mistake.of("loss_padding_averaged", model=lambda: nll.mean()),
+        Mistake.of("loss_per_padded_length", model=lambda: (nll * m).sum() / m.numel()),
+        Mistake.of("loss_per_batch", model=lambda: (nll * m).sum() / m.shape[0]),
+        Mistake.of("loss_summed", model=lambda: (nll * m).sum()),
+        Mistake.of("loss_per_sentence", model=lambda: per_row[rows].mean()),
+        Mistake.of(
+            "loss_mask_inverted", model=lambda: (nll * (1 - m)).sum() / (1 - m).sum().clamp(min=1)
         ),
-        Mistake(
-            "a sequence loss divided by the padded length: the masked sum is divided by "
-            "every position of the padded batch (B * T, or each sentence's sum by the "
-            "padded length T and then averaged), not by the number of real tokens, so the "
-            "loss shrinks as padding grows.",
-            "divide the masked sum by mask.sum(), the number of real tokens.",
-            model=lambda: (nll * m).sum() / m.numel(),
-        ),
-        Mistake(
-            "divides by the batch size, not by the number of real tokens.",
-            "the loss is an average per real token: divide by mask.sum().",
-            model=lambda: (nll * m).sum() / m.shape[0],
-        ),
-        Mistake(
-            "sums the losses instead of averaging them.",
-            "divide the masked sum by the number of real tokens, mask.sum().",
-            model=lambda: (nll * m).sum(),
-        ),
-        Mistake(
-            "averages each sentence first, then the sentences: short sentences get more "
-            "weight per token.",
-            "sum over all real tokens of the batch and divide once, by mask.sum().",
-            model=lambda: per_row[rows].mean(),
-        ),
-        Mistake(
-            "the mask is inverted: the loss averages over the padding, not the real tokens.",
-            "keep the positions where mask is True.",
-            model=lambda: (nll * (1 - m)).sum() / (1 - m).sum().clamp(min=1),
-        ),
-        Mistake(
-            "no log-softmax: the raw logits are used as log-probabilities.",
-            "apply torch.log_softmax(logits, dim=-1) before picking the target entries.",
-            model=lambda: (raw * m).sum() / m.sum(),
-        ),
-        Mistake(
-            "probabilities are used instead of log-probabilities.",
-            "the cross-entropy is -log p(target): use log_softmax, not softmax.",
-            model=lambda: (prob * m).sum() / m.sum(),
-        ),
+        Mistake.of("loss_no_log_softmax", model=lambda: (raw * m).sum() / m.sum()),
+        Mistake.of("loss_probabilities", model=lambda: (prob * m).sum() / m.sum()),
     ]
 
 
-_INDEX_MISTAKE = (
-    "the targets at masked positions are used as indices: there they are arbitrary "
-    "(here -100, PyTorch's ignore_index, or an id outside the vocabulary), so gather, "
-    "indexing or F.cross_entropy without ignore_index fails on them."
-)
-_INDEX_HINT = (
-    "replace them by a valid id before indexing, e.g. torch.where(mask, targets, 0), or "
-    "use F.cross_entropy(..., ignore_index=-100) on targets.masked_fill(~mask, -100)."
-)
+_INDEX_MISTAKE = named("masked_targets_as_indices")
+_INDEX_HINT = _INDEX_MISTAKE.hint
 
 
 def _masked_targets(rng: np.random.Generator, targets: torch.Tensor, mask, V: int, kind: str):
@@ -359,9 +289,7 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 ctx.fail(
                     f"must return a torch.Tensor (a scalar); got {type(loss).__name__}.",
                     case=case,
-                    likely="the loss was turned into a Python number (.item() or float()), "
-                    "which cuts it off from the gradient.",
-                    hint="return the tensor itself; call .item() only to print it.",
+                    mistake="loss_item",
                 )
             if loss.dim() != 0:
                 ctx.fail(
@@ -373,8 +301,7 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 ctx.fail(
                     "the loss carries no gradient back to logits.",
                     case=case,
-                    likely="the computation left autograd (.detach(), .item(), NumPy).",
-                    hint="use torch operations on logits all the way to the result.",
+                    mistake="loss_left_autograd",
                 )
             tol = (
                 dict(rtol=1e-4, atol=1e-5)
@@ -382,14 +309,7 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 else dict(rtol=1e-9, atol=1e-12)
             )
             if not torch.isfinite(loss.detach()).all():
-                ctx.fail(
-                    f"the loss is {float(loss)}.",
-                    case=case,
-                    likely="the log of a softmax probability that underflowed to 0, or "
-                    "NaN from the padding (0 * inf).",
-                    hint="use torch.log_softmax (stable) and select the real positions "
-                    "with the mask rather than multiplying garbage by 0.",
-                )
+                ctx.fail(f"the loss is {float(loss)}.", case=case, mistake="loss_log_underflow")
             ref_logits = logits.double().requires_grad_(True)
             expected = ref_training.masked_cross_entropy(ref_logits, targets, mask)
             ctx.expect_array(loss.detach(), logits.new_zeros(()), what="the loss", case=case)
@@ -678,18 +598,11 @@ def check_beam_search(candidate, ctx: Context) -> None:
             continue
         if tokens and tokens[0] == bos and tokens[1:] == exp_tokens[: len(tokens) - 1]:
             ctx.fail(
-                "the returned tokens start with <bos>.",
-                case=case,
-                likely="the returned tokens include <bos>.",
-                hint="return the hypothesis without its leading bos_id (and without "
-                "the final eos_id).",
+                "the returned tokens start with <bos>.", case=case, mistake="output_includes_bos"
             )
         if tokens and tokens[-1] == eos and tokens[:-1] == exp_tokens:
             ctx.fail(
-                "the returned tokens end with <eos>.",
-                case=case,
-                likely="the returned tokens include <eos>.",
-                hint="return the hypothesis without its final eos_id.",
+                "the returned tokens end with <eos>.", case=case, mistake="output_includes_eos"
             )
         likely = hint = ""
         for name, h, flags in BEAM_MISTAKES:

@@ -117,45 +117,23 @@ def _best_span_mistakes(s, e, mask, max_len):
         return torch.stack([flat % T, flat // T])
 
     return [
-        Mistake(
-            "the end may come before the start: start and end are chosen independently "
-            "(two argmaxes, or every pair scored without requiring s <= e).",
-            "score every pair: scores[s, e] = start_logits[s] + end_logits[e], keep only the "
-            "pairs with s <= e (an upper-triangular mask), and take the best pair.",
-            model=independent,
+        Mistake.of("span_end_before_start", model=independent),
+        Mistake.of("span_mask_ignored", model=lambda: pairs(use_mask=False)),
+        Mistake.of(
+            "span_mask_ignored_unordered", model=lambda: pairs(use_mask=False, triangle=False)
         ),
-        Mistake(
-            "the mask is ignored: the span uses question or padding positions.",
-            "only pairs with mask[s] and mask[e] True are allowed.",
-            model=lambda: pairs(use_mask=False),
-        ),
-        Mistake(
-            "the mask is ignored and the end may come before the start.",
-            "allow only pairs inside the mask with s <= e.",
-            model=lambda: pairs(use_mask=False, triangle=False),
-        ),
-        Mistake(
-            "off by one: one-token answers (s == e) are not allowed (s < e instead of s <= e).",
-            "the diagonal s == e is a valid span of one token.",
-            model=lambda: pairs(strict=True),
-        ),
-        Mistake(
-            "max_len is ignored: spans longer than max_len tokens are allowed.",
-            "also require e - s + 1 <= max_len when max_len is not None.",
+        Mistake.of("span_no_single_token", model=lambda: pairs(strict=True)),
+        Mistake.of(
+            "span_max_len_ignored",
             model=lambda: torch.stack(_argmax_pairs(scores, _ok(mask, None))),
         ),
-        Mistake(
-            "off by one in max_len: spans of max_len + 1 tokens are allowed (e - s <= max_len).",
-            "a span from s to e has e - s + 1 tokens.",
+        Mistake.of(
+            "span_max_len_off_by_one",
             model=lambda: torch.stack(
                 _argmax_pairs(scores, _ok(mask, None if max_len is None else max_len + 1))
             ),
         ),
-        Mistake(
-            "start and end are swapped (e.g. flat index decoded as (flat % T, flat // T)).",
-            "for a flattened (T_start, T_end) grid, start = flat // T and end = flat % T.",
-            model=swapped_index,
-        ),
+        Mistake.of("span_start_end_swapped", model=swapped_index),
     ]
 
 
@@ -292,33 +270,24 @@ def check_span_loss(candidate, ctx: Context) -> None:
                 f"the loss has shape {tuple(got.shape)}: one value per example, but it must be "
                 "a scalar, the mean over the batch.",
                 case=case,
-                likely="the loss is not averaged over the batch.",
-                hint="average the per-example losses with .mean().",
+                mistake="span_loss_not_averaged",
             )
         ctx.expect_array(got, expected, what="the loss", case=case)
         mistakes = [
-            Mistake(
-                "the mask is not applied: the softmax runs over every position, question and "
-                "padding included, so padding is not ignored.",
-                "set the logits outside the mask to -inf (masked_fill(~mask, float('-inf'))) "
-                "before the log-softmax.",
-                model=lambda: (_ce(s, start) + _ce(e, end)) / 2,
+            Mistake.of(
+                "span_loss_mask_not_applied", model=lambda: (_ce(s, start) + _ce(e, end)) / 2
             ),
-            Mistake(
-                "the start and end losses are summed; the loss is their average.",
-                "return (loss_start + loss_end) / 2.",
-                model=lambda: _ce(s, start, mask) + _ce(e, end, mask),
+            Mistake.of(
+                "span_loss_summed_ends", model=lambda: _ce(s, start, mask) + _ce(e, end, mask)
             ),
-            Mistake(
-                "the loss is summed over the batch instead of averaged.",
-                "average over the examples (.mean(), or reduction='mean').",
+            Mistake.of(
+                "span_loss_summed_batch",
                 model=lambda: (
                     (_ce(s, start, mask, reduce="sum") + _ce(e, end, mask, reduce="sum")) / 2
                 ),
             ),
-            Mistake(
-                "only the start (or only the end) is in the loss.",
-                "the loss is the average of the start and the end cross-entropies.",
+            Mistake.of(
+                "span_loss_one_end",
                 applies=lambda g_, e_: bool(
                     np.isclose(g_, _ce(s, start, mask).item() / 2, rtol=1e-3)
                     or np.isclose(g_, _ce(e, end, mask).item() / 2, rtol=1e-3)
@@ -326,14 +295,12 @@ def check_span_loss(candidate, ctx: Context) -> None:
                     or np.isclose(g_, _ce(e, end, mask).item(), rtol=1e-3)
                 ),
             ),
-            Mistake(
-                "probabilities are used where log-probabilities belong (softmax, not log_softmax).",
-                "the cross-entropy is -log p(true position): use torch.log_softmax.",
+            Mistake.of(
+                "span_loss_probabilities",
                 model=lambda: (_ce(s, start, mask, log=False) + _ce(e, end, mask, log=False)) / 2,
             ),
-            Mistake(
-                "start and end are swapped: the start logits are scored against the true end.",
-                "pair start_logits with start and end_logits with end.",
+            Mistake.of(
+                "span_loss_start_end_swapped",
                 model=lambda: (_ce(s, end, mask) + _ce(e, start, mask)) / 2,
             ),
         ]

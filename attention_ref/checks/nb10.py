@@ -14,6 +14,7 @@ import torch
 
 from ..apps import summarization as ref
 from ._core import Context, Mistake, exercise
+from .mistakes import named
 
 
 def _dt(dtype) -> str:
@@ -81,35 +82,22 @@ def check_pool_sentences(candidate, ctx: Context) -> None:
         expected = ref.pool_sentences(h.double(), ids, S).to(dtype)
         ctx.expect_array(got, expected, what="the pooled sentences", case=case)
         mistakes = [
-            Mistake(
-                "the token vectors are summed, not averaged.",
-                "divide each sentence's sum by its number of tokens.",
-                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="sum"),
+            Mistake.of(
+                "pool_summed", model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="sum")
             ),
-            Mistake(
-                "each sum is divided by the sequence length T (or by all real tokens), not by "
-                "the number of tokens in that sentence.",
-                "count the tokens of each sentence: onehot.sum(-1), clamped to at least 1.",
+            Mistake.of(
+                "pool_divided_by_length",
                 model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="all_tokens"),
             ),
-            Mistake(
-                "each sum is divided by the sequence length T (or by all real tokens), not by "
-                "the number of tokens in that sentence.",
-                "count the tokens of each sentence: onehot.sum(-1), clamped to at least 1.",
+            Mistake.of(
+                "pool_divided_by_length",
                 model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="real_tokens"),
             ),
-            Mistake(
-                "tokens with sentence id -1 (header, padding) are counted in sentence 0 (the "
-                "ids were clamped, or -1 wrapped around when used as an index).",
-                "tokens with id -1 belong to no sentence: compare ids with each slot s, so -1 "
-                "never matches.",
+            Mistake.of(
+                "pool_header_in_sentence_0",
                 model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="clamp"),
             ),
-            Mistake(
-                "off by one: sentence s gets the tokens of sentence s - 1.",
-                "slot s averages the tokens whose id equals s (ids start at 0).",
-                model=lambda h=h, ids=ids, S=S: _pool_shifted(h, ids, S),
-            ),
+            Mistake.of("pool_off_by_one", model=lambda h=h, ids=ids, S=S: _pool_shifted(h, ids, S)),
         ]
         tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
         ctx.expect_close(
@@ -179,7 +167,7 @@ def check_select_sentences(candidate, ctx: Context) -> None:
         if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
             likely = ""
             if not got.is_floating_point() and got.dim() == 2 and got.shape[1] != scores.shape[1]:
-                likely = "the indices of the chosen sentences are returned (e.g. topk(...).indices)"
+                likely = named("select_returns_indices")
             ctx.fail(
                 f"the selection must be a boolean tensor of shape {tuple(scores.shape)} (True = "
                 f"in the summary); got dtype {got.dtype} and shape {tuple(got.shape)}.",
@@ -190,27 +178,16 @@ def check_select_sentences(candidate, ctx: Context) -> None:
             )
         ctx.expect_array(got, expected, what="the selection", case=case)
         mistakes = [
-            Mistake(
-                "padding is selected: the mask is not applied before ranking.",
-                "give padding slots a score of -inf before ranking, and AND the result with "
-                "the mask.",
+            Mistake.of(
+                "select_padding",
                 model=lambda s=scores, m=mask, k=k: _topk_model(s, m, k, use_mask=False),
             ),
-            Mistake(
-                "the lowest scores are selected, not the highest.",
-                "rank in descending order (topk picks the largest by default).",
+            Mistake.of(
+                "select_lowest",
                 model=lambda s=scores, m=mask, k=k: _topk_model(s, m, k, largest=False),
             ),
-            Mistake(
-                "k is ignored: sentences are selected by a threshold (score > 0).",
-                "select exactly the k best real sentences of each document.",
-                model=lambda s=scores, m=mask: (s > 0) & m,
-            ),
-            Mistake(
-                "k is ignored: sentences are selected by a threshold (score > 0).",
-                "select exactly the k best real sentences of each document.",
-                model=lambda s=scores: s > 0,
-            ),
+            Mistake.of("select_threshold", model=lambda s=scores, m=mask: (s > 0) & m),
+            Mistake.of("select_threshold", model=lambda s=scores: s > 0),
         ]
         ctx.expect_close(
             got, expected, what="the selection", case=case, mistakes=mistakes, rtol=0, atol=0

@@ -25,6 +25,7 @@ from ..attention import sdpa
 from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise
+from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION, TOL
 
 
@@ -74,11 +75,7 @@ def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str)
         if got[k] != want[k]:
             likely = ""
             if k.split(".")[0] in ("w_k", "w_v") and got[k][0] != want[k][0]:
-                likely = (
-                    "the keys and values are projected to all n_heads heads (d_model "
-                    "features): grouped-query attention computes and caches only n_kv_heads "
-                    "key/value heads."
-                )
+                likely = named("gqa_full_projections")
             ctx.fail(
                 f"{k} has shape {got[k]}, expected {want[k]}.",
                 case=case,
@@ -268,8 +265,7 @@ def _check_block_causal(cls, ctx: Context, g) -> None:
             f"future tokens change earlier outputs: changing token {T - 1} changed the "
             f"output at position {i}.",
             case=case,
-            likely="no causal mask (or an inverted one).",
-            hint="mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().",
+            mistake="block_no_causal_mask",
         )
 
 
@@ -288,8 +284,7 @@ def _check_block_dropout(cls, ctx: Context, g) -> None:
             "with dropout=0.5 in train mode the output equals the eval-mode output: dropout "
             "is never applied.",
             case=case,
-            likely="dropout is never applied to the sub-layer outputs.",
-            hint="x = x + self.dropout(attn_out); x = x + self.dropout(ff_out).",
+            mistake="block_dropout_never_applied",
         )
 
 
@@ -650,8 +645,7 @@ def _check_generator(fn, ctx: Context) -> None:
         ctx.fail(
             "two calls with generators seeded the same gave different tokens.",
             case=case,
-            likely="the generator argument is ignored (the global random state is used).",
-            hint="pass it on: torch.multinomial(probs, 1, generator=generator).",
+            mistake="generator_ignored",
         )
 
 
@@ -831,10 +825,7 @@ def _check_gqa_memory(cls, ctx: Context) -> None:
             f"w_k and w_v hold {n} parameters; with 2 key/value heads of d_head=4 they hold "
             f"2 * (16 * 8 + 8) = {2 * (16 * 8 + 8)}.",
             case=case,
-            likely="the keys and values are projected to all n_heads heads (d_model features) "
-            "and then reduced: the point of grouped-query attention is that only n_kv_heads "
-            "heads are computed and cached.",
-            hint="nn.Linear(d_model, n_kv_heads * d_head).",
+            mistake="gqa_full_projections_reduced",
         )
 
 

@@ -195,11 +195,7 @@ def check_online_softmax(candidate, ctx: Context) -> None:
                     "your first block is exponentiated against the maximum of the whole "
                     "vector, which a single pass cannot know yet.",
                     case=case,
-                    likely="two passes over the blocks: every block's maximum first, then "
-                    "the sum of exponentials with the global maximum. The exercise asks for "
-                    "one pass, in which the sum is rescaled whenever the maximum grows.",
-                    hint="in the same loop: m_new = max(m, block max); "
-                    "l = l * exp(m - m_new) + sum(exp(block - m_new)); m = m_new.",
+                    mistake="online_two_passes",
                 )
             whole = _whole_vector_reductions(rec, x.numel())
             if x.numel() > bs and whole:
@@ -208,9 +204,7 @@ def check_online_softmax(candidate, ctx: Context) -> None:
                     f"{x.numel()} entries); the exercise reads it block_size={bs} "
                     "entries at a time.",
                     case=case,
-                    likely="the maximum (or the sum) is computed over the whole vector "
-                    "first, which is the ordinary two-pass softmax.",
-                    hint="keep a running maximum and a running sum, updated block by block.",
+                    mistake="online_global_max_first",
                 )
 
 
@@ -432,10 +426,7 @@ def _check_memory_and_skipping(ctx: Context, candidate, g) -> None:
                 f"{op}); the full score matrix of one sequence has n_q * n_k = {n * n}. "
                 "Online attention must never hold a tensor that large.",
                 case=case,
-                likely="the whole score matrix (or a full n_q x n_k mask) is built, e.g. "
-                "q @ k.transpose(-2, -1) over all keys at once.",
-                hint="work on one tile of keys at a time: s = q @ k[..., j0:j1, :].mT; build "
-                "each tile's causal mask from its positions, never an n x n mask.",
+                mistake="flash_full_score_matrix",
             )
         work[causal] = rec.work()
     ratio = work[True] / max(work[False], 1)
@@ -445,10 +436,7 @@ def _check_memory_and_skipping(ctx: Context, candidate, g) -> None:
             f"causal=False; skipping the key blocks entirely in the future should bring it "
             f"to about 60% here (n={n}, block_size={bs}: 10 of 16 tiles).",
             case=f"q, k, v (2, {n}, 16) float32, block_size={bs}",
-            likely="the key blocks entirely in the future are not skipped (they are only "
-            "masked), or the causal block skip is off by one and reads one block too many.",
-            hint="process queries in blocks of block_size too; for the query block [i0, i1) "
-            "loop over key blocks j0 in range(0, i1, block_size) only.",
+            mistake="flash_future_blocks_not_skipped",
         )
 
 
@@ -567,10 +555,7 @@ def check_cached_self_attention(candidate, ctx: Context) -> None:
                     "the cache was not appended: after your call it still holds "
                     f"{len(cache)} positions, expected {e}.",
                     case=case,
-                    likely="cache.append(k, v) is never called with the new keys and values "
-                    "(the next step would not see these tokens).",
-                    hint="k_all, v_all = cache.append(k, v) with k, v of shape "
-                    "(B, H, t, d_head), then attend to k_all, v_all.",
+                    mistake="cache_not_appended",
                 )
             if cache.appended != t:
                 twice = cache.appended == 2 * t

@@ -2,9 +2,12 @@
 
 Each ``nbNN.py`` module here registers, for the exercises of notebook NN:
 
-- realistic buggy implementations with ``@mistake(exercise_id, expect="...")``: the check
-  must reject each one with a message containing ``expect`` (the mistake's name) and, with
-  ``absent="..."``, not containing those words (a mistake it must not be taken for);
+- realistic buggy implementations with ``@mistake(exercise_id, id="mistake_id")``: the
+  check must reject each one with feedback that names exactly that mistake (its last line
+  is ``[mistake: mistake_id]``; the ids and their messages are in
+  ``attention_ref/checks/mistakes.py``). A failure the checks give no id yet is declared
+  with ``expect="..."`` instead: words the feedback must contain, and with ``absent="..."``
+  words it must not contain (a mistake it must not be taken for);
 - correct implementations written differently with ``@alternative(exercise_id)``: the
   check must accept each one, on the visible and on the hidden (thorough) inputs.
 
@@ -24,8 +27,9 @@ class Entry:
     exercise: str
     name: str
     impl: Callable
-    expect: str = ""  # for mistakes: words the feedback must contain
-    absent: str = ""  # for mistakes: words it must not contain (a wrong name)
+    expect: str = ""  # for mistakes without an id: words the feedback must contain
+    absent: str = ""  # ... and words it must not contain (a wrong name)
+    mistake_id: str = ""  # for mistakes: the id the feedback must name, exactly
 
     @property
     def id(self) -> str:
@@ -36,9 +40,12 @@ MISTAKES: list[Entry] = []
 ALTERNATIVES: list[Entry] = []
 
 
-def mistake(exercise: str, expect: str, absent: str = ""):
+def mistake(exercise: str, expect: str = "", absent: str = "", id: str = ""):  # noqa: A002
+    if bool(expect) == bool(id):
+        raise ValueError("a catalogued mistake declares its id, or (without one) expect=")
+
     def register(fn):
-        MISTAKES.append(Entry(exercise, fn.__name__, fn, expect, absent))
+        MISTAKES.append(Entry(exercise, fn.__name__, fn, expect, absent, id))
         return fn
 
     return register

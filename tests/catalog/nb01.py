@@ -10,31 +10,31 @@ from . import alternative, mistake
 # ----------------------------------------------------------------------------- softmax_np
 
 
-@mistake("softmax_np", expect="not numerically stable")
+@mistake("softmax_np", id="softmax_unstable")
 def softmax_unstable(x, axis=-1):
     e = np.exp(x)
     return e / e.sum(axis=axis, keepdims=True)
 
 
-@mistake("softmax_np", expect="axis argument is ignored")
+@mistake("softmax_np", id="softmax_axis_ignored")
 def softmax_ignores_axis(x, axis=-1):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
-@mistake("softmax_np", expect="sum is taken over the whole array")
+@mistake("softmax_np", id="softmax_global_sum")
 def softmax_global_sum(x, axis=-1):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum()
 
 
-@mistake("softmax_np", expect="keepdims")
+@mistake("softmax_np", id="keepdims_missing")
 def softmax_no_keepdims(x, axis=-1):
     e = np.exp(x - np.max(x, axis=axis))
     return e / np.sum(e, axis=axis)
 
 
-@mistake("softmax_np", expect="not numerically stable")
+@mistake("softmax_np", id="softmax_unstable")
 def softmax_global_max(x, axis=-1):
     e = np.exp(x - x.max())
     return e / e.sum(axis=axis, keepdims=True)
@@ -110,7 +110,7 @@ def sdpa_np_softmax_over_queries(Q, K, V, mask=None):
     return w @ V, w
 
 
-@mistake("sdpa_np", expect="mask is inverted")
+@mistake("sdpa_np", id="mask_inverted")
 def sdpa_np_inverted_mask(Q, K, V, mask=None):
     s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
     if mask is not None:
@@ -119,7 +119,7 @@ def sdpa_np_inverted_mask(Q, K, V, mask=None):
     return w @ V, w
 
 
-@mistake("sdpa_np", expect="mask is inverted")
+@mistake("sdpa_np", id="mask_inverted_nan_rows")
 def sdpa_np_inverted_mask_inf(Q, K, V, mask=None):
     s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
     if mask is not None:
@@ -129,7 +129,7 @@ def sdpa_np_inverted_mask_inf(Q, K, V, mask=None):
     return w @ V, w
 
 
-@mistake("sdpa_np", expect="wrong order")
+@mistake("sdpa_np", id="outputs_swapped_order")
 def sdpa_np_wrong_order(Q, K, V, mask=None):
     s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
     w = _np_softmax(s)

@@ -7,12 +7,12 @@ from . import alternative, mistake
 # ----------------------------------------------------------------------------- padding_mask
 
 
-@mistake("padding_mask", expect="mask is inverted")
+@mistake("padding_mask", id="padding_mask_inverted")
 def padding_inverted(lengths, max_len):
     return torch.arange(max_len)[None, :] >= lengths[:, None]
 
 
-@mistake("padding_mask", expect="off by one")
+@mistake("padding_mask", id="padding_mask_off_by_one_long")
 def padding_off_by_one(lengths, max_len):
     return torch.arange(max_len)[None, :] <= lengths[:, None]
 
@@ -22,12 +22,12 @@ def padding_float(lengths, max_len):
     return (torch.arange(max_len)[None, :] < lengths[:, None]).float()
 
 
-@mistake("padding_mask", expect="transposed")
+@mistake("padding_mask", id="mask_transposed")
 def padding_transposed(lengths, max_len):
     return torch.arange(max_len)[:, None] < lengths[None, :]
 
 
-@mistake("padding_mask", expect="counted from 1")
+@mistake("padding_mask", id="padding_mask_off_by_one_short")
 def padding_one_based(lengths, max_len):
     return torch.arange(1, max_len + 1)[None, :] < lengths[:, None]
 
@@ -49,17 +49,17 @@ def padding_expand(lengths, max_len):
 # ----------------------------------------------------------------------------- causal_mask
 
 
-@mistake("causal_mask", expect="see the future")
+@mistake("causal_mask", id="causal_mask_triu")
 def causal_triu(n):
     return torch.ones(n, n, dtype=torch.bool).triu()
 
 
-@mistake("causal_mask", expect="may not attend to itself")
+@mistake("causal_mask", id="causal_mask_no_diagonal")
 def causal_strict(n):
     return torch.ones(n, n, dtype=torch.bool).tril(diagonal=-1)
 
 
-@mistake("causal_mask", expect="inverted")
+@mistake("causal_mask", id="causal_mask_inverted")
 def causal_inverted(n):
     return ~torch.ones(n, n, dtype=torch.bool).tril()
 
@@ -83,51 +83,51 @@ def causal_not_triu(n):
 # ----------------------------------------------------------------------------- masked_softmax
 
 
-@mistake("masked_softmax", expect="NaN")
+@mistake("masked_softmax", id="fully_masked_row_nan")
 def masked_softmax_nan(scores, mask, dim=-1):
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
 
 
-@mistake("masked_softmax", expect="uniform weights")
+@mistake("masked_softmax", id="fully_masked_row_uniform")
 def masked_softmax_minus_1e9(scores, mask, dim=-1):
     return torch.softmax(scores.masked_fill(~mask, -1e9), dim=dim)
 
 
-@mistake("masked_softmax", expect="additive mask")
+@mistake("masked_softmax", id="additive_mask_full_row")
 def masked_softmax_additive(scores, mask, dim=-1):
     return torch.softmax(scores + (~mask).to(scores.dtype) * -1e10, dim=dim)
 
 
-@mistake("masked_softmax", expect="additive mask")
+@mistake("masked_softmax", id="additive_mask_full_row")
 def masked_softmax_additive_bert(scores, mask, dim=-1):
     """BERT's extended attention mask: (1.0 - mask) * -10000.0."""
     return torch.softmax(scores + (1.0 - mask.to(scores.dtype)) * -10000.0, dim=dim)
 
 
-@mistake("masked_softmax", expect="uniform weights")
+@mistake("masked_softmax", id="fully_masked_row_uniform")
 def masked_softmax_seed_idiom(scores, mask, dim=-1):
     """scores * mask + -1e9 * (1 - mask) with a 0/1 float mask."""
     m = mask.to(scores.dtype)
     return torch.softmax(scores * m + -1e9 * (1 - m), dim=dim)
 
 
-@mistake("masked_softmax", expect="mask is inverted")
+@mistake("masked_softmax", id="mask_inverted")
 def masked_softmax_inverted(scores, mask, dim=-1):
     w = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=dim)
     return w.nan_to_num(0.0)
 
 
-@mistake("masked_softmax", expect="after the softmax")
+@mistake("masked_softmax", id="mask_after_softmax")
 def masked_softmax_after(scores, mask, dim=-1):
     return torch.softmax(scores, dim=dim) * mask
 
 
-@mistake("masked_softmax", expect="multiplied by the mask")
+@mistake("masked_softmax", id="mask_multiplied")
 def masked_softmax_multiply(scores, mask, dim=-1):
     return torch.softmax(scores * mask, dim=dim)
 
 
-@mistake("masked_softmax", expect="wrong dimension")
+@mistake("masked_softmax", id="softmax_dim_ignored")
 def masked_softmax_ignores_dim(scores, mask, dim=-1):
     w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return w.nan_to_num(0.0)

@@ -100,7 +100,7 @@ class SelfAttentionBatchedDotT(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="mask is inverted")
+@mistake("self_attention", id="mask_inverted")
 class SelfAttentionInvertedMask(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -133,7 +133,7 @@ class SelfAttentionAlwaysCausal(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="has a bias")
+@mistake("self_attention", id="bias_by_default")
 class SelfAttentionWithBias(nn.Module):
     def __init__(self, d_in, d_k, d_v):
         super().__init__()
@@ -147,7 +147,7 @@ class SelfAttentionWithBias(nn.Module):
         return w @ v, w
 
 
-@mistake("self_attention", expect="in and out sizes of the nn.Linear are swapped")
+@mistake("self_attention", id="linear_in_out_swapped")
 class SelfAttentionLinearSwapped(nn.Module):
     def __init__(self, d_in, d_k, d_v):
         super().__init__()
@@ -198,7 +198,7 @@ class SelfAttentionBuiltin(_Base):
         return out, None
 
 
-@mistake("self_attention", expect="wrong order")
+@mistake("self_attention", id="outputs_swapped_order")
 class SelfAttentionWrongOrder(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -365,7 +365,7 @@ class _Symmetric(nn.Module):
         return (w + w.T) / 2
 
 
-@mistake("self_attention", expect="reads back as something else")
+@mistake("self_attention", id="parametrization_changes_weight")
 class SelfAttentionSymmetricWeights(_Base):
     """Constrains W_Q to be symmetric: not the free projection the exercise asks for."""
 

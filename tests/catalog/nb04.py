@@ -13,13 +13,13 @@ from . import alternative, mistake
 # ----------------------------------------------------------------------------- split_heads
 
 
-@mistake("split_heads", expect="`view` without `transpose`")
+@mistake("split_heads", id="split_view_without_transpose")
 def split_heads_view_only(x, n_heads):
     B, T, D = x.shape
     return x.view(B, n_heads, T, D // n_heads)
 
 
-@mistake("split_heads", expect="features are interleaved")
+@mistake("split_heads", id="split_interleaved")
 def split_heads_interleaved(x, n_heads):
     B, T, D = x.shape
     return x.view(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2)
@@ -68,13 +68,13 @@ def split_heads_chunk(x, n_heads):
 # ----------------------------------------------------------------------------- merge_heads
 
 
-@mistake("merge_heads", expect="merged without moving them back")
+@mistake("merge_heads", id="merge_without_transpose")
 def merge_heads_reshape_only(x):
     B, H, T, d = x.shape
     return x.reshape(B, T, H * d)
 
 
-@mistake("merge_heads", expect="merged in the wrong order")
+@mistake("merge_heads", id="merge_wrong_order")
 def merge_heads_wrong_order(x):
     B, H, T, d = x.shape
     return x.permute(0, 2, 3, 1).reshape(B, T, H * d)
@@ -270,7 +270,7 @@ class MHAScaleByDModel(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="averaged over the heads")
+@mistake("multi_head_attention", id="weights_averaged_over_heads")
 class MHAAveragesWeights(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -278,7 +278,7 @@ class MHAAveragesWeights(_Base):
         return self.w_o(_merge(w @ v)), w.mean(dim=1)
 
 
-@mistake("multi_head_attention", expect="keys are projected from `query`")
+@mistake("multi_head_attention", id="keys_from_query")
 class MHASelfAttentionOnly(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, query, query)
@@ -336,7 +336,7 @@ class MHANoDivisibilityCheck(nn.Module):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="bias argument is ignored")
+@mistake("multi_head_attention", id="bias_argument_ignored")
 class MHAIgnoresBias(nn.Module):
     def __init__(self, d_model, n_heads, bias=True):
         super().__init__()

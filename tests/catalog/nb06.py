@@ -22,31 +22,31 @@ class _FFBase(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
 
-@mistake("feed_forward", expect="ReLU is missing")
+@mistake("feed_forward", id="relu_missing")
 class FFNoReLU(_FFBase):
     def forward(self, x):
         return self.linear2(self.dropout(self.linear1(x)))
 
 
-@mistake("feed_forward", expect="ReLU is applied after linear2")
+@mistake("feed_forward", id="relu_after_linear2")
 class FFReLUAfterLinear2(_FFBase):
     def forward(self, x):
         return torch.relu(self.linear2(self.dropout(self.linear1(x))))
 
 
-@mistake("feed_forward", expect="ReLU is applied after linear2")
+@mistake("feed_forward", id="relu_after_linear2")
 class FFReLUAfterBoth(_FFBase):
     def forward(self, x):
         return torch.relu(self.linear2(self.dropout(torch.relu(self.linear1(x)))))
 
 
-@mistake("feed_forward", expect="GELU")
+@mistake("feed_forward", id="activation_gelu")
 class FFGelu(_FFBase):
     def forward(self, x):
         return self.linear2(self.dropout(F.gelu(self.linear1(x))))
 
 
-@mistake("feed_forward", expect="tanh-approximate GELU")
+@mistake("feed_forward", id="activation_gelu_tanh")
 class FFGeluTanh(_FFBase):
     """The GPT-2 / BERT activation, brought from other code."""
 
@@ -58,7 +58,7 @@ class FFGeluTanh(_FFBase):
         return self.linear2(self.dropout(self.act(self.linear1(x))))
 
 
-@mistake("feed_forward", expect="dropout argument is ignored")
+@mistake("feed_forward", id="ff_dropout_hard_coded")
 class FFDropoutHardCoded(_FFBase):
     def __init__(self, d_model, d_ff, dropout=0.0):
         super().__init__(d_model, d_ff, dropout)
@@ -68,19 +68,19 @@ class FFDropoutHardCoded(_FFBase):
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
 
-@mistake("feed_forward", expect="no dropout was applied")
+@mistake("feed_forward", id="ff_dropout_ignored")
 class FFDropoutNeverUsed(_FFBase):
     def forward(self, x):
         return self.linear2(torch.relu(self.linear1(x)))
 
 
-@mistake("feed_forward", expect="output of linear2 instead of the hidden")
+@mistake("feed_forward", id="dropout_after_linear2")
 class FFDropoutOnOutput(_FFBase):
     def forward(self, x):
         return self.dropout(self.linear2(torch.relu(self.linear1(x))))
 
 
-@mistake("feed_forward", expect="in and out sizes of the nn.Linear are swapped")
+@mistake("feed_forward", id="linear_in_out_swapped")
 class FFLinearSizesSwapped(nn.Module):
     def __init__(self, d_model, d_ff, dropout=0.0):
         super().__init__()
@@ -304,7 +304,7 @@ class LayerFFOnLayerInput(_LayerBase):
         return self.norm2(h + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="dropout argument is ignored")
+@mistake("encoder_layer", id="encoder_dropout_hard_coded")
 class LayerDropoutHardCoded(_LayerBase):
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__(d_model, n_heads, d_ff, 0.1, norm_first)
@@ -319,7 +319,7 @@ class LayerDropoutHardCoded(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="no dropout was applied")
+@mistake("encoder_layer", id="encoder_dropout_ignored")
 class LayerDropoutNeverUsed(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__()
@@ -384,7 +384,7 @@ class LayerUsesTorchSDPA(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="attention weights are not dropped")
+@mistake("encoder_layer", id="attention_dropout_not_passed")
 class LayerAttnDropoutMissing(_LayerBase):
     """Dropout everywhere except on the attention weights."""
 

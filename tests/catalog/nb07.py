@@ -62,7 +62,7 @@ class DecoderNoCausalMask(_DecoderBase):
         return self.run(y, memory, None, memory_mask)
 
 
-@mistake("decoder_layer", expect="keys and values from the decoder")
+@mistake("decoder_layer", id="cross_kv_from_decoder")
 class DecoderCrossKeysFromDecoder(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
         return self.run(y, memory, self_mask, memory_mask, kv="decoder")
@@ -399,7 +399,7 @@ class TransformerCausalOnlyOwnLoop(nn.Module):
         return self.decode(tgt_in, memory, src_mask)
 
 
-@mistake("transformer", expect="N(0, 1) initialisation")
+@mistake("transformer", id="tgt_embed_init")
 class TransformerEmbeddingDefaultInit(_TransformerBase):
     """tgt_embed left at nn.Embedding's N(0, 1): the scaled tokens drown the positions."""
 

@@ -18,13 +18,13 @@ def _right_pad(seqs, pad_id):
     return out
 
 
-@mistake("make_batch", expect="swapped")
+@mistake("make_batch", id="tgt_in_out_swapped")
 def batch_swapped(src_seqs, tgt_seqs, pad_id=0):
     src, tgt = _right_pad(src_seqs, pad_id), _right_pad(tgt_seqs, pad_id)
     return src, tgt[:, 1:], tgt[:, :-1], tgt[:, :-1] != pad_id
 
 
-@mistake("make_batch", expect="taken from tgt_in")
+@mistake("make_batch", id="tgt_mask_from_tgt_in")
 def batch_mask_from_input(src_seqs, tgt_seqs, pad_id=0):
     src, tgt = _right_pad(src_seqs, pad_id), _right_pad(tgt_seqs, pad_id)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
@@ -37,7 +37,7 @@ def batch_not_shifted(src_seqs, tgt_seqs, pad_id=0):
     return src, tgt, tgt, tgt != pad_id
 
 
-@mistake("make_batch", expect="padded on the left")
+@mistake("make_batch", id="padded_on_left")
 def batch_left_padded(src_seqs, tgt_seqs, pad_id=0):
     def left(seqs):
         T = max(len(s) for s in seqs)
@@ -47,13 +47,13 @@ def batch_left_padded(src_seqs, tgt_seqs, pad_id=0):
     return src, tgt[:, :-1], tgt[:, 1:], tgt[:, 1:] != pad_id
 
 
-@mistake("make_batch", expect="uses 0 instead of the pad_id")
+@mistake("make_batch", id="pad_with_zero")
 def batch_pads_with_zero(src_seqs, tgt_seqs, pad_id=0):
     src, tgt = _right_pad(src_seqs, 0), _right_pad(tgt_seqs, 0)
     return src, tgt[:, :-1], tgt[:, 1:], tgt[:, 1:] != 0
 
 
-@mistake("make_batch", expect="inverted")
+@mistake("make_batch", id="tgt_mask_inverted")
 def batch_mask_inverted(src_seqs, tgt_seqs, pad_id=0):
     src, tgt = _right_pad(src_seqs, pad_id), _right_pad(tgt_seqs, pad_id)
     return src, tgt[:, :-1], tgt[:, 1:], tgt[:, 1:] == pad_id
@@ -102,66 +102,66 @@ def _nll(logits, targets, mask=None):
     return -torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-@mistake("masked_cross_entropy", expect="padding is averaged in")
+@mistake("masked_cross_entropy", id="loss_padding_averaged")
 def mce_plain_mean(logits, targets, mask):
     return _nll(logits, targets).mean()
 
 
-@mistake("masked_cross_entropy", expect="divides by the batch size")
+@mistake("masked_cross_entropy", id="loss_per_batch")
 def mce_batch_mean(logits, targets, mask):
     return (_nll(logits, targets, mask) * mask).sum() / logits.shape[0]
 
 
-@mistake("masked_cross_entropy", expect="averages each sentence first")
+@mistake("masked_cross_entropy", id="loss_per_sentence")
 def mce_per_sentence(logits, targets, mask):
     per = (_nll(logits, targets, mask) * mask).sum(1) / mask.sum(1)
     return per[mask.any(1)].mean()
 
 
-@mistake("masked_cross_entropy", expect="divided by the padded length")
+@mistake("masked_cross_entropy", id="loss_per_padded_length")
 def mce_all_positions(logits, targets, mask):
     return (_nll(logits, targets, mask) * mask).sum() / mask.numel()
 
 
-@mistake("masked_cross_entropy", expect="divided by the padded length")
+@mistake("masked_cross_entropy", id="loss_per_padded_length")
 def mce_per_sequence_over_max_len(logits, targets, mask):
     """Each sentence's summed loss over the padded length T, then the batch mean."""
     T = mask.shape[1]
     return ((_nll(logits, targets, mask) * mask).sum(1) / T).mean()
 
 
-@mistake("masked_cross_entropy", expect="used as indices")
+@mistake("masked_cross_entropy", id="masked_targets_as_indices")
 def mce_gather_raw_targets(logits, targets, mask):
     """Correct arithmetic, but it indexes with the targets of the padding too."""
     picked = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return -(picked * mask).sum() / mask.sum()
 
 
-@mistake("masked_cross_entropy", expect="used as indices")
+@mistake("masked_cross_entropy", id="masked_targets_as_indices")
 def mce_builtin_without_ignore_index(logits, targets, mask):
     """F.cross_entropy on every position, then masked: fails on ids outside the vocabulary."""
     per = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
     return (per * mask).sum() / mask.sum()
 
 
-@mistake("masked_cross_entropy", expect="no log-softmax")
+@mistake("masked_cross_entropy", id="loss_no_log_softmax")
 def mce_raw_logits(logits, targets, mask):
     picked = -logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return (picked * mask).sum() / mask.sum()
 
 
-@mistake("masked_cross_entropy", expect="mask is inverted")
+@mistake("masked_cross_entropy", id="loss_mask_inverted")
 def mce_inverted(logits, targets, mask):
     keep = ~mask
     return (_nll(logits, targets) * keep).sum() / keep.sum().clamp(min=1)
 
 
-@mistake("masked_cross_entropy", expect="python number")
+@mistake("masked_cross_entropy", id="loss_item")
 def mce_item(logits, targets, mask):
     return ((_nll(logits, targets, mask) * mask).sum() / mask.sum()).item()
 
 
-@mistake("masked_cross_entropy", expect="underflowed")
+@mistake("masked_cross_entropy", id="loss_log_underflow")
 def mce_log_of_softmax(logits, targets, mask):
     p = torch.softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return -(torch.log(p) * mask).sum() / mask.sum()
@@ -255,7 +255,7 @@ def beam_first_finished(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, first=True)
 
 
-@mistake("beam_search", expect="include <bos>")
+@mistake("beam_search", id="output_includes_bos")
 def beam_with_bos(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, with_bos=True)
 

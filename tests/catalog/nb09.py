@@ -10,14 +10,14 @@ NEG = float("-inf")
 # ----------------------------------------------------------------------------- best_span
 
 
-@mistake("best_span", expect="end may come before the start")
+@mistake("best_span", id="span_end_before_start")
 def best_span_two_argmaxes(start_logits, end_logits, mask, max_len=None):
     s = start_logits.masked_fill(~mask, NEG).argmax(1)
     e = end_logits.masked_fill(~mask, NEG).argmax(1)
     return s, e
 
 
-@mistake("best_span", expect="end may come before the start")
+@mistake("best_span", id="span_end_before_start")
 def best_span_no_triangle(start_logits, end_logits, mask, max_len=None):
     T = mask.shape[1]
     scores = start_logits[:, :, None] + end_logits[:, None, :]
@@ -29,7 +29,7 @@ def best_span_no_triangle(start_logits, end_logits, mask, max_len=None):
     return flat // T, flat % T
 
 
-@mistake("best_span", expect="mask is ignored")
+@mistake("best_span", id="span_mask_ignored")
 def best_span_no_mask(start_logits, end_logits, mask, max_len=None):
     T = mask.shape[1]
     scores = start_logits[:, :, None] + end_logits[:, None, :]
@@ -40,7 +40,7 @@ def best_span_no_mask(start_logits, end_logits, mask, max_len=None):
     return flat // T, flat % T
 
 
-@mistake("best_span", expect="one-token answers")
+@mistake("best_span", id="span_no_single_token")
 def best_span_strict(start_logits, end_logits, mask, max_len=None):
     T = mask.shape[1]
     scores = start_logits[:, :, None] + end_logits[:, None, :]
@@ -52,7 +52,7 @@ def best_span_strict(start_logits, end_logits, mask, max_len=None):
     return flat // T, flat % T
 
 
-@mistake("best_span", expect="max_len is ignored")
+@mistake("best_span", id="span_max_len_ignored")
 def best_span_ignores_max_len(start_logits, end_logits, mask, max_len=None):
     T = mask.shape[1]
     scores = start_logits[:, :, None] + end_logits[:, None, :]
@@ -61,7 +61,7 @@ def best_span_ignores_max_len(start_logits, end_logits, mask, max_len=None):
     return flat // T, flat % T
 
 
-@mistake("best_span", expect="swapped")
+@mistake("best_span", id="span_start_end_swapped")
 def best_span_swapped_decode(start_logits, end_logits, mask, max_len=None):
     T = mask.shape[1]
     scores = start_logits[:, :, None] + end_logits[:, None, :]
@@ -123,27 +123,27 @@ def _ce(logits, target, mask):
     return -log_p[torch.arange(len(target)), target].mean()
 
 
-@mistake("span_loss", expect="mask is not applied")
+@mistake("span_loss", id="span_loss_mask_not_applied")
 def span_loss_no_mask(start_logits, end_logits, start, end, mask):
     return (F.cross_entropy(start_logits, start) + F.cross_entropy(end_logits, end)) / 2
 
 
-@mistake("span_loss", expect="summed")
+@mistake("span_loss", id="span_loss_summed_ends")
 def span_loss_summed(start_logits, end_logits, start, end, mask):
     return _ce(start_logits, start, mask) + _ce(end_logits, end, mask)
 
 
-@mistake("span_loss", expect="only the start")
+@mistake("span_loss", id="span_loss_one_end")
 def span_loss_start_only(start_logits, end_logits, start, end, mask):
     return _ce(start_logits, start, mask)
 
 
-@mistake("span_loss", expect="summed over the batch")
+@mistake("span_loss", id="span_loss_summed_batch")
 def span_loss_batch_sum(start_logits, end_logits, start, end, mask):
     return (_ce(start_logits, start, mask) + _ce(end_logits, end, mask)) / 2 * len(start)
 
 
-@mistake("span_loss", expect="not averaged over the batch")
+@mistake("span_loss", id="span_loss_not_averaged")
 def span_loss_per_example(start_logits, end_logits, start, end, mask):
     def ce(x, t):
         return F.cross_entropy(x.masked_fill(~mask, NEG), t, reduction="none")
@@ -151,7 +151,7 @@ def span_loss_per_example(start_logits, end_logits, start, end, mask):
     return (ce(start_logits, start) + ce(end_logits, end)) / 2
 
 
-@mistake("span_loss", expect="probabilities are used")
+@mistake("span_loss", id="span_loss_probabilities")
 def span_loss_probs(start_logits, end_logits, start, end, mask):
     rows = torch.arange(len(start))
     ps = torch.softmax(start_logits.masked_fill(~mask, NEG), -1)[rows, start]

@@ -7,32 +7,32 @@ from . import alternative, mistake
 # ----------------------------------------------------------------------------- pool_sentences
 
 
-@mistake("pool_sentences", expect="summed, not averaged")
+@mistake("pool_sentences", id="pool_summed")
 def pool_sum(h, sentence_ids, n_sentences):
     onehot = sentence_ids[:, None, :] == torch.arange(n_sentences)[None, :, None]
     return onehot.to(h.dtype) @ h
 
 
-@mistake("pool_sentences", expect="divided by the sequence length")
+@mistake("pool_sentences", id="pool_divided_by_length")
 def pool_divide_by_T(h, sentence_ids, n_sentences):
     onehot = sentence_ids[:, None, :] == torch.arange(n_sentences)[None, :, None]
     return onehot.to(h.dtype) @ h / h.shape[1]
 
 
-@mistake("pool_sentences", expect="counted in sentence 0")
+@mistake("pool_sentences", id="pool_header_in_sentence_0")
 def pool_clamped_ids(h, sentence_ids, n_sentences):
     ids = sentence_ids.clamp(min=0)
     onehot = (ids[:, None, :] == torch.arange(n_sentences)[None, :, None]).to(h.dtype)
     return onehot @ h / onehot.sum(-1, keepdim=True).clamp(min=1)
 
 
-@mistake("pool_sentences", expect="NaN")
+@mistake("pool_sentences", id="nan_or_inf")
 def pool_no_clamp(h, sentence_ids, n_sentences):
     onehot = (sentence_ids[:, None, :] == torch.arange(n_sentences)[None, :, None]).to(h.dtype)
     return onehot @ h / onehot.sum(-1, keepdim=True)
 
 
-@mistake("pool_sentences", expect="off by one")
+@mistake("pool_sentences", id="pool_off_by_one")
 def pool_shifted(h, sentence_ids, n_sentences):
     ids = torch.where(sentence_ids >= 0, sentence_ids + 1, sentence_ids)
     onehot = (ids[:, None, :] == torch.arange(n_sentences)[None, :, None]).to(h.dtype)
@@ -76,7 +76,7 @@ def _per_row(k, B):
     return k.tolist() if isinstance(k, torch.Tensor) else [k] * B
 
 
-@mistake("select_sentences", expect="padding is selected")
+@mistake("select_sentences", id="select_padding")
 def select_no_mask(scores, mask, k):
     out = torch.zeros_like(mask)
     for b, kb in enumerate(_per_row(k, scores.shape[0])):
@@ -84,7 +84,7 @@ def select_no_mask(scores, mask, k):
     return out
 
 
-@mistake("select_sentences", expect="lowest scores")
+@mistake("select_sentences", id="select_lowest")
 def select_lowest(scores, mask, k):
     x = scores.masked_fill(~mask, float("inf"))
     out = torch.zeros_like(mask)
@@ -93,12 +93,12 @@ def select_lowest(scores, mask, k):
     return out & mask
 
 
-@mistake("select_sentences", expect="k is ignored")
+@mistake("select_sentences", id="select_threshold")
 def select_threshold(scores, mask, k):
     return (scores > 0) & mask
 
 
-@mistake("select_sentences", expect="indices of the chosen sentences")
+@mistake("select_sentences", id="select_returns_indices")
 def select_indices(scores, mask, k):
     kk = k if isinstance(k, int) else int(k.max())
     return scores.masked_fill(~mask, float("-inf")).topk(kk, dim=1).indices

@@ -76,7 +76,7 @@ class BlockNormedResidual(_Block):
     mode = "normed_residual"
 
 
-@mistake("gpt_block", expect="dropout is never applied")
+@mistake("gpt_block", id="block_dropout_never_applied")
 class BlockNoDropout(_Block):
     mode = "no_dropout"
 
@@ -198,7 +198,7 @@ def sampler_top_p_sorted(logits, temperature=1.0, top_k=None, top_p=None, genera
     return _sampler(logits, temperature, top_k, top_p, generator, mode="sorted")
 
 
-@mistake("sample_next_token", expect="generator argument is ignored")
+@mistake("sample_next_token", id="generator_ignored")
 def sampler_no_generator(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return _sampler(logits, temperature, top_k, top_p, generator, mode="no_generator")
 
@@ -373,7 +373,7 @@ class GQAUniformMaskedRows(_GQA):
     mode = "uniform_masked"
 
 
-@mistake("grouped_query_attention", expect="projected to all n_heads")
+@mistake("grouped_query_attention", id="gqa_full_projections")
 class GQAFullKV(_GQA):
     """Projects keys and values for every head, then averages groups."""
 

@@ -45,14 +45,14 @@ def softmax_no_max(x, block_size):
     return torch.exp(x) / l
 
 
-@mistake("online_softmax", expect="whole vector is reduced at once")
+@mistake("online_softmax", id="online_global_max_first")
 def softmax_two_pass(x, block_size):
     m = x.max()  # the ordinary softmax's first pass
     l = sum(torch.exp(x[s : s + block_size] - m).sum() for s in range(0, len(x), block_size))  # noqa: E741
     return torch.exp(x - m) / l
 
 
-@mistake("online_softmax", expect="two passes over the blocks")
+@mistake("online_softmax", id="online_two_passes")
 def softmax_two_pass_by_blocks(x, block_size):
     """The ordinary two-pass softmax, each pass block by block: no whole-vector reduction,
     but not the one pass with a running maximum that the exercise asks for."""
@@ -190,17 +190,17 @@ def attn_skip_diagonal(q, k, v, block_size=64, causal=False):
     return out.nan_to_num(0.0)
 
 
-@mistake("online_softmax_attention", expect="not skipped")
+@mistake("online_softmax_attention", id="flash_future_blocks_not_skipped")
 def attn_mask_only(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, causal, skip=False)
 
 
-@mistake("online_softmax_attention", expect="one block too many")
+@mistake("online_softmax_attention", id="flash_future_blocks_not_skipped")
 def attn_skip_one_late(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, causal, skip_extra=block_size)
 
 
-@mistake("online_softmax_attention", expect="full score matrix")
+@mistake("online_softmax_attention", id="flash_full_score_matrix")
 def attn_full_scores(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, causal, full_scores=True)
 
@@ -315,7 +315,7 @@ def _cached(mha, x_new, cache, *, append=1, mask="correct", only_new=False, w_o=
     return mha.w_o(out) if w_o else out
 
 
-@mistake("cached_self_attention", expect="cache was not appended")
+@mistake("cached_self_attention", id="cache_not_appended")
 def kv_not_appended(mha, x_new, cache):
     return _cached(mha, x_new, cache, append=0)
 

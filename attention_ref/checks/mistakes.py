@@ -1,0 +1,879 @@
+"""Every mistake the checks can name, each with a stable id, its message and its hint.
+
+A check names a mistake by id (``ctx.fail(..., mistake="scale_missing")``,
+``Mistake.of("scale_missing", model=...)``); the feedback gives the message and the hint
+worded here, and ends with a line ``[mistake: scale_missing]`` that the class report
+reads and a learner can ignore. Reword a message here and every check that names it
+follows. Ids are a public API (instructors count mistakes by them): never rename one;
+retire it and add a new one instead.
+
+A message may hold ``{placeholders}``, filled by the check (``named(id, axis=0)``). An
+entry whose message is empty tags a failure that the feedback's first line already
+describes (a wrong shape, an exception): the id is printed, no "Likely mistake" line.
+"""
+
+from __future__ import annotations
+
+
+class Named(str):
+    """A named mistake's message (a ``str``, so it reads as one wherever a message goes)
+    that carries its stable ``id`` and its ``hint``."""
+
+    id: str
+    hint: str
+
+    def __new__(cls, id: str, message: str, hint: str = "") -> Named:  # noqa: A002
+        self = super().__new__(cls, message)
+        self.id = id
+        self.hint = hint
+        return self
+
+    def __reduce__(self):
+        return Named, (self.id, str(self), self.hint)
+
+
+#: (id, message, hint), grouped by where the mistake is made.
+_TABLE: list[tuple[str, str, str]] = [
+    # --- every exercise (check framework)
+    (
+        "nan_or_inf",
+        "an exponential overflowed, or a row with no allowed position divided 0 by 0.",
+        "subtract the row maximum before exp; give fully masked rows zero weights explicitly.",
+    ),
+    (
+        "infinite_loop",
+        (
+            "a loop whose condition never becomes false (a while loop whose variable is never "
+            "updated, an index that is never advanced), or recursion that never reaches its base "
+            "case."
+        ),
+        "",
+    ),
+    # --- 01 softmax and dot-product attention
+    (
+        "additive_mask_full_row",
+        (
+            "an additive mask (scores + (1 - mask) * -1e10, the convention of much published "
+            "code): on a row where every key is masked, every score gets the same constant, and "
+            "softmax ignores a constant shift, so the row attends as if there were no mask (zeros "
+            "are required)."
+        ),
+        (
+            "an additive mask is fine where a query has at least one allowed key; rows with no "
+            "allowed key must still get zero weights: torch.where(mask.any(dim, keepdim=True), w, "
+            "0)."
+        ),
+    ),
+    (
+        "mask_inverted",
+        "the mask is inverted: True must mean 'may attend'.",
+        "keep the scores where the mask is True and fill where it is False (~mask).",
+    ),
+    (
+        "outputs_swapped",
+        "returned (weights, out) instead of (out, weights).",
+        "",
+    ),
+    (
+        "softmax_axis_ignored",
+        "the axis argument is ignored: the softmax is always taken over the last axis.",
+        "pass axis=axis to np.max and np.sum.",
+    ),
+    (
+        "softmax_wrong_axis",
+        "softmax over the wrong axis (axis 0).",
+        (
+            "normalise along the given axis: np.max(x, axis=axis, keepdims=True), and the same "
+            "for np.sum."
+        ),
+    ),
+    (
+        "softmax_global_sum",
+        (
+            "the sum is taken over the whole array rather than along axis, so the entries of each "
+            "slice do not sum to 1."
+        ),
+        "np.sum(e, axis=axis, keepdims=True).",
+    ),
+    (
+        "keepdims_missing",
+        "keepdims=True is missing, so the max or the sum broadcasts along the wrong axis.",
+        "np.max(x, axis=axis, keepdims=True) keeps a size-1 axis that broadcasts correctly.",
+    ),
+    (
+        "mask_not_applied",
+        "the mask is not applied, or applied with the wrong convention.",
+        "",
+    ),
+    (
+        "softmax_unstable",
+        (
+            "softmax is not numerically stable: np.exp overflows for large inputs (or underflows "
+            "to 0/0 when the maximum is taken over the whole array)."
+        ),
+        (
+            "subtract np.max(x, axis=axis, keepdims=True) before np.exp; the result is unchanged "
+            "mathematically."
+        ),
+    ),
+    (
+        "outputs_swapped_order",
+        "returned (weights, out) instead of (out, weights).",
+        "end with `return out, weights`.",
+    ),
+    (
+        "mask_inverted_nan_rows",
+        (
+            "the mask is inverted: True must mean 'may attend'. Filling where the mask is True "
+            "leaves those queries no key at all, and softmax of a row that is all -inf is NaN."
+        ),
+        (
+            "keep the scores where the mask is True and fill where it is False (np.where(mask, "
+            "scores, -np.inf), or masked_fill(~mask, ...))."
+        ),
+    ),
+    # --- 02 masking
+    (
+        "mask_transposed",
+        "the mask is transposed: rows must be the batch, columns the positions.",
+        "",
+    ),
+    (
+        "padding_mask_inverted",
+        (
+            "the mask is inverted: it is True at the padding, but True must mark the real tokens "
+            "(the positions that may be attended)."
+        ),
+        "use positions < lengths, not >=.",
+    ),
+    (
+        "padding_mask_off_by_one_long",
+        "off by one: the mask includes the first padding position (<= instead of <).",
+        "position t is real when t < length (positions start at 0).",
+    ),
+    (
+        "padding_mask_off_by_one_short",
+        "off by one: the last real token is masked out (are positions counted from 1?).",
+        "positions start at 0, so position t is real when t < length.",
+    ),
+    (
+        "causal_mask_inverted",
+        (
+            "the mask is inverted: it is True for the future, but True must mean 'may attend' "
+            "(key j <= query i)."
+        ),
+        "use torch.tril, not ~tril.",
+    ),
+    (
+        "causal_mask_triu",
+        "the mask lets each query see the future, not the past (triu instead of tril).",
+        "row i is the query: True where column j <= i, i.e. torch.tril.",
+    ),
+    (
+        "causal_mask_no_diagonal",
+        "off by one: a query may not attend to itself (the diagonal is masked).",
+        "the diagonal (j == i) must be True: torch.tril(..., diagonal=0).",
+    ),
+    (
+        "causal_mask_diagonal_1",
+        "off by one: each query also sees the next token (diagonal=1).",
+        "use the default diagonal=0.",
+    ),
+    (
+        "fully_masked_row_nan",
+        "softmax of a row that is all -inf divides 0 by 0.",
+        (
+            "give rows with no allowed position zero weights explicitly, e.g. "
+            "torch.where(mask.any(dim, keepdim=True), weights, 0)."
+        ),
+    ),
+    (
+        "mask_after_softmax",
+        (
+            "the mask is applied after the softmax (weights * mask), so the weights no longer sum "
+            "to 1."
+        ),
+        "fill the masked scores with -inf before the softmax.",
+    ),
+    (
+        "mask_multiplied",
+        "the scores are multiplied by the mask instead of being filled.",
+        "masked_fill(~mask, float('-inf')) before the softmax.",
+    ),
+    (
+        "softmax_dim_ignored",
+        "the softmax is taken over the wrong dimension (dim is ignored).",
+        "pass dim=dim to the softmax, the max and the sum.",
+    ),
+    (
+        "fully_masked_row_uniform",
+        (
+            "a fully masked row gets uniform weights instead of zeros: every score of the row "
+            "became the same large negative number (masked_fill(~mask, -1e9), the 0/1-mask idiom "
+            "scores * mask - 1e9 * (1 - mask), or, in float32, an additive mask whose constant "
+            "swamps the scores)."
+        ),
+        (
+            "set rows with no allowed position to 0 after the softmax, e.g. "
+            "torch.where(mask.any(dim, keepdim=True), weights, 0)."
+        ),
+    ),
+    # --- 03 self-attention
+    (
+        "parametrization_changes_weight",
+        (
+            "the parametrization constrains or changes the weight (or has a right_inverse that "
+            "does not invert it); this exercise's weights are free."
+        ),
+        "",
+    ),
+    (
+        "linear_in_out_swapped",
+        (
+            "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out) maps `in` "
+            "features to `out` features."
+        ),
+        "",
+    ),
+    (
+        "bias_by_default",
+        "nn.Linear adds a bias by default; pass bias=False.",
+        "",
+    ),
+    (
+        "bias_argument_ignored",
+        "the bias argument is ignored: pass bias=bias to every nn.Linear.",
+        "",
+    ),
+    (
+        "position_dependent",
+        (
+            "the output depends on the tokens' positions: a mask applied by default, a positional "
+            "term, or mixing up the token and batch axes."
+        ),
+        (
+            "with mask=None every token may attend to every token; nothing in self-attention "
+            "knows the order of the tokens."
+        ),
+    ),
+    # --- 04 multi-head attention
+    (
+        "split_view_without_transpose",
+        (
+            "`view` without `transpose`: x.view(B, H, T, D/H) (or reshape) keeps the memory order "
+            "(B, T, H, D/H), so each 'head' gets a jumble of several tokens' features."
+        ),
+        (
+            "split the last dimension first, then move the heads forward: x.view(B, T, H, D // "
+            "H).transpose(1, 2)."
+        ),
+    ),
+    (
+        "split_interleaved",
+        (
+            "the features are interleaved: head h gets every H-th feature (x.view(B, T, D/H, H)) "
+            "instead of the contiguous block h*D/H .. (h+1)*D/H - 1."
+        ),
+        "view the last dimension as (H, D // H), heads first: x.view(B, T, H, D // H).",
+    ),
+    (
+        "merge_without_transpose",
+        (
+            "the heads are merged without moving them back next to the features: x.reshape(B, T, "
+            "H*d_head) straight from (B, H, T, d_head) mixes tokens."
+        ),
+        "x.transpose(1, 2).reshape(B, T, H * d_head).",
+    ),
+    (
+        "merge_wrong_order",
+        (
+            "the heads are merged in the wrong order: the features come out interleaved (feature "
+            "i of every head, then feature i+1 ...) instead of head 0's block, then head 1's "
+            "block, ..."
+        ),
+        (
+            "put the head axis right before the feature axis, (B, T, H, d_head), then flatten the "
+            "last two: x.transpose(1, 2).reshape(B, T, H * d_head)."
+        ),
+    ),
+    (
+        "mask_no_head_axis",
+        (
+            "the (B, n_q, n_k) mask is not given a head axis, so it broadcasts against (B, H, "
+            "n_q, n_k) with its batch axis lined up with the heads."
+        ),
+        (
+            "mask = mask.unsqueeze(1): (B, n_q, n_k) -> (B, 1, n_q, n_k), the same mask for every "
+            "head."
+        ),
+    ),
+    (
+        "heads_not_merged",
+        "the heads are not merged: use merge_heads, then W_O.",
+        "",
+    ),
+    (
+        "tokens_mixed_in_heads",
+        (
+            "tokens are mixed up when splitting or merging heads (a view without a transpose), or "
+            "the keys and values are paired wrongly."
+        ),
+        "",
+    ),
+    (
+        "weights_averaged_over_heads",
+        "the weights are averaged over the heads (or there is only one map).",
+        (
+            "return the weights of every head, (B, H, n_q, n_k); (nn.MultiheadAttention averages "
+            "them unless average_attn_weights=False)."
+        ),
+    ),
+    (
+        "batch_heads_folded",
+        "batch and heads are folded into one axis (B*H, n_q, n_k).",
+        "keep them separate: (B, H, n_q, n_k).",
+    ),
+    (
+        "keys_from_query",
+        "the keys are projected from `query` instead of `key`.",
+        "k = self.w_k(key), v = self.w_v(value).",
+    ),
+    # --- 06 the encoder block
+    (
+        "relu_missing",
+        "the ReLU is missing: without it the two linear layers collapse into one.",
+        "linear2(dropout(relu(linear1(x)))): the ReLU sits between the two layers.",
+    ),
+    (
+        "relu_after_linear2",
+        (
+            "the ReLU is applied after linear2: the output of the network must be able to be "
+            "negative, and the nonlinearity belongs between the two layers."
+        ),
+        "linear2(dropout(relu(linear1(x)))), with nothing after linear2.",
+    ),
+    (
+        "activation_gelu",
+        "the activation is GELU (or another one); this network uses ReLU.",
+        "use torch.relu (or nn.ReLU()) between linear1 and linear2.",
+    ),
+    (
+        "activation_gelu_tanh",
+        (
+            "the activation is the tanh-approximate GELU (nn.GELU(approximate='tanh'), as in "
+            "GPT-2 and BERT code); this network uses ReLU, as in the paper and "
+            "nn.TransformerEncoderLayer."
+        ),
+        "",
+    ),
+    (
+        "tokens_mixed",
+        "the tokens are mixed (e.g. a reshape that flattens the sequence into the features).",
+        "nn.Linear acts on the last dimension; apply it to x directly.",
+    ),
+    (
+        "ff_dropout_ignored",
+        "the dropout argument is ignored, or self.dropout is never used in forward.",
+        (
+            "self.dropout = nn.Dropout(dropout) in __init__, and apply it to the hidden "
+            "activations in forward."
+        ),
+    ),
+    (
+        "dropout_after_linear2",
+        (
+            "dropout is applied to the output of linear2 instead of the hidden activations "
+            "between the layers."
+        ),
+        "",
+    ),
+    (
+        "dropout_misplaced",
+        (
+            "dropout is not applied (only) to the hidden activations: it belongs between "
+            "relu(linear1(x)) and linear2, once."
+        ),
+        "",
+    ),
+    (
+        "encoder_dropout_hard_coded",
+        (
+            "dropout is active although dropout=0.0: the dropout argument is ignored (e.g. "
+            "nn.Dropout(0.1) hard-coded)."
+        ),
+        (
+            "self.dropout1 = nn.Dropout(dropout), and pass dropout on to FeedForward(d_model, "
+            "d_ff, dropout)."
+        ),
+    ),
+    (
+        "encoder_mask_ignored",
+        "the mask is ignored, or not passed to the self-attention.",
+        "self.self_attn(h, h, h, mask) with the mask given to forward.",
+    ),
+    (
+        "encoder_dropout_ignored",
+        "the dropout argument is ignored (or the dropout modules are never used in forward).",
+        (
+            "self.dropout1 = nn.Dropout(dropout), self.dropout2 = nn.Dropout(dropout) applied to "
+            "each sublayer's output before the residual add, and FeedForward(d_model, d_ff, "
+            "dropout)."
+        ),
+    ),
+    (
+        "attention_dropout_not_passed",
+        "the dropout is not passed on to the self-attention.",
+        (
+            "self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout) (as a "
+            "keyword: the third positional argument is bias)."
+        ),
+    ),
+    (
+        "ff_dropout_hard_coded",
+        (
+            "dropout is active although dropout=0.0: the dropout argument is ignored (e.g. "
+            "nn.Dropout(0.1) hard-coded)."
+        ),
+        "self.dropout = nn.Dropout(dropout), with the constructor's argument.",
+    ),
+    # --- 07 the decoder
+    (
+        "out_proj_missing",
+        "the output projection to the target vocabulary (out_proj) is missing.",
+        "",
+    ),
+    (
+        "src_mask_not_used",
+        "the source padding mask is not used in the encoder or in the cross-attention.",
+        "",
+    ),
+    (
+        "decoder_dropout_ignored",
+        "the dropout argument is ignored (or the dropout modules are never used in forward).",
+        (
+            "self.dropout1..3 = nn.Dropout(dropout) on each sub-layer's output, and "
+            "FeedForward(d_model, d_ff, dropout)."
+        ),
+    ),
+    (
+        "cross_kv_from_decoder",
+        (
+            "the cross-attention takes its keys and values from the decoder instead of the "
+            "encoder output (memory)."
+        ),
+        "",
+    ),
+    (
+        "self_mask_not_applied",
+        "the causal self_mask is not applied in the self-attention.",
+        "",
+    ),
+    (
+        "tgt_embed_init",
+        (
+            "tgt_embed keeps nn.Embedding's N(0, 1) initialisation; multiplied by sqrt(d_model), "
+            "the tokens would drown the positional encoding."
+        ),
+        "",
+    ),
+    (
+        "decoder_no_causal_mask",
+        "no causal mask in the decoder's self-attention.",
+        "self_mask = causal (T, T) AND target padding -> (B, 1, T, T).",
+    ),
+    (
+        "cross_q_from_memory",
+        "the cross-attention takes its queries from memory and keys from y.",
+        "",
+    ),
+    # --- 08 translation
+    (
+        "masked_targets_as_indices",
+        (
+            "the targets at masked positions are used as indices: there they are arbitrary (here "
+            "-100, PyTorch's ignore_index, or an id outside the vocabulary), so gather, indexing "
+            "or F.cross_entropy without ignore_index fails on them."
+        ),
+        (
+            "replace them by a valid id before indexing, e.g. torch.where(mask, targets, 0), or "
+            "use F.cross_entropy(..., ignore_index=-100) on targets.masked_fill(~mask, -100)."
+        ),
+    ),
+    (
+        "padded_on_left",
+        (
+            "the sequences are padded on the left; pad on the right, after the last token "
+            "(positions must start at 0 for every sentence)."
+        ),
+        "write each sequence at the start of its row: ids[b, :len(s)] = s.",
+    ),
+    (
+        "pad_with_zero",
+        "the padding uses 0 instead of the pad_id argument.",
+        "fill with pad_id, e.g. torch.full((B, T), pad_id, dtype=torch.long).",
+    ),
+    (
+        "tgt_in_out_swapped",
+        (
+            "tgt_in and tgt_out are swapped: the decoder must READ tgt[:, :-1] (starting with "
+            "<bos>) and PREDICT tgt[:, 1:] (ending with <eos>)."
+        ),
+        "tgt_in = tgt[:, :-1]; tgt_out = tgt[:, 1:].",
+    ),
+    (
+        "loss_padding_averaged",
+        "the padding is averaged in: the mean runs over every position, padding included.",
+        (
+            "multiply by the mask (or select the real positions) before summing, and divide by "
+            "the number of real tokens."
+        ),
+    ),
+    (
+        "loss_per_padded_length",
+        (
+            "a sequence loss divided by the padded length: the masked sum is divided by every "
+            "position of the padded batch (B * T, or each sentence's sum by the padded length T "
+            "and then averaged), not by the number of real tokens, so the loss shrinks as padding "
+            "grows."
+        ),
+        "divide the masked sum by mask.sum(), the number of real tokens.",
+    ),
+    (
+        "loss_per_batch",
+        "divides by the batch size, not by the number of real tokens.",
+        "the loss is an average per real token: divide by mask.sum().",
+    ),
+    (
+        "loss_summed",
+        "sums the losses instead of averaging them.",
+        "divide the masked sum by the number of real tokens, mask.sum().",
+    ),
+    (
+        "loss_per_sentence",
+        (
+            "averages each sentence first, then the sentences: short sentences get more weight "
+            "per token."
+        ),
+        "sum over all real tokens of the batch and divide once, by mask.sum().",
+    ),
+    (
+        "loss_mask_inverted",
+        "the mask is inverted: the loss averages over the padding, not the real tokens.",
+        "keep the positions where mask is True.",
+    ),
+    (
+        "loss_no_log_softmax",
+        "no log-softmax: the raw logits are used as log-probabilities.",
+        "apply torch.log_softmax(logits, dim=-1) before picking the target entries.",
+    ),
+    (
+        "loss_probabilities",
+        "probabilities are used instead of log-probabilities.",
+        "the cross-entropy is -log p(target): use log_softmax, not softmax.",
+    ),
+    (
+        "output_includes_bos",
+        "the returned tokens include <bos>.",
+        "return the hypothesis without its leading bos_id (and without the final eos_id).",
+    ),
+    (
+        "output_includes_eos",
+        "the returned tokens include <eos>.",
+        "return the hypothesis without its final eos_id.",
+    ),
+    (
+        "loss_item",
+        (
+            "the loss was turned into a Python number (.item() or float()), which cuts it off "
+            "from the gradient."
+        ),
+        "return the tensor itself; call .item() only to print it.",
+    ),
+    (
+        "loss_left_autograd",
+        "the computation left autograd (.detach(), .item(), NumPy).",
+        "use torch operations on logits all the way to the result.",
+    ),
+    (
+        "loss_log_underflow",
+        (
+            "the log of a softmax probability that underflowed to 0, or NaN from the padding (0 * "
+            "inf)."
+        ),
+        (
+            "use torch.log_softmax (stable) and select the real positions with the mask rather "
+            "than multiplying garbage by 0."
+        ),
+    ),
+    (
+        "tgt_mask_whole_target",
+        (
+            "tgt_mask covers the whole target; it must line up with tgt_out (drop the first "
+            "position)."
+        ),
+        "",
+    ),
+    (
+        "tgt_mask_inverted",
+        (
+            "tgt_mask is inverted: it is True at the padding, but True must mark the real tokens "
+            "of tgt_out (the positions the loss counts)."
+        ),
+        "tgt_mask = tgt_out != pad_id.",
+    ),
+    (
+        "tgt_mask_from_tgt_in",
+        (
+            "tgt_mask is taken from tgt_in, not tgt_out: it counts the <bos> position and misses "
+            "the final <eos>, which the model must learn to predict."
+        ),
+        "the mask belongs to what is predicted: tgt_mask = tgt_out != pad_id.",
+    ),
+    (
+        "tgt_mask_no_eos",
+        "tgt_mask leaves out <eos>: the model never learns to stop.",
+        "<eos> is a real target token; only padding is masked.",
+    ),
+    # --- 09 question answering
+    (
+        "span_end_before_start",
+        (
+            "the end may come before the start: start and end are chosen independently (two "
+            "argmaxes, or every pair scored without requiring s <= e)."
+        ),
+        (
+            "score every pair: scores[s, e] = start_logits[s] + end_logits[e], keep only the "
+            "pairs with s <= e (an upper-triangular mask), and take the best pair."
+        ),
+    ),
+    (
+        "span_mask_ignored",
+        "the mask is ignored: the span uses question or padding positions.",
+        "only pairs with mask[s] and mask[e] True are allowed.",
+    ),
+    (
+        "span_mask_ignored_unordered",
+        "the mask is ignored and the end may come before the start.",
+        "allow only pairs inside the mask with s <= e.",
+    ),
+    (
+        "span_no_single_token",
+        "off by one: one-token answers (s == e) are not allowed (s < e instead of s <= e).",
+        "the diagonal s == e is a valid span of one token.",
+    ),
+    (
+        "span_max_len_ignored",
+        "max_len is ignored: spans longer than max_len tokens are allowed.",
+        "also require e - s + 1 <= max_len when max_len is not None.",
+    ),
+    (
+        "span_max_len_off_by_one",
+        "off by one in max_len: spans of max_len + 1 tokens are allowed (e - s <= max_len).",
+        "a span from s to e has e - s + 1 tokens.",
+    ),
+    (
+        "span_start_end_swapped",
+        "start and end are swapped (e.g. flat index decoded as (flat % T, flat // T)).",
+        "for a flattened (T_start, T_end) grid, start = flat // T and end = flat % T.",
+    ),
+    (
+        "span_loss_not_averaged",
+        "the loss is not averaged over the batch.",
+        "average the per-example losses with .mean().",
+    ),
+    (
+        "span_loss_mask_not_applied",
+        (
+            "the mask is not applied: the softmax runs over every position, question and padding "
+            "included, so padding is not ignored."
+        ),
+        (
+            "set the logits outside the mask to -inf (masked_fill(~mask, float('-inf'))) before "
+            "the log-softmax."
+        ),
+    ),
+    (
+        "span_loss_summed_ends",
+        "the start and end losses are summed; the loss is their average.",
+        "return (loss_start + loss_end) / 2.",
+    ),
+    (
+        "span_loss_summed_batch",
+        "the loss is summed over the batch instead of averaged.",
+        "average over the examples (.mean(), or reduction='mean').",
+    ),
+    (
+        "span_loss_one_end",
+        "only the start (or only the end) is in the loss.",
+        "the loss is the average of the start and the end cross-entropies.",
+    ),
+    (
+        "span_loss_probabilities",
+        "probabilities are used where log-probabilities belong (softmax, not log_softmax).",
+        "the cross-entropy is -log p(true position): use torch.log_softmax.",
+    ),
+    (
+        "span_loss_start_end_swapped",
+        "start and end are swapped: the start logits are scored against the true end.",
+        "pair start_logits with start and end_logits with end.",
+    ),
+    # --- 10 summarization
+    (
+        "pool_summed",
+        "the token vectors are summed, not averaged.",
+        "divide each sentence's sum by its number of tokens.",
+    ),
+    (
+        "pool_divided_by_length",
+        (
+            "each sum is divided by the sequence length T (or by all real tokens), not by the "
+            "number of tokens in that sentence."
+        ),
+        "count the tokens of each sentence: onehot.sum(-1), clamped to at least 1.",
+    ),
+    (
+        "pool_header_in_sentence_0",
+        (
+            "tokens with sentence id -1 (header, padding) are counted in sentence 0 (the ids were "
+            "clamped, or -1 wrapped around when used as an index)."
+        ),
+        (
+            "tokens with id -1 belong to no sentence: compare ids with each slot s, so -1 never "
+            "matches."
+        ),
+    ),
+    (
+        "pool_off_by_one",
+        "off by one: sentence s gets the tokens of sentence s - 1.",
+        "slot s averages the tokens whose id equals s (ids start at 0).",
+    ),
+    (
+        "select_returns_indices",
+        "the indices of the chosen sentences are returned (e.g. topk(...).indices)",
+        "",
+    ),
+    (
+        "select_padding",
+        "padding is selected: the mask is not applied before ranking.",
+        "give padding slots a score of -inf before ranking, and AND the result with the mask.",
+    ),
+    (
+        "select_lowest",
+        "the lowest scores are selected, not the highest.",
+        "rank in descending order (topk picks the largest by default).",
+    ),
+    (
+        "select_threshold",
+        "k is ignored: sentences are selected by a threshold (score > 0).",
+        "select exactly the k best real sentences of each document.",
+    ),
+    # --- 11 GPT
+    (
+        "block_no_causal_mask",
+        "no causal mask (or an inverted one).",
+        "mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().",
+    ),
+    (
+        "block_dropout_never_applied",
+        "dropout is never applied to the sub-layer outputs.",
+        "x = x + self.dropout(attn_out); x = x + self.dropout(ff_out).",
+    ),
+    (
+        "generator_ignored",
+        "the generator argument is ignored (the global random state is used).",
+        "pass it on: torch.multinomial(probs, 1, generator=generator).",
+    ),
+    (
+        "gqa_full_projections_reduced",
+        (
+            "the keys and values are projected to all n_heads heads (d_model features) and then "
+            "reduced: the point of grouped-query attention is that only n_kv_heads heads are "
+            "computed and cached."
+        ),
+        "nn.Linear(d_model, n_kv_heads * d_head).",
+    ),
+    (
+        "gqa_full_projections",
+        (
+            "the keys and values are projected to all n_heads heads (d_model features): "
+            "grouped-query attention computes and caches only n_kv_heads key/value heads."
+        ),
+        "",
+    ),
+    # --- 12 efficient attention
+    (
+        "flash_future_blocks_not_skipped",
+        (
+            "the key blocks entirely in the future are not skipped (they are only masked), or the "
+            "causal block skip is off by one and reads one block too many."
+        ),
+        (
+            "process queries in blocks of block_size too; for the query block [i0, i1) loop over "
+            "key blocks j0 in range(0, i1, block_size) only."
+        ),
+    ),
+    (
+        "flash_full_score_matrix",
+        (
+            "the whole score matrix (or a full n_q x n_k mask) is built, e.g. q @ k.transpose(-2, "
+            "-1) over all keys at once."
+        ),
+        (
+            "work on one tile of keys at a time: s = q @ k[..., j0:j1, :].mT; build each tile's "
+            "causal mask from its positions, never an n x n mask."
+        ),
+    ),
+    (
+        "online_two_passes",
+        (
+            "two passes over the blocks: every block's maximum first, then the sum of "
+            "exponentials with the global maximum. The exercise asks for one pass, in which the "
+            "sum is rescaled whenever the maximum grows."
+        ),
+        (
+            "in the same loop: m_new = max(m, block max); l = l * exp(m - m_new) + sum(exp(block "
+            "- m_new)); m = m_new."
+        ),
+    ),
+    (
+        "online_global_max_first",
+        (
+            "the maximum (or the sum) is computed over the whole vector first, which is the "
+            "ordinary two-pass softmax."
+        ),
+        "keep a running maximum and a running sum, updated block by block.",
+    ),
+    (
+        "cache_not_appended",
+        (
+            "cache.append(k, v) is never called with the new keys and values (the next step would "
+            "not see these tokens)."
+        ),
+        (
+            "k_all, v_all = cache.append(k, v) with k, v of shape (B, H, t, d_head), then attend "
+            "to k_all, v_all."
+        ),
+    ),
+]
+
+MISTAKES: dict[str, Named] = {}
+for _id, _message, _hint in _TABLE:
+    if _id in MISTAKES:
+        raise RuntimeError(f"mistake id {_id!r} is defined twice")
+    MISTAKES[_id] = Named(_id, _message, _hint)
+
+
+def named(mistake_id: str, **params: object) -> Named:
+    """The mistake ``mistake_id``, its ``{placeholders}`` filled from ``params``."""
+    m = MISTAKES[mistake_id]
+    if not params:
+        return m
+    return Named(m.id, m.format(**params), m.hint.format(**params))
+
+
+def mistake_id(feedback: str) -> str:
+    """The id a feedback message names on its last line (``""`` if none)."""
+    last = feedback.rstrip().rsplit("\n", 1)[-1].strip()
+    if last.startswith("[mistake: ") and last.endswith("]"):
+        return last[len("[mistake: ") : -1]
+    return ""
