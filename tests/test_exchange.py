@@ -542,3 +542,67 @@ def test_feedback_goes_to_its_own_student_from_the_instructors_files_only(tmp_pa
     for student, what in expect.items():
         assert f"{student}: {what}" in log, f"{student}: {what!r} not in:\n{log}"
     assert "stranger" not in log
+
+
+# ------------------------------------------------------------------------ list --inbound
+LIST_CODE = """
+import importlib.util, json, logging, sys
+spec = importlib.util.spec_from_file_location("course_exchange", sys.argv[1])
+ex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ex)
+from nbgrader.auth import Authenticator
+from nbgrader.coursedir import CourseDirectory
+from traitlets.config import Config
+c = Config()
+c.CourseDirectory.course_id = sys.argv[3]
+c.Exchange.root = sys.argv[2]
+c.ExchangeList.inbound = True
+lines = []
+class Lines(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+log = logging.getLogger("list")
+log.addHandler(Lines())
+log.setLevel(logging.INFO)
+lister = ex.SafeList(
+    coursedir=CourseDirectory(config=c), authenticator=Authenticator(config=c), config=c
+)
+lister.log = log
+found = lister.start()
+listed = [(s["student_id"], s["timestamp"]) for a in found for s in a["submissions"]]
+print(json.dumps({"listed": listed, "log": lines}))
+"""
+
+
+def test_the_instructors_inbound_list_opens_no_hostile_entry(tmp_path):
+    """nbgrader's ``list --inbound`` hashes each submitted notebook when there is no
+    secret: through a link to /dev/zero it would read forever. The course's list skips
+    every entry collect would ignore and every folder whose notebooks or secret are not
+    regular files, with a warning that names the student."""
+    import json
+    import resource
+    import subprocess
+
+    _inbound_class(tmp_path)
+    (tmp_path / "exchange").chmod(0o1777)  # nbgrader checks the root as the guide has it
+    proc = subprocess.run(
+        [sys.executable, "-c", LIST_CODE, exchange.__file__, str(tmp_path / "exchange"), COURSE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # were an entry followed to /dev/zero, a MemoryError, not a machine out of memory
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    listed = sorted(tuple(x) for x in out["listed"])
+    assert listed == sorted([("daemon", stamp(0)), ("bin", stamp(1)), ("sync", stamp(3))]), out
+    log = "\n".join(out["log"])
+    for pattern in (
+        r"nobody: inbound entry '.*\+hostile' not listed: 'dangling.ipynb' is a symbolic link",
+        r"nobody: inbound entry '.*not-a-time\+x' not listed: its timestamp does not parse",
+        r"nobody: inbound entry 'daemon\+.*\+newer' not listed: named after daemon",
+        r"nobody: inbound entry '.*\+file' not listed: a regular file, not a folder",
+        r"lp: inbound entry '.*\+big' not listed: '01_dot_product_attention.ipynb' is over 20",
+    ):
+        assert re.search(pattern, log), f"{pattern!r} not in:\n{log}"

@@ -60,6 +60,8 @@ c.Exchange.root = {root!r}
 c.ExchangeFactory.collect = "attention_ref.course.exchange.SafeCollect"
 # Feedback only for the gradebook's notebooks, named from the instructor's copy of the secret.
 c.ExchangeFactory.release_feedback = "attention_ref.course.exchange.SafeReleaseFeedback"
+# `nbgrader list --inbound` opens only real submission folders of regular files.
+c.ExchangeFactory.list = "attention_ref.course.exchange.SafeList"
 # The caps on one submission (these are the defaults):
 c.SubmissionLimits.max_bytes = 20 * 2**20
 c.SubmissionLimits.max_files = 20
@@ -214,6 +216,8 @@ def course_run(hub):
         inst, "import json, os\nprint(json.dumps(os.environ.get('JUPYTERHUB_API_TOKEN')))"
     )
 
+    listed = run_tool(h, inst, "~/course", "nbgrader", "list", "--inbound")
+    result["list_log"] = listed["out"] + listed["err"]
     collect = run_tool(h, inst, "~/course", "nbgrader", "collect", AID)
     result["collect_log"] = collect["out"] + collect["err"]
     h.run_json(inst, LMS_CODE)
@@ -510,6 +514,16 @@ def test_collect_leaves_every_link_and_special_file_behind_and_says_why(hub, cou
         f"submitted/{mallory}/{AID}/{AID}.ipynb",
         f"submitted/{mallory}/{AID}/timestamp.txt",
     ]
+
+
+def test_the_instructors_inbound_list_skips_what_it_must_not_open(hub, course_run):
+    """nbgrader's own list would block on the hostile FIFO notebook, or stop at its
+    mode-000 one, before listing anyone."""
+    log = course_run["list_log"]
+    mallory = next(s for s in hub.students if s.role == HOSTILE).name
+    _line(log, mallory, r"\+evil' not listed: 'locked.ipynb' cannot be read")
+    for s in _honest(hub):
+        assert re.search(rf"{hubkit.COURSE_ID} {s.name} {AID} ", log), log
 
 
 def test_make_grade_refuses_a_linked_submission_and_imports_no_submitted_package(hub, course_run):

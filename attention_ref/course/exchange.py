@@ -6,11 +6,13 @@ exchange trusts them: its ``collect`` copies a submission with ``shutil.copytree
 instructor, following every symbolic link in it (a link to the instructor's solutions,
 gradebook or ``/proc/self/environ`` comes back as a file); it aborts the whole class on one
 malformed name or unreadable file; and its ``release_feedback`` publishes every ``*.html``
-it finds, under a name computed from a secret the student wrote. The classes here replace
-those two steps. In the instructor's nbgrader_config.py::
+it finds, under a name computed from a secret the student wrote; its ``list --inbound``
+reads every submission's secret or notebooks, through links and FIFOs. The classes here
+replace those three steps. In the instructor's nbgrader_config.py::
 
     c.ExchangeFactory.collect = "attention_ref.course.exchange.SafeCollect"
     c.ExchangeFactory.release_feedback = "attention_ref.course.exchange.SafeReleaseFeedback"
+    c.ExchangeFactory.list = "attention_ref.course.exchange.SafeList"
 
 :class:`SafeCollect`
 
@@ -32,6 +34,9 @@ by ``generate_feedback``, a regular file), named from the secret in the instruct
 of the submission (``submitted/STUDENT/ASSIGNMENT/submission_secret.txt``, collected as
 above). Nothing else in ``feedback/`` is ever published; a student whose secret is missing,
 malformed or shared with another submission gets a report line and no feedback.
+
+:class:`SafeList` lists (and ``--remove`` removes) only the inbound entries collect would
+take whose notebooks and secret are readable regular files within the byte cap.
 
 :func:`submission_problem` is the check ``make grade`` makes before it grades a submission
 that did not come through the exchange (links, special files, the caps).
@@ -296,6 +301,7 @@ if __name__ == "__copier__":
 
 from nbgrader.api import Gradebook, MissingEntry  # noqa: E402
 from nbgrader.exchange.default.collect import ExchangeCollect  # noqa: E402
+from nbgrader.exchange.default.list import ExchangeList  # noqa: E402
 from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback  # noqa: E402
 from nbgrader.utils import notebook_hash, parse_utc  # noqa: E402
 from traitlets import Integer  # noqa: E402
@@ -360,6 +366,33 @@ def submission_problem(folder: Path, limits: SubmissionLimits) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- inbound
+def inbound_entry(path: str, aid: str | None = None) -> tuple[dict | None, str, str | None]:
+    """``(record, owner, None)`` for an inbound entry that is a submission of ``aid`` (any
+    assignment if None): a real folder, owned by the student its name starts with, named
+    ``STUDENT+ASSIGNMENT+TIMESTAMP[+RANDOM]``; else ``(None, owner, why not)``."""
+    name = os.path.basename(path)
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        return None, "(unknown)", f"vanished ({err.strerror})"
+    owner = _user(st.st_uid)
+    claimed = name.split("+", 1)[0]
+    if owner != claimed:
+        return None, owner, f"named after {claimed}"
+    if not stat.S_ISDIR(st.st_mode):
+        return None, owner, f"{_kind(st.st_mode)}, not a folder"
+    parts = name.split("+")
+    if len(parts) not in (3, 4) or (aid is not None and parts[1] != aid):
+        return None, owner, "a malformed name"
+    try:
+        timestamp = parse_utc(parts[2])
+    except (ValueError, OverflowError, TypeError) as err:
+        return None, owner, f"its timestamp does not parse ({err})"
+    rec = {"username": owner, "filename": name, "timestamp": timestamp, "uid": st.st_uid}
+    return rec, owner, None
+
+
 # ----------------------------------------------------------------------------- collect
 class Report:
     """Lines of a collect or release report, each naming a student."""
@@ -414,36 +447,16 @@ class SafeCollect(ExchangeCollect):
     def _record(self, path: str, aid: str) -> dict | None:
         """The record of one inbound entry, or None (with a report line) if it is not a
         submission: forged, not a folder, a name that does not parse."""
-        name = os.path.basename(path)
-        try:
-            st = os.lstat(path)
-        except OSError as err:
-            self.report.add("(unknown)", f"inbound entry {_show(name)} vanished: {err.strerror}")
-            return None
-        owner = _user(st.st_uid)
-        claimed = name.split("+", 1)[0]
-        if owner != claimed:
+        rec, owner, why = inbound_entry(path, aid)
+        if why and why.startswith("named after"):
+            name, claimed = os.path.basename(path), why.split()[-1]
             self.forged.append((name, owner))
             self.log.warning(
                 "Ignoring %s: it claims to be from %s but is owned by %s", name, claimed, owner
             )
-            self.report.add(owner, f"ignored inbound entry {_show(name)}: named after {claimed}")
-            return None
-        if not stat.S_ISDIR(st.st_mode):
-            why = f"ignored inbound entry {_show(name)}: {_kind(st.st_mode)}, not a folder"
-            self.report.add(owner, why)
-            return None
-        parts = name.split("+")
-        if len(parts) not in (3, 4) or parts[1] != aid:
-            self.report.add(owner, f"ignored inbound entry {_show(name)}: a malformed name")
-            return None
-        try:
-            timestamp = parse_utc(parts[2])
-        except (ValueError, OverflowError, TypeError) as err:
-            why = f"ignored inbound entry {_show(name)}: its timestamp does not parse ({err})"
-            self.report.add(owner, why)
-            return None
-        return {"username": owner, "filename": name, "timestamp": timestamp, "uid": st.st_uid}
+        if why:
+            self.report.add(owner, f"ignored inbound entry {_show(os.path.basename(path))}: {why}")
+        return rec
 
     def copy_files(self):
         aid = self.coursedir.assignment_id
@@ -638,3 +651,49 @@ class SafeReleaseFeedback(ExchangeReleaseFeedback):
         finally:
             os.close(src)
         self.log.info("Feedback released to: %s", os.path.join(self.dest_path, name))
+
+
+# ----------------------------------------------------------------------------- list
+class SafeList(ExchangeList):
+    """``nbgrader list``, whose ``--inbound`` view (the instructor's: it reads each
+    submission's secret, or hashes its notebooks) lists only real submission folders whose
+    notebooks and secret are regular files within the caps; every other entry is named in
+    a warning with the reason, and never opened. ``--remove`` removes only those listed."""
+
+    def init_dest(self):
+        super().init_dest()
+        if not self.inbound:
+            return
+        limits = SubmissionLimits(parent=self)
+        kept = []
+        for path in self.assignments:
+            _, owner, why = inbound_entry(path)
+            if why is None:
+                why = _unsafe_to_list(path, limits)
+            if why:
+                name = _show(os.path.basename(path))
+                self.log.warning("%s: inbound entry %s not listed: %s", owner, name, why)
+            else:
+                kept.append(path)
+        self.assignments = kept
+
+
+def _unsafe_to_list(folder: str, limits: SubmissionLimits) -> str | None:
+    """Why nbgrader's list must not read the submission folder ``folder``, or None."""
+    try:
+        with os.scandir(folder) as it:
+            entries = [e for _, e in zip(range(MAX_ENTRIES + 1), it, strict=False)]
+    except OSError as err:
+        return f"its folder cannot be listed ({err.strerror})"
+    if len(entries) > MAX_ENTRIES:
+        return f"more than {MAX_ENTRIES} entries in its folder"
+    for e in sorted(entries, key=lambda e: e.name):
+        if e.name.endswith(".ipynb") or e.name == SECRET_FILE:
+            st = e.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                return f"{_show(e.name)} is {_kind(st.st_mode)}"
+            if st.st_size > limits.max_bytes:
+                return f"{_show(e.name)} is over {_fmt_size(limits.max_bytes)}"
+            if not os.access(e.path, os.R_OK, follow_symlinks=False):
+                return f"{_show(e.name)} cannot be read"
+    return None
