@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .mistakes import MISTAKES, named
+from .mistakes import MISTAKES, named, tag
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -180,27 +180,14 @@ def _student_line(tb) -> tuple[str, str]:
 
 
 # Mistakes recognised from the line that raised and the error message:
-# (pattern in the line, pattern in the error, likely mistake, hint).
+# (pattern in the line, pattern in the error, the named mistake).
 ERROR_PATTERNS = [
-    (
-        r"\b[A-Za-z_]\w*\.T\b",
-        r"mismatch|shape|size|dimension|match",
-        "K.T reverses all axes of a batched array, not just the last two.",
-        "swap only the last two axes: np.swapaxes(K, -1, -2) in NumPy, k.transpose(-2, -1) "
-        "(or k.mT) in PyTorch.",
-    ),
-    (
-        r"\.view\(",
-        r"view size is not compatible|contiguous",
-        "view() on a transposed (non-contiguous) tensor.",
-        "use .reshape(...) or .contiguous().view(...) after a transpose.",
-    ),
+    (r"\b[A-Za-z_]\w*\.T\b", r"mismatch|shape|size|dimension|match", named("batched_dot_t")),
+    (r"\.view\(", r"view size is not compatible|contiguous", named("view_non_contiguous")),
     (
         r"",
         r"expected .*(Float|Double).* but found .*(Double|Float)|same dtype",
-        "tensors of different dtypes are mixed (float32 with float64).",
-        "create new tensors with dtype=x.dtype (and device=x.device), e.g. "
-        "torch.zeros_like(x) or x.new_zeros(...).",
+        named("dtypes_mixed"),
     ),
 ]
 
@@ -209,9 +196,9 @@ def explain_error(err: BaseException, line: str) -> tuple[str, str]:
     import re
 
     text = f"{type(err).__name__}: {err}"
-    for line_pat, err_pat, likely, hint in ERROR_PATTERNS:
+    for line_pat, err_pat, likely in ERROR_PATTERNS:
         if re.search(line_pat, line or "") and re.search(err_pat, text, re.IGNORECASE):
-            return likely, hint
+            return likely, likely.hint
     return "", ""
 
 
@@ -453,9 +440,9 @@ class Context:
             msg += f"\n  Likely mistake: {likely}"
         if hint:
             msg += f"\n  Hint: {hint}"
-        tag = getattr(likely, "id", "") or mistake
-        if tag:
-            msg += f"\n  [mistake: {tag}]"
+        named_id = getattr(likely, "id", "") or mistake
+        if named_id:
+            msg += tag(named_id)
         raise CheckFailure(msg)
 
     # -- calling the learner
@@ -501,6 +488,7 @@ class Context:
         except ReferenceUsed as used:
             self.fail(
                 f"your code calls {used.name} instead of implementing the exercise.",
+                mistake="reference_used",
                 case=case,
                 hint="write the computation yourself; the point of the exercise is to see "
                 "every step. (Calling your own earlier functions is fine.)",
@@ -508,6 +496,7 @@ class Context:
         except NotImplementedError:
             self.fail(
                 "not implemented yet: the function still raises NotImplementedError.",
+                mistake="not_implemented",
                 hint="replace `raise NotImplementedError()` with your code.",
             )
         except CheckFailure:
@@ -518,6 +507,7 @@ class Context:
             likely, hint = explain_error(err, line)
             self.fail(
                 f"your code raised {type(err).__name__}: {err}{at}",
+                mistake="code_raised",
                 case=case,
                 likely=likely,
                 hint=hint,
@@ -526,6 +516,7 @@ class Context:
             if not _same(orig, cp):
                 self.fail(
                     f"your code modified its input argument #{i + 1} in place.",
+                    mistake="input_modified",
                     case=case,
                     hint="use out-of-place operations (x = x - m, masked_fill rather than "
                     "masked_fill_) so the caller's tensors are left untouched.",
@@ -544,6 +535,7 @@ class Context:
             )
             self.fail(
                 f"must return a tuple ({', '.join(names)}); got {kind}.",
+                mistake="not_a_tuple",
                 case=case,
                 hint=f"end with `return {', '.join(names)}`.",
             )
@@ -564,23 +556,35 @@ class Context:
         want_torch = isinstance(like, torch.Tensor)
         kind = "torch.Tensor" if want_torch else "numpy.ndarray"
         if want_torch and not isinstance(got, torch.Tensor):
-            self.fail(f"{what} must be a torch.Tensor; got {type(got).__name__}.", case=case)
+            self.fail(
+                f"{what} must be a torch.Tensor; got {type(got).__name__}.",
+                case=case,
+                mistake="wrong_type",
+            )
         if not want_torch and not isinstance(got, np.ndarray):
             hint = (
                 "convert with .numpy() or use NumPy operations"
                 if isinstance(got, torch.Tensor)
                 else ""
             )
-            self.fail(f"{what} must be a {kind}; got {type(got).__name__}.", case=case, hint=hint)
+            self.fail(
+                f"{what} must be a {kind}; got {type(got).__name__}.",
+                case=case,
+                hint=hint,
+                mistake="wrong_type",
+            )
         if tuple(got.shape) != tuple(like.shape):
             if swapped is not None and tuple(got.shape) == tuple(swapped.shape):
                 self.fail(
                     f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.",
                     case=case,
                     likely=swapped_msg,
+                    mistake="wrong_shape",
                 )
             self.fail(
-                f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.", case=case
+                f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.",
+                case=case,
+                mistake="wrong_shape",
             )
         if want_torch:
             if got.dtype != like.dtype and check_dtype:
@@ -588,6 +592,7 @@ class Context:
                     f"{what} has dtype {got.dtype}, expected {like.dtype} (the dtype of the "
                     "inputs).",
                     case=case,
+                    mistake="wrong_dtype",
                     hint="keep the computation in the input's dtype; if you work in float64, "
                     "cast back with .to(q.dtype).",
                 )
@@ -595,6 +600,7 @@ class Context:
                 self.fail(
                     f"{what} is on {got.device}, expected {like.device} (the inputs' device).",
                     case=case,
+                    mistake="wrong_device",
                 )
         if got.dtype == torch.bool or (isinstance(got, np.ndarray) and got.dtype == np.bool_):
             return
@@ -689,23 +695,8 @@ class Context:
         return "", ""
 
 
-PRECISION_LOSS = (
-    "precision loss: your result is right to float32 precision (about 7 significant "
-    "digits) but not to float64 precision: part of the computation runs in float32 although "
-    "the inputs are float64 (a .float(), dtype=torch.float32, or a tensor created without "
-    "dtype= somewhere).",
-    "keep every step in the input's dtype: create tensors with dtype=x.dtype (or "
-    "torch.zeros_like / x.new_zeros) and do not cast to float32 on the way.",
-)
-
-EPSILON_SHRINK = (
-    "a small constant in a denominator (e.g. sum + 1e-6): every value is smaller than the "
-    "exact one by about the same tiny factor, which float32 rounding (errors of either sign) "
-    "would not do.",
-    "drop the epsilon: once the maximum is subtracted, a softmax's sum includes exp(0) = 1, "
-    "so it is never 0 (a fully masked row is the one case to handle, and not with an "
-    "epsilon).",
-)
+PRECISION_LOSS = (named("precision_loss"), named("precision_loss").hint)
+EPSILON_SHRINK = (named("epsilon_in_denominator"), named("epsilon_in_denominator").hint)
 
 #: What float32 arithmetic achieves on the checks' inputs (the course's float32 tolerance).
 _FLOAT32_TOL = dict(rtol=1e-4, atol=1e-5)
@@ -792,10 +783,12 @@ def run_check(
             raise CheckFailure(
                 f"{exercise_id}: pass your class itself (a subclass of torch.nn.Module), not "
                 f"an instance or anything else; got {type(candidate).__name__}."
+                + tag("not_a_module_class")
             )
     elif not callable(candidate):
         raise CheckFailure(
             f"{exercise_id}: pass your function itself; got {type(candidate).__name__}."
+            + tag("not_a_function")
         )
     limit = resolve_time_limit(time_limit)
     if limit is not None and thorough:
@@ -813,7 +806,7 @@ def run_check(
             raise
         failure = (
             f"{exercise_id}: the check did not finish within {_seconds(whole.seconds)} "
-            f"(it was {ctx.doing}): does your code loop forever?"
+            f"(it was {ctx.doing}): does your code loop forever?" + tag("check_timed_out")
         )
     except Exception as err:  # noqa: BLE001 - the safety net: never crash on a candidate
         failure = (
@@ -823,6 +816,7 @@ def run_check(
             "module is built) is of a kind this check did not expect.\n"
             "  Hint: follow the exercise's spec for the return types and the module's "
             "parameters; if your code does, tell your instructor: it is a bug in the check."
+            + tag("check_could_not_finish")
         )
     if failure is not None:
         raise CheckFailure(failure) from None

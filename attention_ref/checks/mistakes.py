@@ -34,6 +34,63 @@ class Named(str):
 
 #: (id, message, hint), grouped by where the mistake is made.
 _TABLE: list[tuple[str, str, str]] = [
+    # --- every exercise: failures the first line of the feedback already describes
+    ("wrong_type", "", ""),
+    ("wrong_shape", "", ""),
+    ("wrong_dtype", "", ""),
+    ("wrong_device", "", ""),
+    ("not_a_tuple", "", ""),
+    ("input_modified", "", ""),
+    ("code_raised", "", ""),
+    ("not_implemented", "", ""),
+    ("reference_used", "", ""),
+    ("not_a_module_class", "", ""),
+    ("not_a_function", "", ""),
+    ("check_timed_out", "", ""),
+    ("check_could_not_finish", "", ""),
+    # --- every exercise: recognised from an exception's line and message
+    (
+        "batched_dot_t",
+        "K.T reverses all axes of a batched array, not just the last two.",
+        "swap only the last two axes: np.swapaxes(K, -1, -2) in NumPy, k.transpose(-2, -1) "
+        "(or k.mT) in PyTorch.",
+    ),
+    (
+        "view_non_contiguous",
+        "view() on a transposed (non-contiguous) tensor.",
+        "use .reshape(...) or .contiguous().view(...) after a transpose.",
+    ),
+    (
+        "dtypes_mixed",
+        "tensors of different dtypes are mixed (float32 with float64).",
+        "create new tensors with dtype=x.dtype (and device=x.device), e.g. "
+        "torch.zeros_like(x) or x.new_zeros(...).",
+    ),
+    (
+        "linear_weight_transposed",
+        "x @ self.w_q.weight multiplies by the transposed matrix: nn.Linear stores its weight "
+        "as (out_features, in_features).",
+        "call the layer, self.w_q(x), or write x @ self.w_q.weight.T.",
+    ),
+    # --- every exercise: recognised from the values (float64 inputs)
+    (
+        "precision_loss",
+        "precision loss: your result is right to float32 precision (about 7 significant "
+        "digits) but not to float64 precision: part of the computation runs in float32 "
+        "although the inputs are float64 (a .float(), dtype=torch.float32, or a tensor "
+        "created without dtype= somewhere).",
+        "keep every step in the input's dtype: create tensors with dtype=x.dtype (or "
+        "torch.zeros_like / x.new_zeros) and do not cast to float32 on the way.",
+    ),
+    (
+        "epsilon_in_denominator",
+        "a small constant in a denominator (e.g. sum + 1e-6): every value is smaller than the "
+        "exact one by about the same tiny factor, which float32 rounding (errors of either "
+        "sign) would not do.",
+        "drop the epsilon: once the maximum is subtracted, a softmax's sum includes "
+        "exp(0) = 1, so it is never 0 (a fully masked row is the one case to handle, and not "
+        "with an epsilon).",
+    ),
     # --- every exercise (check framework)
     (
         "nan_or_inf",
@@ -50,6 +107,64 @@ _TABLE: list[tuple[str, str, str]] = [
         "",
     ),
     # --- 01 softmax and dot-product attention
+    (
+        "scale_missing",
+        "the scores are not scaled by 1/sqrt(d_k).",
+        "divide q @ k^T by math.sqrt(d_k), where d_k = q.shape[-1].",
+    ),
+    (
+        "scale_by_d_k",
+        "the scores are divided by d_k instead of sqrt(d_k).",
+        "the scale is 1/sqrt(d_k): math.sqrt(q.shape[-1]).",
+    ),
+    (
+        "scale_by_d_v",
+        "the scores are scaled by the wrong dimension (sqrt(d_v), from v).",
+        "d_k is the last dimension of q and k, not of v.",
+    ),
+    (
+        "scale_by_n_k",
+        "the scores are scaled by the wrong dimension (sqrt(n_k), the number of keys).",
+        "use d_k = q.shape[-1], the size of each query vector.",
+    ),
+    (
+        "softmax_over_queries",
+        (
+            "softmax over the wrong axis: the weights are normalised over the queries (axis -2) "
+            "instead of the keys (axis -1)."
+        ),
+        "each query's weights over the keys must sum to 1: softmax along the last axis.",
+    ),
+    (
+        "mask_after_softmax_weights",
+        "the mask is applied after the softmax, so the weights no longer sum to 1.",
+        "fill the masked scores with -inf before the softmax.",
+    ),
+    (
+        "mask_multiplied_weights",
+        (
+            "the scores are multiplied by the mask instead of being filled, so masked positions "
+            "still get weight."
+        ),
+        "masked_fill(~mask, float('-inf')) (or np.where) before the softmax.",
+    ),
+    (
+        "mask_ignored",
+        "the mask is ignored.",
+        "apply the mask to the scores before the softmax.",
+    ),
+    (
+        "fully_masked_row_uniform_fill",
+        (
+            "a fully masked row gets uniform weights: filling with a large negative number (-1e9) "
+            "makes every masked score equal, so softmax spreads the weight evenly instead of "
+            "giving zeros."
+        ),
+        (
+            "after the softmax, set the weights of rows with no allowed key to 0 (e.g. "
+            "torch.where(mask.any(-1, keepdim=True), w, 0))."
+        ),
+    ),
     (
         "additive_mask_full_row",
         (
@@ -220,6 +335,47 @@ _TABLE: list[tuple[str, str, str]] = [
     ),
     # --- 03 self-attention
     (
+        "queries_keys_swapped",
+        (
+            "queries and keys are swapped: the scores are K Q^T instead of Q K^T, so the score "
+            "matrix is transposed (row i should be query i)."
+        ),
+        "scores = q @ k.transpose(-2, -1) with q = self.w_q(x) and k = self.w_k(x).",
+    ),
+    (
+        "keys_from_w_q",
+        "the keys are computed with w_q (copy-paste): k must be self.w_k(x).",
+        "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+    ),
+    (
+        "queries_from_w_k",
+        "the queries are computed with w_k (copy-paste): q must be self.w_q(x).",
+        "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+    ),
+    (
+        "scale_by_d_in",
+        "the scores are scaled by sqrt(d_in), the input width, instead of sqrt(d_k).",
+        "d_k is the size of each query and key vector: q.shape[-1] (or self.d_k).",
+    ),
+    (
+        "weights_times_x",
+        "the weights multiply x instead of the values V = w_v(x).",
+        "out = weights @ v with v = self.w_v(x).",
+    ),
+    (
+        "values_from_w_k",
+        "the values are computed with w_k (copy-paste): v must be self.w_v(x).",
+        "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+    ),
+    (
+        "causal_mask_by_default",
+        (
+            "a causal mask is applied although no mask was given: self-attention lets every token "
+            "see every other token unless a mask says otherwise."
+        ),
+        "apply a mask only when mask is not None.",
+    ),
+    (
         "parametrization_changes_weight",
         (
             "the parametrization constrains or changes the weight (or has a right_inverse that "
@@ -257,6 +413,122 @@ _TABLE: list[tuple[str, str, str]] = [
         ),
     ),
     # --- 04 multi-head attention
+    (
+        "mha_split_view",
+        (
+            "split_heads: `view` without `transpose`: x.view(B, H, T, D/H) (or reshape) keeps the "
+            "memory order (B, T, H, D/H), so each 'head' gets a jumble of several tokens' "
+            "features."
+        ),
+        (
+            "split the last dimension first, then move the heads forward: x.view(B, T, H, D // "
+            "H).transpose(1, 2)."
+        ),
+    ),
+    (
+        "mha_merge_without_transpose",
+        (
+            "merge_heads: the heads are merged without moving them back next to the features: "
+            "x.reshape(B, T, H*d_head) straight from (B, H, T, d_head) mixes tokens."
+        ),
+        "x.transpose(1, 2).reshape(B, T, H * d_head).",
+    ),
+    (
+        "mha_split_interleaved",
+        (
+            "split_heads: the features are interleaved: head h gets every H-th feature (x.view(B, "
+            "T, D/H, H)) instead of the contiguous block h*D/H .. (h+1)*D/H - 1."
+        ),
+        "view the last dimension as (H, D // H), heads first: x.view(B, T, H, D // H).",
+    ),
+    (
+        "mha_merge_wrong_order",
+        (
+            "merge_heads: the heads are merged in the wrong order: the features come out "
+            "interleaved (feature i of every head, then feature i+1 ...) instead of head 0's "
+            "block, then head 1's block, ..."
+        ),
+        (
+            "put the head axis right before the feature axis, (B, T, H, d_head), then flatten the "
+            "last two: x.transpose(1, 2).reshape(B, T, H * d_head)."
+        ),
+    ),
+    (
+        "w_o_not_applied",
+        "W_O is not applied: the merged heads must go through the output projection.",
+        "return self.w_o(merge_heads(out)), weights.",
+    ),
+    (
+        "scale_missing_head",
+        "the scores are not scaled by 1/sqrt(d_head).",
+        "divide q @ k^T by math.sqrt(d_head), d_head = d_model // n_heads.",
+    ),
+    (
+        "queries_keys_swapped_heads",
+        "queries and keys are swapped: the scores are K Q^T.",
+        (
+            "q = split_heads(self.w_q(query)), k = split_heads(self.w_k(key)), scores = q @ "
+            "k.transpose(-2, -1)."
+        ),
+    ),
+    (
+        "scale_by_d_model",
+        (
+            "the scores are scaled by sqrt(d_model) instead of sqrt(d_head): each head works with "
+            "d_head = d_model // n_heads features."
+        ),
+        (
+            "divide by math.sqrt(self.d_model // self.n_heads) (the size of one head's queries, "
+            "q.shape[-1] after split_heads)."
+        ),
+    ),
+    (
+        "softmax_over_queries_heads",
+        "softmax over the wrong axis: the weights are normalised over the queries.",
+        "softmax along the last axis (the keys).",
+    ),
+    (
+        "values_from_key",
+        "the values are projected from `key` instead of `value`.",
+        "v = self.w_v(value): keys and values are separate inputs.",
+    ),
+    (
+        "mask_inverted_heads",
+        "the mask is inverted: True must mean 'may attend'.",
+        (
+            "fill the scores where the mask is False (~mask). (nn.MultiheadAttention's "
+            "key_padding_mask and boolean attn_mask mean the opposite: True = blocked.)"
+        ),
+    ),
+    (
+        "mask_ignored_heads",
+        "the mask is ignored.",
+        "apply the mask to the scores of every head before the softmax.",
+    ),
+    (
+        "fully_masked_row_uniform_heads",
+        (
+            "a fully masked row gets uniform weights: filling with a large negative number (-1e9) "
+            "makes every masked score equal, so softmax spreads the weight evenly instead of "
+            "giving zeros."
+        ),
+        (
+            "give rows with no allowed key zero weights (e.g. reuse masked_softmax from notebook "
+            "02)."
+        ),
+    ),
+    (
+        "mask_repeat_wrong_order",
+        (
+            "the mask is repeated for the heads in the wrong order: mask.repeat(H, 1, 1) puts the "
+            "copies head-major, so .view(B, H, ...) gives batch element b the masks of other "
+            "batch elements."
+        ),
+        (
+            "mask.unsqueeze(1) broadcasts over the heads with no copy; if you repeat, use "
+            "mask.repeat_interleave(H, dim=0)."
+        ),
+    ),
     (
         "split_view_without_transpose",
         (
@@ -339,6 +611,99 @@ _TABLE: list[tuple[str, str, str]] = [
         "k = self.w_k(key), v = self.w_v(value).",
     ),
     # --- 06 the encoder block
+    (
+        "residual_missing_attention",
+        "there is no residual connection around the self-attention sublayer.",
+        "add the sublayer's input back: x + dropout1(attention output){then}",
+    ),
+    (
+        "residual_missing_ff",
+        "there is no residual connection around the feed-forward sublayer.",
+        "add the sublayer's input back: x + dropout2(ff(...)){then}",
+    ),
+    (
+        "residual_missing",
+        (
+            "there are no residual connections: each sublayer's input must be added back to its "
+            "output."
+        ),
+        "x + sublayer(x) around both the attention and the feed-forward network.",
+    ),
+    (
+        "norms_swapped",
+        (
+            "norm1 and norm2 are swapped: norm1 belongs to the attention sublayer, norm2 to the "
+            "feed-forward sublayer."
+        ),
+        "use norm1 with self_attn and norm2 with ff.",
+    ),
+    (
+        "norms_never_applied",
+        "the layer norms are never applied.",
+        "each sublayer has its LayerNorm: norm1 around self_attn, norm2 around ff.",
+    ),
+    (
+        "ff_given_layer_input",
+        (
+            "the feed-forward network is given the layer's input x instead of the output of the "
+            "attention sublayer."
+        ),
+        (
+            "the two sublayers run one after the other: update x after attention, then feed that "
+            "x to the feed-forward sublayer."
+        ),
+    ),
+    (
+        "norm_first_ignored",
+        (
+            "norm_first=True is ignored: this is the post-norm layer (norm after the residual "
+            "add). Pre-norm normalises the input of each sublayer instead."
+        ),
+        ("if self.norm_first: x = x + dropout1(attn(norm1(x))); x = x + dropout2(ff(norm2(x)))."),
+    ),
+    (
+        "pre_norm_on_sublayer_output",
+        (
+            "pre-norm with the norm in the wrong place: the LayerNorm is applied to the "
+            "sublayer's output (x + norm(f(x))) instead of its input (x + f(norm(x)))."
+        ),
+        (
+            "normalise what goes into the sublayer: h = self.norm1(x); x = x + "
+            "dropout1(self_attn(h, h, h, mask))."
+        ),
+    ),
+    (
+        "pre_norm_residual_normalised",
+        (
+            "pre-norm with the residual taken from the normalised x: h = norm(x); h + f(h). The "
+            "residual path must carry the un-normalised x."
+        ),
+        "x = x + dropout1(attn(norm1(x))): add the sublayer output to x itself.",
+    ),
+    (
+        "pre_norm_although_post",
+        (
+            "the layer is pre-norm although norm_first=False: the original (post-norm) layer "
+            "normalises after the residual add."
+        ),
+        (
+            "if not self.norm_first: x = norm1(x + dropout1(attn(x))); x = norm2(x + "
+            "dropout2(ff(x)))."
+        ),
+    ),
+    (
+        "post_norm_before_residual",
+        (
+            "post-norm with the norm in the wrong place: the LayerNorm is applied to the "
+            "sublayer's output before the residual add (x + norm(f(x)))."
+        ),
+        "normalise the sum: x = norm1(x + dropout1(attn(x))).",
+    ),
+    (
+        "encoder_layer_mask_ignored",
+        "the mask is ignored: it must be passed on to the self-attention.",
+        "self.self_attn(x, x, x, mask) (or with the normalised h for pre-norm).",
+    ),
     (
         "relu_missing",
         "the ReLU is missing: without it the two linear layers collapse into one.",
@@ -437,6 +802,88 @@ _TABLE: list[tuple[str, str, str]] = [
         "self.dropout = nn.Dropout(dropout), with the constructor's argument.",
     ),
     # --- 07 the decoder
+    (
+        "decoder_norm_order",
+        "wrong norm order: the layer computes {computed} although norm_first={norm_first}.",
+        (
+            "norm_first=True: y = y + sublayer(norm(y)); norm_first=False: y = norm(y + "
+            "sublayer(y)). Store norm_first in __init__ and branch on it in forward."
+        ),
+    ),
+    (
+        "decoder_cross_kv_from_decoder",
+        (
+            "the cross-attention takes its keys and values from the decoder instead of the "
+            "encoder output (memory)."
+        ),
+        (
+            "queries come from the decoder, keys and values from memory: self.cross_attn(y, "
+            "memory, memory, memory_mask)."
+        ),
+    ),
+    (
+        "decoder_residual_missing",
+        ("a residual connection is missing: each sub-layer's output must be ADDED to its input."),
+        "post-norm: y = norm(y + sublayer(y)); pre-norm: y = y + sublayer(norm(y)).",
+    ),
+    (
+        "transformer_no_causal_mask",
+        (
+            "no causal mask in the decoder's self-attention: each target position sees the tokens "
+            "after it (which, with teacher forcing, include the answer)."
+        ),
+        "self_mask = causal (T, T) AND target padding (B, 1, 1, T) -> (B, 1, T, T).",
+    ),
+    (
+        "transformer_memory_mask_not_passed",
+        "the source padding mask is not passed to the cross-attention (memory_mask).",
+        (
+            "decode(tgt_in, memory, src_mask) must hand src_mask to every decoder layer as "
+            "memory_mask."
+        ),
+    ),
+    (
+        "transformer_causal_encoder",
+        (
+            "a causal mask is put on the encoder: the encoder may look at the whole source "
+            "sentence, in both directions."
+        ),
+        (
+            "the encoder gets only the source padding mask (B, 1, 1, S); only the decoder's "
+            "self-attention is causal."
+        ),
+    ),
+    (
+        "tgt_embed_not_scaled",
+        "the target embeddings are not scaled by sqrt(d_model).",
+        "y = self.tgt_embed(tgt_in) * math.sqrt(d_model) + PE[:T].",
+    ),
+    (
+        "tgt_no_positional_encoding",
+        "no positional encoding is added to the target embeddings.",
+        "add sinusoidal_encoding(max_len, d_model)[:T] to the scaled target embeddings.",
+    ),
+    (
+        "decoder_self_mask_ignored",
+        (
+            "the self-attention mask (self_mask, the causal mask) is ignored: every target "
+            "position sees the future."
+        ),
+        "pass self_mask to self.self_attn(y, y, y, self_mask).",
+    ),
+    (
+        "decoder_memory_mask_ignored",
+        "the memory mask (source padding) is ignored in the cross-attention.",
+        "pass memory_mask to self.cross_attn(y, memory, memory, memory_mask).",
+    ),
+    (
+        "transformer_final_norm_missing",
+        (
+            "the final LayerNorm after the last decoder layer is missing (pre-norm needs it: its "
+            "residual stream is never normalised otherwise)."
+        ),
+        "logits = self.out_proj(self.final_norm(y)).",
+    ),
     (
         "out_proj_missing",
         "the output projection to the target vocabulary (out_proj) is missing.",
@@ -869,6 +1316,11 @@ def named(mistake_id: str, **params: object) -> Named:
     if not params:
         return m
     return Named(m.id, m.format(**params), m.hint.format(**params))
+
+
+def tag(mistake_id: str) -> str:
+    """The feedback's last line naming ``mistake_id``, for a program to read."""
+    return f"\n  [mistake: {mistake_id}]"
 
 
 def mistake_id(feedback: str) -> str:

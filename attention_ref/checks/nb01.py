@@ -198,78 +198,63 @@ def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
     mask = c.mask
     d_k, d_v, n_k = q.shape[-1], v.shape[-1], k.shape[-2]
 
-    def m(name, hint, **kw):
-        return Mistake(name, hint, model=lambda: M.attention(q, k, v, mask, **kw)[which])
+    def m(mistake_id, **kw):
+        return Mistake.of(mistake_id, model=lambda: M.attention(q, k, v, mask, **kw)[which])
 
     out = [
         m(
-            "the scores are not scaled by 1/sqrt(d_k).",
-            "divide q @ k^T by math.sqrt(d_k), where d_k = q.shape[-1].",
+            "scale_missing",
             scale=1.0,
         ),
         m(
-            "the scores are divided by d_k instead of sqrt(d_k).",
-            "the scale is 1/sqrt(d_k): math.sqrt(q.shape[-1]).",
+            "scale_by_d_k",
             scale=float(d_k),
         ),
     ]
     if d_v != d_k:
         out.append(
             m(
-                "the scores are scaled by the wrong dimension (sqrt(d_v), from v).",
-                "d_k is the last dimension of q and k, not of v.",
+                "scale_by_d_v",
                 scale=math.sqrt(d_v),
             )
         )
     if n_k != d_k:
         out.append(
             m(
-                "the scores are scaled by the wrong dimension (sqrt(n_k), the number of keys).",
-                "use d_k = q.shape[-1], the size of each query vector.",
+                "scale_by_n_k",
                 scale=math.sqrt(n_k),
             )
         )
     if q.shape[-2] > 1:
         out.append(
             m(
-                "softmax over the wrong axis: the weights are normalised over the "
-                "queries (axis -2) instead of the keys (axis -1).",
-                "each query's weights over the keys must sum to 1: softmax along the last axis.",
+                "softmax_over_queries",
                 axis=-2,
             )
         )
     if mask is not None:
         out += [
             m(
-                "the mask is inverted: True must mean 'may attend'.",
-                "keep the scores where mask is True and fill where it is False (~mask).",
+                "mask_inverted",
                 mask_mode="inverted",
             ),
             m(
-                "the mask is applied after the softmax, so the weights no longer sum to 1.",
-                "fill the masked scores with -inf before the softmax.",
+                "mask_after_softmax_weights",
                 mask_mode="after_softmax",
             ),
             m(
-                "the scores are multiplied by the mask instead of being filled, so masked "
-                "positions still get weight.",
-                "masked_fill(~mask, float('-inf')) (or np.where) before the softmax.",
+                "mask_multiplied_weights",
                 mask_mode="multiply",
             ),
             m(
-                "the mask is ignored.",
-                "apply the mask to the scores before the softmax.",
+                "mask_ignored",
                 mask_mode="ignored",
             ),
         ]
         if (~mask).all(axis=-1).any():
             out.append(
                 m(
-                    "a fully masked row gets uniform weights: filling with a large negative "
-                    "number (-1e9) makes every masked score equal, so softmax spreads the weight "
-                    "evenly instead of giving zeros.",
-                    "after the softmax, set the weights of rows with no allowed key to 0 "
-                    "(e.g. torch.where(mask.any(-1, keepdim=True), w, 0)).",
+                    "fully_masked_row_uniform_fill",
                     mask_mode="fill",
                 )
             )

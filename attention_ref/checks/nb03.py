@@ -37,9 +37,7 @@ from .nb01 import BUILTIN_ATTENTION, TOL, AttnCase, attention_mistakes, inverted
 _LINEAR_WEIGHT_PATTERN = (
     r"@\s*[\w.]*\.weight\b(?!\s*\.(T|mT|t\(\)))",
     r"cannot be multiplied|mismatch|shape|size",
-    "x @ self.w_q.weight multiplies by the transposed matrix: nn.Linear stores its weight "
-    "as (out_features, in_features).",
-    "call the layer, self.w_q(x), or write x @ self.w_q.weight.T.",
+    named("linear_weight_transposed"),
 )
 if _LINEAR_WEIGHT_PATTERN not in ERROR_PATTERNS:
     ERROR_PATTERNS.append(_LINEAR_WEIGHT_PATTERN)
@@ -359,63 +357,52 @@ def _sa_mistakes(c: SACase, x, W, which: int) -> list[Mistake]:
     mask = c.mask
     T = x.shape[-2]
 
-    def m(name, hint, fn):
-        return Mistake(name, hint, model=lambda: fn()[which])
+    def m(mistake_id, fn):
+        return Mistake.of(mistake_id, model=lambda: fn()[which])
 
     out = [
         m(
-            "queries and keys are swapped: the scores are K Q^T instead of Q K^T, so the score "
-            "matrix is transposed (row i should be query i).",
-            "scores = q @ k.transpose(-2, -1) with q = self.w_q(x) and k = self.w_k(x).",
+            "queries_keys_swapped",
             lambda: M.attention(K, Q, V, mask),
         ),
         m(
-            "the keys are computed with w_q (copy-paste): k must be self.w_k(x).",
-            "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+            "keys_from_w_q",
             lambda: M.attention(Q, Q, V, mask),
         ),
         m(
-            "the queries are computed with w_k (copy-paste): q must be self.w_q(x).",
-            "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+            "queries_from_w_k",
             lambda: M.attention(K, K, V, mask),
         ),
     ]
     if c.d_in != c.d_k:
         out.append(
             m(
-                "the scores are scaled by sqrt(d_in), the input width, instead of sqrt(d_k).",
-                "d_k is the size of each query and key vector: q.shape[-1] (or self.d_k).",
+                "scale_by_d_in",
                 lambda: M.attention(Q, K, V, mask, scale=math.sqrt(c.d_in)),
             )
         )
     if c.d_in == c.d_k == c.d_v:
         out += [
             m(
-                "x @ self.w_q.weight multiplies by the transposed matrix: nn.Linear stores its "
-                "weight as (out_features, in_features).",
-                "call the layer, self.w_q(x), or write x @ self.w_q.weight.T.",
+                "linear_weight_transposed",
                 lambda: M.attention(x @ Wq.T, x @ Wk.T, x @ Wv.T, mask),
             ),
             m(
-                "the weights multiply x instead of the values V = w_v(x).",
-                "out = weights @ v with v = self.w_v(x).",
+                "weights_times_x",
                 lambda: M.attention(Q, K, x, mask),
             ),
         ]
     if c.d_k == c.d_v:
         out.append(
             m(
-                "the values are computed with w_k (copy-paste): v must be self.w_v(x).",
-                "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
+                "values_from_w_k",
                 lambda: M.attention(Q, K, K, mask),
             )
         )
     if mask is None and T > 1:
         out.append(
             m(
-                "a causal mask is applied although no mask was given: self-attention lets "
-                "every token see every other token unless a mask says otherwise.",
-                "apply a mask only when mask is not None.",
+                "causal_mask_by_default",
                 lambda: M.attention(Q, K, V, np.tril(np.ones((T, T), dtype=bool))),
             )
         )

@@ -434,90 +434,70 @@ def _mha_mistakes(c: MHACase, args, P, which: int) -> list[Mistake]:
     H, D = c.n_heads, c.d_model
     n_q = q.shape[1]
 
-    def m(name, hint, **kw):
-        return Mistake(name, hint, model=lambda: mha_model(q, k, v, mask, P, H, **kw)[which])
+    def m(mistake_id, **kw):
+        return Mistake.of(mistake_id, model=lambda: mha_model(q, k, v, mask, P, H, **kw)[which])
 
     out = []
     if H > 1:
         out += [
-            m(f"split_heads: {SPLIT_VIEW}", SPLIT_VIEW_HINT, split="view"),
-            m(f"split_heads: {SPLIT_VIEW}", SPLIT_VIEW_HINT, split="view", merge="view"),
-            m(f"merge_heads: {MERGE_NO_TRANSPOSE}", MERGE_NO_TRANSPOSE_HINT, merge="view"),
-            m(f"split_heads: {SPLIT_INTERLEAVED}", SPLIT_INTERLEAVED_HINT, split="interleave"),
-            m(f"merge_heads: {MERGE_WRONG_ORDER}", MERGE_WRONG_ORDER_HINT, merge="interleave"),
+            m("mha_split_view", split="view"),
+            m("mha_split_view", split="view", merge="view"),
+            m("mha_merge_without_transpose", merge="view"),
+            m("mha_split_interleaved", split="interleave"),
+            m("mha_merge_wrong_order", merge="interleave"),
             m(
-                "the scores are scaled by sqrt(d_model) instead of sqrt(d_head): each head "
-                "works with d_head = d_model // n_heads features.",
-                "divide by math.sqrt(self.d_model // self.n_heads) (the size of one head's "
-                "queries, q.shape[-1] after split_heads).",
+                "scale_by_d_model",
                 scale=math.sqrt(D),
             ),
         ]
     out += [
         m(
-            "W_O is not applied: the merged heads must go through the output projection.",
-            "return self.w_o(merge_heads(out)), weights.",
+            "w_o_not_applied",
             w_o=False,
         ),
         m(
-            "the scores are not scaled by 1/sqrt(d_head).",
-            "divide q @ k^T by math.sqrt(d_head), d_head = d_model // n_heads.",
+            "scale_missing_head",
             scale=1.0,
         ),
         m(
-            "queries and keys are swapped: the scores are K Q^T.",
-            "q = split_heads(self.w_q(query)), k = split_heads(self.w_k(key)), scores = "
-            "q @ k.transpose(-2, -1).",
+            "queries_keys_swapped_heads",
             swap_qk=True,
         ),
     ]
     if n_q > 1:
         out.append(
             m(
-                "softmax over the wrong axis: the weights are normalised over the queries.",
-                "softmax along the last axis (the keys).",
+                "softmax_over_queries_heads",
                 axis=-2,
             )
         )
     if not c.self_attn:
         out.append(
             m(
-                "the values are projected from `key` instead of `value`.",
-                "v = self.w_v(value): keys and values are separate inputs.",
+                "values_from_key",
                 kv_from="key",
             )
         )
     if mask is not None:
         if mask.ndim == 3 and H > 1:
             out += [
-                m(MASK_NO_HEAD_AXIS, MASK_NO_HEAD_AXIS_HINT, mask_mode="no_head_axis"),
+                m("mask_no_head_axis", mask_mode="no_head_axis"),
                 m(
-                    "the mask is repeated for the heads in the wrong order: mask.repeat(H, 1, "
-                    "1) puts the copies head-major, so .view(B, H, ...) gives batch element "
-                    "b the masks of other batch elements.",
-                    "mask.unsqueeze(1) broadcasts over the heads with no copy; if you repeat, "
-                    "use mask.repeat_interleave(H, dim=0).",
+                    "mask_repeat_wrong_order",
                     mask_mode="repeat",
                 ),
             ]
         out += [
             m(
-                "the mask is inverted: True must mean 'may attend'.",
-                "fill the scores where the mask is False (~mask). (nn.MultiheadAttention's "
-                "key_padding_mask and boolean attn_mask mean the opposite: True = blocked.)",
+                "mask_inverted_heads",
                 mask_mode="inverted",
             ),
             m(
-                "the mask is ignored.",
-                "apply the mask to the scores of every head before the softmax.",
+                "mask_ignored_heads",
                 mask_mode="ignored",
             ),
             m(
-                "a fully masked row gets uniform weights: filling with a large negative "
-                "number (-1e9) makes every masked score equal, so softmax spreads the weight "
-                "evenly instead of giving zeros.",
-                "give rows with no allowed key zero weights (e.g. reuse masked_softmax from "
-                "notebook 02).",
+                "fully_masked_row_uniform_heads",
                 mask_mode="fill",
             ),
         ]

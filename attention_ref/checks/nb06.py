@@ -255,8 +255,8 @@ def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "relu", pre
 
 
 def _ff_mistakes(x64, P, prefix="") -> list[Mistake]:
-    def m(name, hint, act):
-        return Mistake(name, hint, model=lambda: ff_model(x64, P, act, prefix))
+    def m(mistake_id, act):
+        return Mistake.of(mistake_id, model=lambda: ff_model(x64, P, act, prefix))
 
     def nearer(act, other):
         """The learner's output matches ``act``'s model, and is nearer to it than to
@@ -272,11 +272,11 @@ def _ff_mistakes(x64, P, prefix="") -> list[Mistake]:
         return applies
 
     return [
-        m(NO_RELU, NO_RELU_HINT, "none"),
-        m(RELU_AFTER, RELU_AFTER_HINT, "after"),
-        m(RELU_AFTER, RELU_AFTER_HINT, "both"),
+        m("relu_missing", "none"),
+        m("relu_after_linear2", "after"),
+        m("relu_after_linear2", "both"),
         Mistake(GELU_TANH, GELU_HINT, applies=nearer("gelu_tanh", "gelu")),
-        m(GELU, GELU_HINT, "gelu"),
+        m("activation_gelu", "gelu"),
     ]
 
 
@@ -572,84 +572,58 @@ def layer_model(
 def _layer_mistakes(r, x64, mask, which: int) -> list[Mistake]:
     nf = r.norm_first
 
-    def m(name, hint, **kw):
-        return Mistake(name, hint, model=lambda: layer_model(r, x64, mask, **kw)[which])
+    def m(mistake_id, params=None, **kw):
+        return Mistake.of(
+            mistake_id, model=lambda: layer_model(r, x64, mask, **kw)[which], **(params or {})
+        )
+
+    def then(i):
+        return {"then": f" (then norm{i})." if not nf else "."}
 
     out = [
+        m("residual_missing_attention", then(1), res_attn=False),
+        m("residual_missing_ff", then(2), res_ff=False),
         m(
-            "there is no residual connection around the self-attention sublayer.",
-            "add the sublayer's input back: x + dropout1(attention output)"
-            + (" (then norm1)." if not nf else "."),
-            res_attn=False,
-        ),
-        m(
-            "there is no residual connection around the feed-forward sublayer.",
-            "add the sublayer's input back: x + dropout2(ff(...))"
-            + (" (then norm2)." if not nf else "."),
-            res_ff=False,
-        ),
-        m(
-            "there are no residual connections: each sublayer's input must be added back to "
-            "its output.",
-            "x + sublayer(x) around both the attention and the feed-forward network.",
+            "residual_missing",
             res_attn=False,
             res_ff=False,
         ),
         m(
-            "norm1 and norm2 are swapped: norm1 belongs to the attention sublayer, norm2 to "
-            "the feed-forward sublayer.",
-            "use norm1 with self_attn and norm2 with ff.",
+            "norms_swapped",
             swap_norms=True,
         ),
         m(
-            "the layer norms are never applied.",
-            "each sublayer has its LayerNorm: norm1 around self_attn, norm2 around ff.",
+            "norms_never_applied",
             order="no_norm",
         ),
         m(
-            "the feed-forward network is given the layer's input x instead of the output of "
-            "the attention sublayer.",
-            "the two sublayers run one after the other: update x after attention, then "
-            "feed that x to the feed-forward sublayer.",
+            "ff_given_layer_input",
             ff_input="layer_input",
         ),
     ]
     if nf:
         out += [
             m(
-                "norm_first=True is ignored: this is the post-norm layer (norm after the "
-                "residual add). Pre-norm normalises the input of each sublayer instead.",
-                "if self.norm_first: x = x + dropout1(attn(norm1(x))); x = x + "
-                "dropout2(ff(norm2(x))).",
+                "norm_first_ignored",
                 order="post",
             ),
             m(
-                "pre-norm with the norm in the wrong place: the LayerNorm is applied to the "
-                "sublayer's output (x + norm(f(x))) instead of its input (x + f(norm(x))).",
-                "normalise what goes into the sublayer: h = self.norm1(x); x = x + "
-                "dropout1(self_attn(h, h, h, mask)).",
+                "pre_norm_on_sublayer_output",
                 order="sublayer_norm",
             ),
             m(
-                "pre-norm with the residual taken from the normalised x: h = norm(x); h + "
-                "f(h). The residual path must carry the un-normalised x.",
-                "x = x + dropout1(attn(norm1(x))): add the sublayer output to x itself.",
+                "pre_norm_residual_normalised",
                 order="residual_normed",
             ),
         ]
     else:
         out += [
             m(
-                "the layer is pre-norm although norm_first=False: the original (post-norm) "
-                "layer normalises after the residual add.",
-                "if not self.norm_first: x = norm1(x + dropout1(attn(x))); x = norm2(x + "
-                "dropout2(ff(x))).",
+                "pre_norm_although_post",
                 order="pre",
             ),
             m(
-                "post-norm with the norm in the wrong place: the LayerNorm is applied to the "
-                "sublayer's output before the residual add (x + norm(f(x))).",
-                "normalise the sum: x = norm1(x + dropout1(attn(x))).",
+                "post_norm_before_residual",
                 order="sublayer_norm",
             ),
         ]
@@ -657,8 +631,7 @@ def _layer_mistakes(r, x64, mask, which: int) -> list[Mistake]:
         out.insert(
             0,
             m(
-                "the mask is ignored: it must be passed on to the self-attention.",
-                "self.self_attn(x, x, x, mask) (or with the normalised h for pre-norm).",
+                "encoder_layer_mask_ignored",
                 use_mask=False,
             ),
         )

@@ -183,10 +183,10 @@ def decoder_model(
 
 
 def _dec_mistakes(r, y, memory, sm, mm, norm_first, which: int) -> list[Mistake]:
-    def m(name, hint, **kw):
-        return Mistake(
-            name,
-            hint,
+    def m(mistake_id, params=None, **kw):
+        return Mistake.of(
+            mistake_id,
+            **(params or {}),
             model=lambda: decoder_model(r, y, memory, sm, mm, **{"norm_first": norm_first, **kw})[
                 which
             ],
@@ -196,39 +196,29 @@ def _dec_mistakes(r, y, memory, sm, mm, norm_first, which: int) -> list[Mistake]
     if sm is not None:
         out.append(
             m(
-                "the self-attention mask (self_mask, the causal mask) is ignored: every "
-                "target position sees the future.",
-                "pass self_mask to self.self_attn(y, y, y, self_mask).",
+                "decoder_self_mask_ignored",
                 use_self_mask=False,
             )
         )
     if mm is not None:
         out.append(
             m(
-                "the memory mask (source padding) is ignored in the cross-attention.",
-                "pass memory_mask to self.cross_attn(y, memory, memory, memory_mask).",
+                "decoder_memory_mask_ignored",
                 use_memory_mask=False,
             )
         )
     out += [
         m(
-            "the cross-attention takes its keys and values from the decoder instead of the "
-            "encoder output (memory).",
-            "queries come from the decoder, keys and values from memory: "
-            "self.cross_attn(y, memory, memory, memory_mask).",
+            "decoder_cross_kv_from_decoder",
             kv_from="decoder",
         ),
         m(
-            "a residual connection is missing: each sub-layer's output must be ADDED to its input.",
-            "post-norm: y = norm(y + sublayer(y)); pre-norm: y = y + sublayer(norm(y)).",
+            "decoder_residual_missing",
             residual=False,
         ),
         m(
-            "wrong norm order: the layer computes "
-            + ("post-norm" if norm_first else "pre-norm")
-            + f" although norm_first={norm_first}.",
-            "norm_first=True: y = y + sublayer(norm(y)); norm_first=False: y = norm(y + "
-            "sublayer(y)). Store norm_first in __init__ and branch on it in forward.",
+            "decoder_norm_order",
+            {"computed": "post-norm" if norm_first else "pre-norm", "norm_first": norm_first},
             norm_first=not norm_first,
         ),
     ]
@@ -622,46 +612,35 @@ def transformer_model(
 
 
 def _tf_mistakes(r, src, tgt_in, keep, norm_first) -> list[Mistake]:
-    def m(name, hint, **kw):
-        return Mistake(name, hint, model=lambda: transformer_model(r, src, tgt_in, **kw)[keep])
+    def m(mistake_id, **kw):
+        return Mistake.of(mistake_id, model=lambda: transformer_model(r, src, tgt_in, **kw)[keep])
 
     out = [
         m(
-            "no causal mask in the decoder's self-attention: each target position sees the "
-            "tokens after it (which, with teacher forcing, include the answer).",
-            "self_mask = causal (T, T) AND target padding (B, 1, 1, T) -> (B, 1, T, T).",
+            "transformer_no_causal_mask",
             causal=False,
         ),
         m(
-            "the source padding mask is not passed to the cross-attention (memory_mask).",
-            "decode(tgt_in, memory, src_mask) must hand src_mask to every decoder layer as "
-            "memory_mask.",
+            "transformer_memory_mask_not_passed",
             memory_mask=False,
         ),
         m(
-            "a causal mask is put on the encoder: the encoder may look at the whole source "
-            "sentence, in both directions.",
-            "the encoder gets only the source padding mask (B, 1, 1, S); only the decoder's "
-            "self-attention is causal.",
+            "transformer_causal_encoder",
             encoder_causal=True,
         ),
         m(
-            "the target embeddings are not scaled by sqrt(d_model).",
-            "y = self.tgt_embed(tgt_in) * math.sqrt(d_model) + PE[:T].",
+            "tgt_embed_not_scaled",
             scale=False,
         ),
         m(
-            "no positional encoding is added to the target embeddings.",
-            "add sinusoidal_encoding(max_len, d_model)[:T] to the scaled target embeddings.",
+            "tgt_no_positional_encoding",
             pe=False,
         ),
     ]
     if norm_first:
         out.append(
             m(
-                "the final LayerNorm after the last decoder layer is missing (pre-norm "
-                "needs it: its residual stream is never normalised otherwise).",
-                "logits = self.out_proj(self.final_norm(y)).",
+                "transformer_final_norm_missing",
                 final_norm=False,
             )
         )

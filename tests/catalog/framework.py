@@ -20,13 +20,13 @@ def _softmax_in_float32(scores: torch.Tensor, allowed: torch.Tensor | None) -> t
     return torch.softmax(s, dim=-1).nan_to_num(0.0).to(scores.dtype)
 
 
-@mistake("sdpa", expect="precision loss")
+@mistake("sdpa", id="precision_loss")
 def sdpa_softmax_in_float32(q, k, v, mask=None):
     w = _softmax_in_float32(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
     return w @ v, w
 
 
-@mistake("cached_self_attention", expect="precision loss")
+@mistake("cached_self_attention", id="precision_loss")
 def kv_softmax_in_float32(mha, x_new, cache):
     """Correct but for a float32 softmax: at a one-token step the (irrelevant) causal mask
     of the new chunk must not be named."""
@@ -39,7 +39,7 @@ def kv_softmax_in_float32(mha, x_new, cache):
     return mha.w_o(merge_heads(w @ v_all))
 
 
-@mistake("self_attention", expect="precision loss")
+@mistake("self_attention", id="precision_loss")
 class SelfAttentionFloat32Softmax(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -47,7 +47,7 @@ class SelfAttentionFloat32Softmax(_Base):
         return w @ v, w
 
 
-@mistake("online_softmax", expect="small constant in a denominator", absent="precision loss")
+@mistake("online_softmax", id="epsilon_in_denominator")
 def softmax_epsilon_in_sum(x, block_size):
     """The running softmax with ``+ 1e-6`` in the final division: right to float32 precision
     on float64 inputs, but not because of float32, so "precision loss" must not be named."""

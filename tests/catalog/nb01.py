@@ -40,7 +40,7 @@ def softmax_global_max(x, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-@mistake("softmax_np", expect="must be a numpy.ndarray")
+@mistake("softmax_np", id="wrong_type")
 def softmax_returns_list(x, axis=-1):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return (e / e.sum(axis=axis, keepdims=True)).tolist()
@@ -79,7 +79,7 @@ def _np_softmax(s):
     return e / e.sum(-1, keepdims=True)
 
 
-@mistake("sdpa_np", expect="not scaled by 1/sqrt(d_k)")
+@mistake("sdpa_np", id="scale_missing")
 def sdpa_np_no_scale(Q, K, V, mask=None):
     s = Q @ np.swapaxes(K, -1, -2)
     if mask is not None:
@@ -88,21 +88,21 @@ def sdpa_np_no_scale(Q, K, V, mask=None):
     return w @ V, w
 
 
-@mistake("sdpa_np", expect="divided by d_k instead of sqrt(d_k)")
+@mistake("sdpa_np", id="scale_by_d_k")
 def sdpa_np_scale_dk(Q, K, V, mask=None):
     s = Q @ np.swapaxes(K, -1, -2) / Q.shape[-1]
     w = _np_softmax(np.where(mask, s, -np.inf) if mask is not None else s)
     return w @ V, w
 
 
-@mistake("sdpa_np", expect="K.T reverses all axes")
+@mistake("sdpa_np", id="batched_dot_t")
 def sdpa_np_batched_transpose(Q, K, V, mask=None):
     s = Q @ K.T / math.sqrt(Q.shape[-1])
     w = _np_softmax(s)
     return w @ V, w
 
 
-@mistake("sdpa_np", expect="wrong axis")
+@mistake("sdpa_np", id="softmax_over_queries")
 def sdpa_np_softmax_over_queries(Q, K, V, mask=None):
     s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
     e = np.exp(s - s.max(-2, keepdims=True))
@@ -198,7 +198,7 @@ def sdpa_np_seed_idiom(Q, K, V, mask=None):
 # ----------------------------------------------------------------------------- sdpa
 
 
-@mistake("sdpa", expect="not scaled by 1/sqrt(d_k)")
+@mistake("sdpa", id="scale_missing")
 def sdpa_no_scale(q, k, v, mask=None):
     s = q @ k.transpose(-2, -1)
     if mask is not None:
@@ -207,7 +207,7 @@ def sdpa_no_scale(q, k, v, mask=None):
     return w @ v, w
 
 
-@mistake("sdpa", expect="wrong dimension (sqrt(d_v)")
+@mistake("sdpa", id="scale_by_d_v")
 def sdpa_scale_by_dv(q, k, v, mask=None):
     s = q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1])
     if mask is not None:
@@ -216,7 +216,7 @@ def sdpa_scale_by_dv(q, k, v, mask=None):
     return w @ v, w
 
 
-@mistake("sdpa", expect="softmax over the wrong axis")
+@mistake("sdpa", id="softmax_over_queries")
 def sdpa_softmax_dim0(q, k, v, mask=None):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
@@ -225,7 +225,7 @@ def sdpa_softmax_dim0(q, k, v, mask=None):
     return w @ v, w
 
 
-@mistake("sdpa", expect="mask is applied after the softmax")
+@mistake("sdpa", id="mask_after_softmax_weights")
 def sdpa_mask_after_softmax(q, k, v, mask=None):
     w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
     if mask is not None:
@@ -233,7 +233,7 @@ def sdpa_mask_after_softmax(q, k, v, mask=None):
     return w @ v, w
 
 
-@mistake("sdpa", expect="multiplied by the mask")
+@mistake("sdpa", id="mask_multiplied_weights")
 def sdpa_multiply_scores(q, k, v, mask=None):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None:
@@ -262,7 +262,7 @@ def sdpa_inf_fill(q, k, v, mask=None):
     return w @ v, w
 
 
-@mistake("sdpa", expect="calls torch.nn.functional.scaled_dot_product_attention")
+@mistake("sdpa", id="reference_used")
 def sdpa_uses_builtin(q, k, v, mask=None):
     from torch.nn.functional import scaled_dot_product_attention as fast
 
@@ -270,7 +270,7 @@ def sdpa_uses_builtin(q, k, v, mask=None):
     return out, None
 
 
-@mistake("sdpa", expect="calls the reference attention_ref.sdpa")
+@mistake("sdpa", id="reference_used")
 def sdpa_calls_reference(q, k, v, mask=None):
     import attention_ref as ar
 
@@ -278,7 +278,7 @@ def sdpa_calls_reference(q, k, v, mask=None):
     return helper(q, k, v, mask)
 
 
-@mistake("sdpa", expect="dtype")
+@mistake("sdpa", id="wrong_dtype")
 def sdpa_returns_float64(q, k, v, mask=None):
     q, k, v = q.double(), k.double(), v.double()
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])

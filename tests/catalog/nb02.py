@@ -133,7 +133,7 @@ def masked_softmax_ignores_dim(scores, mask, dim=-1):
     return w.nan_to_num(0.0)
 
 
-@mistake("masked_softmax", expect="modified its input")
+@mistake("masked_softmax", id="input_modified")
 def masked_softmax_in_place(scores, mask, dim=-1):
     scores.masked_fill_(~mask, float("-inf"))
     return torch.softmax(scores, dim=dim).nan_to_num(0.0)

@@ -29,7 +29,7 @@ def _softmax_masked(scores, mask):
 # ----------------------------------------------------------------------------- mistakes
 
 
-@mistake("self_attention", expect="not scaled by 1/sqrt(d_k)")
+@mistake("self_attention", id="scale_missing")
 class SelfAttentionNoScale(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -37,7 +37,7 @@ class SelfAttentionNoScale(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="queries and keys are swapped")
+@mistake("self_attention", id="queries_keys_swapped")
 class SelfAttentionSwappedQK(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -45,7 +45,7 @@ class SelfAttentionSwappedQK(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="nn.Linear stores its weight as (out_features, in_features)")
+@mistake("self_attention", id="linear_weight_transposed")
 class SelfAttentionRawLinearWeight(_Base):
     def forward(self, x, mask=None):
         q = x @ self.w_q.weight
@@ -55,7 +55,7 @@ class SelfAttentionRawLinearWeight(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="keys are computed with w_q")
+@mistake("self_attention", id="keys_from_w_q")
 class SelfAttentionCopyPasteKey(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_q(x), self.w_v(x)
@@ -71,7 +71,7 @@ class SelfAttentionWeightsTimesX(_Base):
         return w @ x, w
 
 
-@mistake("self_attention", expect="sqrt(d_in)")
+@mistake("self_attention", id="scale_by_d_in")
 class SelfAttentionScaleByDin(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -79,7 +79,7 @@ class SelfAttentionScaleByDin(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="softmax over the wrong axis")
+@mistake("self_attention", id="softmax_over_queries")
 class SelfAttentionSoftmaxDim1(_Base):
     """dim=1 is right for a 2-D x (T, d_in) but means the queries for a batch (B, T, T)."""
 
@@ -92,7 +92,7 @@ class SelfAttentionSoftmaxDim1(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="K.T reverses all axes")
+@mistake("self_attention", id="batched_dot_t")
 class SelfAttentionBatchedDotT(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -111,7 +111,7 @@ class SelfAttentionInvertedMask(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="fully masked row gets uniform weights")
+@mistake("self_attention", id="fully_masked_row_uniform_fill")
 class SelfAttentionMinus1e9(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -122,7 +122,7 @@ class SelfAttentionMinus1e9(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="causal mask is applied although no mask was given")
+@mistake("self_attention", id="causal_mask_by_default")
 class SelfAttentionAlwaysCausal(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -185,12 +185,12 @@ class SelfAttentionOtherNames(nn.Module):
         return w @ v, w
 
 
-@mistake("self_attention", expect="instead of implementing the exercise")
+@mistake("self_attention", id="reference_used")
 class SelfAttentionSubclassesReference(attention_ref.SelfAttention):
     pass
 
 
-@mistake("self_attention", expect="calls torch.nn.functional.scaled_dot_product_attention")
+@mistake("self_attention", id="reference_used")
 class SelfAttentionBuiltin(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -206,7 +206,7 @@ class SelfAttentionWrongOrder(_Base):
         return w, w @ v
 
 
-@mistake("self_attention", expect="the mask is ignored")
+@mistake("self_attention", id="mask_ignored")
 class SelfAttentionIgnoresMask(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -214,7 +214,7 @@ class SelfAttentionIgnoresMask(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="mask is applied after the softmax")
+@mistake("self_attention", id="mask_after_softmax_weights")
 class SelfAttentionMaskAfterSoftmax(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -232,7 +232,7 @@ class SelfAttentionCopyPasteValue(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="has dtype torch.float32")
+@mistake("self_attention", id="wrong_dtype")
 class SelfAttentionHardcodedFloat32(_Base):
     def forward(self, x, mask=None):
         q, k, v = (t.float() for t in (self.w_q(x), self.w_k(x), self.w_v(x)))

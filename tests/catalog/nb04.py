@@ -44,7 +44,7 @@ def split_heads_folded(x, n_heads):
     return h.reshape(B * n_heads, T, D // n_heads)
 
 
-@mistake("split_heads", expect="calls the reference")
+@mistake("split_heads", id="reference_used")
 def split_heads_calls_reference(x, n_heads):
     return attention_ref.split_heads(x, n_heads)
 
@@ -80,7 +80,7 @@ def merge_heads_wrong_order(x):
     return x.permute(0, 2, 3, 1).reshape(B, T, H * d)
 
 
-@mistake("merge_heads", expect="view() on a transposed")
+@mistake("merge_heads", id="view_non_contiguous")
 def merge_heads_view_after_transpose(x):
     B, H, T, d = x.shape
     return x.transpose(1, 2).view(B, T, H * d)
@@ -148,7 +148,7 @@ class _Base(nn.Module):
         return mask
 
 
-@mistake("multi_head_attention", expect="`view` without `transpose`")
+@mistake("multi_head_attention", id="mha_split_view")
 class MHAViewWithoutTranspose(_Base):
     def forward(self, query, key, value, mask=None):
         H, d = self.n_heads, self.d_head
@@ -161,7 +161,7 @@ class MHAViewWithoutTranspose(_Base):
         return self.w_o((w @ v).reshape(B, n_q, self.d_model)), w
 
 
-@mistake("multi_head_attention", expect="merged in the wrong order")
+@mistake("multi_head_attention", id="mha_merge_wrong_order")
 class MHAMergeWrongOrder(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -171,7 +171,7 @@ class MHAMergeWrongOrder(_Base):
         return self.w_o(o.permute(0, 2, 3, 1).reshape(B, T, H * d)), w
 
 
-@mistake("multi_head_attention", expect="merged without moving them back")
+@mistake("multi_head_attention", id="mha_merge_without_transpose")
 class MHAMergeNoTranspose(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -181,7 +181,7 @@ class MHAMergeNoTranspose(_Base):
         return self.w_o(o.reshape(B, T, H * d)), w
 
 
-@mistake("multi_head_attention", expect="W_O is not applied")
+@mistake("multi_head_attention", id="w_o_not_applied")
 class MHAForgetsWO(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -217,7 +217,7 @@ class MHAMaskWithoutHeadAxis(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="repeated for the heads in the wrong order")
+@mistake("multi_head_attention", id="mask_repeat_wrong_order")
 class MHAMaskRepeatWrongOrder(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -229,7 +229,7 @@ class MHAMaskRepeatWrongOrder(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="not scaled by 1/sqrt(d_head)")
+@mistake("multi_head_attention", id="scale_missing_head")
 class MHANoScale(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -237,7 +237,7 @@ class MHANoScale(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="the mask is inverted")
+@mistake("multi_head_attention", id="mask_inverted_heads")
 class MHAMaskInverted(_Base):
     """Treats True as 'blocked', as nn.MultiheadAttention's key_padding_mask does."""
 
@@ -250,7 +250,7 @@ class MHAMaskInverted(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="softmax over the wrong axis")
+@mistake("multi_head_attention", id="softmax_over_queries_heads")
 class MHASoftmaxOverQueries(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -262,7 +262,7 @@ class MHASoftmaxOverQueries(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="sqrt(d_model) instead of sqrt(d_head)")
+@mistake("multi_head_attention", id="scale_by_d_model")
 class MHAScaleByDModel(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -286,7 +286,7 @@ class MHASelfAttentionOnly(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="values are projected from `key`")
+@mistake("multi_head_attention", id="values_from_key")
 class MHAValuesFromKey(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, key)
@@ -352,7 +352,7 @@ class MHAIgnoresBias(nn.Module):
         raise RuntimeError("never reached: the weights cannot be loaded")
 
 
-@mistake("multi_head_attention", expect="fully masked row gets uniform weights")
+@mistake("multi_head_attention", id="fully_masked_row_uniform_heads")
 class MHAMinus1e9(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -364,12 +364,12 @@ class MHAMinus1e9(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="calls the reference attention_ref.MultiHeadAttention")
+@mistake("multi_head_attention", id="reference_used")
 class MHASubclassesReference(attention_ref.MultiHeadAttention):
     pass
 
 
-@mistake("multi_head_attention", expect="calls torch.nn.MultiheadAttention")
+@mistake("multi_head_attention", id="reference_used")
 class MHAWrapsTorch(_Base):
     """Declares the right layers, then hands them to PyTorch's module in forward."""
 
@@ -384,7 +384,7 @@ class MHAWrapsTorch(_Base):
         return mha(query, key, value, attn_mask=attn_mask, average_attn_weights=False)
 
 
-@mistake("multi_head_attention", expect="calls torch.nn.functional.multi_head_attention_forward")
+@mistake("multi_head_attention", id="reference_used")
 class MHAFunctionalTorch(_Base):
     def forward(self, query, key, value, mask=None):
         out, w = F.multi_head_attention_forward(

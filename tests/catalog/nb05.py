@@ -100,7 +100,7 @@ def pe_integer_division(n_positions, d_model):
     return _interleave(torch.sin(ang), torch.cos(ang))
 
 
-@mistake("sinusoidal_encoding", expect="transposed")
+@mistake("sinusoidal_encoding", id="wrong_shape")
 def pe_transposed(n_positions, d_model):
     _require_even(d_model)
     ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
@@ -115,7 +115,7 @@ def pe_float64(n_positions, d_model):
     return _interleave(torch.sin(ang), torch.cos(ang))
 
 
-@mistake("sinusoidal_encoding", expect="torch.Tensor")
+@mistake("sinusoidal_encoding", id="wrong_type")
 def pe_numpy(n_positions, d_model):
     _require_even(d_model)
     ang = np.arange(n_positions)[:, None] / 10000.0 ** (np.arange(0, d_model, 2) / d_model)
@@ -276,7 +276,7 @@ def rope_added(x, positions=None, base=10000.0):
     return x + _interleave(th.sin(), th.cos())
 
 
-@mistake("rope", expect="modified its input")
+@mistake("rope", id="input_modified")
 def rope_in_place(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     xe, xo = x[..., 0::2].clone(), x[..., 1::2].clone()
@@ -285,7 +285,7 @@ def rope_in_place(x, positions=None, base=10000.0):
     return x
 
 
-@mistake("rope", expect="dtype")
+@mistake("rope", id="wrong_dtype")
 def rope_float32_output(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     return _rope_from_parts(x.float(), th.cos(), th.sin())

@@ -104,7 +104,7 @@ class FFNoBias(nn.Module):
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
 
-@mistake("feed_forward", expect="calls the reference attention_ref.FeedForward")
+@mistake("feed_forward", id="reference_used")
 class FFSubclassesReference(attention_ref.FeedForward):
     pass
 
@@ -206,7 +206,7 @@ class _LayerBase(nn.Module):
         return self.dropout1(out), w
 
 
-@mistake("encoder_layer", expect="no residual connection around the self-attention")
+@mistake("encoder_layer", id="residual_missing_attention")
 class LayerNoAttnResidual(_LayerBase):
     def forward(self, x, mask=None):
         if self.norm_first:
@@ -218,7 +218,7 @@ class LayerNoAttnResidual(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="no residual connection around the feed-forward")
+@mistake("encoder_layer", id="residual_missing_ff")
 class LayerNoFFResidual(_LayerBase):
     def forward(self, x, mask=None):
         if self.norm_first:
@@ -230,7 +230,7 @@ class LayerNoFFResidual(_LayerBase):
         return self.norm2(self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="norm_first=True is ignored")
+@mistake("encoder_layer", id="norm_first_ignored")
 class LayerAlwaysPostNorm(_LayerBase):
     def forward(self, x, mask=None):
         a, w = self.attn(x, mask)
@@ -238,7 +238,7 @@ class LayerAlwaysPostNorm(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="pre-norm although norm_first=False")
+@mistake("encoder_layer", id="pre_norm_although_post")
 class LayerAlwaysPreNorm(_LayerBase):
     def forward(self, x, mask=None):
         a, w = self.attn(self.norm1(x), mask)
@@ -246,7 +246,7 @@ class LayerAlwaysPreNorm(_LayerBase):
         return x + self.dropout2(self.ff(self.norm2(x))), w
 
 
-@mistake("encoder_layer", expect="norm in the wrong place")
+@mistake("encoder_layer", id="pre_norm_on_sublayer_output")
 class LayerPreNormOnSublayerOutput(_LayerBase):
     def forward(self, x, mask=None):
         if self.norm_first:
@@ -258,7 +258,7 @@ class LayerPreNormOnSublayerOutput(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="residual taken from the normalised x")
+@mistake("encoder_layer", id="pre_norm_residual_normalised")
 class LayerPreNormResidualFromNormed(_LayerBase):
     def forward(self, x, mask=None):
         if self.norm_first:
@@ -272,7 +272,7 @@ class LayerPreNormResidualFromNormed(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="norm1 and norm2 are swapped")
+@mistake("encoder_layer", id="norms_swapped")
 class LayerNormsSwapped(_LayerBase):
     def forward(self, x, mask=None):
         if self.norm_first:
@@ -284,7 +284,7 @@ class LayerNormsSwapped(_LayerBase):
         return self.norm1(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="mask is ignored")
+@mistake("encoder_layer", id="encoder_layer_mask_ignored")
 class LayerMaskIgnored(_LayerBase):
     def forward(self, x, mask=None):
         if self.norm_first:
@@ -296,7 +296,7 @@ class LayerMaskIgnored(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="given the layer's input x")
+@mistake("encoder_layer", id="ff_given_layer_input")
 class LayerFFOnLayerInput(_LayerBase):
     def forward(self, x, mask=None):
         a, w = self.attn(x, mask)
@@ -361,12 +361,12 @@ class LayerReturnsOnlyOut(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x)))
 
 
-@mistake("encoder_layer", expect="calls the reference attention_ref.EncoderLayer")
+@mistake("encoder_layer", id="reference_used")
 class LayerSubclassesReference(attention_ref.EncoderLayer):
     pass
 
 
-@mistake("encoder_layer", expect="calls torch.nn.functional.scaled_dot_product_attention")
+@mistake("encoder_layer", id="reference_used")
 class LayerUsesTorchSDPA(_LayerBase):
     """Attention written inside the layer with PyTorch's fused kernel."""
 
@@ -402,7 +402,7 @@ class LayerAttnDropoutMissing(_LayerBase):
         return self.norm2(x + self.dropout2(self.ff(x))), w
 
 
-@mistake("encoder_layer", expect="bias must be a bool")
+@mistake("encoder_layer", id="code_raised")
 class LayerAttnDropoutPositional(LayerAttnDropoutMissing):
     """MultiHeadAttention(d_model, n_heads, dropout): the third positional argument is bias."""
 

@@ -56,7 +56,7 @@ class _DecoderBase(nn.Module):
         return y, ws[0], ws[1]
 
 
-@mistake("decoder_layer", expect="self-attention mask (self_mask, the causal mask) is ignored")
+@mistake("decoder_layer", id="decoder_self_mask_ignored")
 class DecoderNoCausalMask(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
         return self.run(y, memory, None, memory_mask)
@@ -68,31 +68,31 @@ class DecoderCrossKeysFromDecoder(_DecoderBase):
         return self.run(y, memory, self_mask, memory_mask, kv="decoder")
 
 
-@mistake("decoder_layer", expect="memory mask (source padding) is ignored")
+@mistake("decoder_layer", id="decoder_memory_mask_ignored")
 class DecoderMemoryMaskIgnored(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
         return self.run(y, memory, self_mask, None)
 
 
-@mistake("decoder_layer", expect="residual connection is missing")
+@mistake("decoder_layer", id="decoder_residual_missing")
 class DecoderNoResidual(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
         return self.run(y, memory, self_mask, memory_mask, residual=False)
 
 
-@mistake("decoder_layer", expect="wrong norm order")
+@mistake("decoder_layer", id="decoder_norm_order")
 class DecoderAlwaysPreNorm(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
         return self.run(y, memory, self_mask, memory_mask, nf=True)
 
 
-@mistake("decoder_layer", expect="calls the reference")
+@mistake("decoder_layer", id="reference_used")
 class DecoderCallsReference(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
         return DecoderLayer.forward(self, y, memory, self_mask, memory_mask)
 
 
-@mistake("decoder_layer", expect="torch.nn.TransformerDecoderLayer")
+@mistake("decoder_layer", id="reference_used")
 class DecoderCallsTorch(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
         D = y.shape[-1]
@@ -303,37 +303,37 @@ class _TransformerBase(nn.Module):
         return self.decode(tgt_in, *self.encode(src))
 
 
-@mistake("transformer", expect="no causal mask in the decoder")
+@mistake("transformer", id="transformer_no_causal_mask")
 class TransformerNoCausal(_TransformerBase):
     def forward(self, src, tgt_in):
         return self.decode(tgt_in, *self.encode(src), causal=False)
 
 
-@mistake("transformer", expect="causal mask is put on the encoder")
+@mistake("transformer", id="transformer_causal_encoder")
 class TransformerCausalEncoder(_TransformerBase):
     def forward(self, src, tgt_in):
         return self.decode(tgt_in, *self.encode(src, encoder_causal=True))
 
 
-@mistake("transformer", expect="source padding mask is not passed to the cross-attention")
+@mistake("transformer", id="transformer_memory_mask_not_passed")
 class TransformerNoMemoryMask(_TransformerBase):
     def forward(self, src, tgt_in):
         return self.decode(tgt_in, *self.encode(src), mm=False)
 
 
-@mistake("transformer", expect="not scaled by sqrt(d_model)")
+@mistake("transformer", id="tgt_embed_not_scaled")
 class TransformerNoScale(_TransformerBase):
     def forward(self, src, tgt_in):
         return self.decode(tgt_in, *self.encode(src), scale=False)
 
 
-@mistake("transformer", expect="final layernorm after the last decoder layer is missing")
+@mistake("transformer", id="transformer_final_norm_missing")
 class TransformerNoFinalNorm(_TransformerBase):
     def forward(self, src, tgt_in):
         return self.decode(tgt_in, *self.encode(src), final=False)
 
 
-@mistake("transformer", expect="torch.nn.Transformer")
+@mistake("transformer", id="reference_used")
 class TransformerCallsTorch(_TransformerBase):
     def forward(self, src, tgt_in):
         D = self.d_model
@@ -342,7 +342,7 @@ class TransformerCallsTorch(_TransformerBase):
         return self.out_proj(x)
 
 
-@mistake("transformer", expect="calls the reference")
+@mistake("transformer", id="reference_used")
 class TransformerCallsReference(_TransformerBase):
     def forward(self, src, tgt_in):
         ref = attention_ref.Transformer(self.encoder.embed.num_embeddings, 5)

@@ -230,11 +230,7 @@ def sampler_top_k_before_greedy(logits, temperature=1.0, top_k=None, top_p=None,
     return _sampler(logits, temperature, top_k, top_p, generator)
 
 
-@mistake(
-    "sample_next_token",
-    expect="must match the size of tensor",
-    absent="temperature 0 is not handled",
-)
+@mistake("sample_next_token", id="code_raised")
 def sampler_top_k_threshold_shape(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """The k-th score without keepdim, applied before greedy: the error is the shape's,
     and must not be put down to temperature 0."""
