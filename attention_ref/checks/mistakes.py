@@ -610,6 +610,171 @@ _TABLE: list[tuple[str, str, str]] = [
         "the keys are projected from `query` instead of `key`.",
         "k = self.w_k(key), v = self.w_v(value).",
     ),
+    # --- 05 positional encoding
+    (
+        "pe_swapped",
+        "sin and cos are swapped: the even columns hold cosines and the odd columns sines.",
+        "PE[p, 2i] = sin(...) and PE[p, 2i+1] = cos(...); row 0 must be (0, 1, 0, 1, ...).",
+    ),
+    (
+        "pe_half_exponent",
+        (
+            "the frequency exponent is i/d instead of 2i/d (i counts the pairs, so the exponent "
+            "must use 2i, the even column index)."
+        ),
+        (
+            "with i = 0 .. d/2 - 1 the exponent is 2*i/d; or loop over the even columns 0, 2, 4, "
+            "... and use column/d."
+        ),
+    ),
+    (
+        "pe_column_exponent",
+        (
+            "the exponent uses each column's own index j (j/d), so the cos of a pair gets a "
+            "different frequency from its sin; both columns 2i and 2i+1 must use 2i/d."
+        ),
+        (
+            "compute one frequency per pair, from the even column index 2i, and use it for both "
+            "the sin and the cos."
+        ),
+    ),
+    (
+        "pe_from_one",
+        "positions are counted from 1: the first row must be position 0 (sin 0 = 0, cos 0 = 1).",
+        "use torch.arange(n_positions) for the positions.",
+    ),
+    (
+        "pe_concat",
+        (
+            "the sines and cosines are concatenated as two halves [sin | cos] instead of "
+            "interleaved (sin in the even columns, cos in the odd ones)."
+        ),
+        (
+            "write pe[:, 0::2] = sin and pe[:, 1::2] = cos, or torch.stack([sin, cos], -1) and "
+            "then flatten the last two dimensions."
+        ),
+    ),
+    (
+        "pe_half_layout_t2t",
+        (
+            "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
+            "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
+            "valid encoding, but not this exercise's (nor the paper's)."
+        ),
+        (
+            "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p * "
+            "10000^(-2i/d) for pair i = 0 .. d/2 - 1."
+        ),
+    ),
+    (
+        "pe_multiplied",
+        (
+            "the position is multiplied by 10000^(2i/d) instead of divided by it, so the "
+            "frequencies grow instead of shrinking."
+        ),
+        "the angle is p / 10000^(2i/d) = p * 10000^(-2i/d).",
+    ),
+    (
+        "pe_int_division",
+        (
+            "integer division: the exponent 2i/d was computed with // (or on integers), so it is "
+            "0 and every frequency is 1."
+        ),
+        "use true division on floats, e.g. torch.arange(0, d_model, 2) / d_model.",
+    ),
+    (
+        "rope_reversed",
+        "the rotation goes the opposite direction: the sign of sin is flipped.",
+        "out[2i] = x[2i] cos - x[2i+1] sin and out[2i+1] = x[2i] sin + x[2i+1] cos.",
+    ),
+    (
+        "rope_swapped",
+        "sin and cos are swapped in the rotation.",
+        "out[2i] = x[2i] * cos(theta) - x[2i+1] * sin(theta); cos multiplies the feature itself.",
+    ),
+    (
+        "rope_rotate_half",
+        (
+            "the features are paired as (i, i + d/2) (the 'rotate_half' layout of GPT-NeoX/LLaMA "
+            "code) instead of consecutive pairs (2i, 2i+1)."
+        ),
+        (
+            "take x[..., 0::2] and x[..., 1::2] as the two members of each pair, and write the "
+            "results back to the same places."
+        ),
+    ),
+    (
+        "rope_concat",
+        (
+            "the rotated pairs are concatenated as two halves [even | odd] instead of being "
+            "written back in place (interleaved)."
+        ),
+        "torch.stack([out_even, out_odd], dim=-1).flatten(-2) puts each pair back at 2i, 2i+1.",
+    ),
+    (
+        "rope_overwritten",
+        (
+            "the even features are overwritten before the odd ones are computed, so out[2i+1] "
+            "uses the rotated out[2i] instead of the original x[2i]."
+        ),
+        (
+            "compute both outputs from the original x[2i] and x[2i+1] (keep copies, or build new "
+            "tensors)."
+        ),
+    ),
+    (
+        "rope_half_exponent",
+        "the frequency exponent is i/d instead of 2i/d.",
+        "the angle of pair i is p * base^(-2i/d), i = 0 .. d/2 - 1.",
+    ),
+    (
+        "rope_half_layout_t2t",
+        (
+            "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
+            "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
+            "valid encoding, but not this exercise's (nor the paper's)."
+        ),
+        (
+            "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p * "
+            "10000^(-2i/d) for pair i = 0 .. d/2 - 1."
+        ),
+    ),
+    (
+        "rope_multiplied",
+        "the position is multiplied by base^(2i/d) instead of divided by it.",
+        "the angle of pair i is p / base^(2i/d) = p * base^(-2i/d).",
+    ),
+    (
+        "rope_ignores_positions",
+        "the positions argument is ignored: the angles always use 0 .. T-1.",
+        "use torch.arange(T) only when positions is None; otherwise use the positions you "
+        "were given.",
+    ),
+    (
+        "rope_from_one",
+        (
+            "positions are counted from 1: by default the first vector is at position 0, where "
+            "the rotation is the identity."
+        ),
+        "default to torch.arange(T).",
+    ),
+    (
+        "rope_added",
+        "the sinusoidal encoding is added to x instead of rotating each pair.",
+        "RoPE multiplies: each pair (x[2i], x[2i+1]) is rotated by the angle p * w_i.",
+    ),
+    (
+        "pe_sin_cos_half",
+        (
+            "the [sin | cos] half layout: the first d/2 columns hold sines and the last d/2 their "
+            "cosines (as some codebases lay it out), and the frequencies are not 10000^(-2i/d) "
+            "either."
+        ),
+        (
+            "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p * "
+            "10000^(-2i/d) for pair i = 0 .. d/2 - 1."
+        ),
+    ),
     # --- 06 the encoder block
     (
         "residual_missing_attention",
@@ -935,6 +1100,59 @@ _TABLE: list[tuple[str, str, str]] = [
     ),
     # --- 08 translation
     (
+        "beam_greedy",
+        "beam_size is ignored: only the single best hypothesis is kept (greedy decoding).",
+        "keep the beam_size best candidates of ALL hypotheses x ALL tokens at each step.",
+    ),
+    (
+        "beam_last_only",
+        (
+            "the score is not accumulated: hypotheses are ranked by their last token's "
+            "log-probability only."
+        ),
+        "a candidate's score is its parent's score PLUS the new token's log-probability.",
+    ),
+    (
+        "beam_probabilities",
+        "probabilities are added instead of log-probabilities.",
+        (
+            "the probability of a sequence is a product; in logs it is the SUM of the "
+            "log-probabilities step_fn returns (use them as they are)."
+        ),
+    ),
+    (
+        "beam_first_finished",
+        (
+            "the search stops at the first finished hypothesis instead of returning the best "
+            "finished one."
+        ),
+        (
+            "collect finished hypotheses and keep searching while an unfinished one could still "
+            "score higher; return the highest-scoring finished hypothesis."
+        ),
+    ),
+    (
+        "beam_length_normalised",
+        (
+            "the scores are divided by the length (length normalisation), which this exercise "
+            "does not use."
+        ),
+        "compare raw sums of log-probabilities.",
+    ),
+    (
+        "beam_past_eos",
+        "hypotheses are extended past <eos> instead of being finished.",
+        (
+            "a kept candidate whose last token is eos_id goes to the finished list and is not "
+            "extended further."
+        ),
+    ),
+    (
+        "beam_eos_not_scored",
+        "the score leaves out the log-probability of <eos>.",
+        "<eos> is a token like any other: add its log-probability when the hypothesis ends.",
+    ),
+    (
         "masked_targets_as_indices",
         (
             "the targets at masked positions are used as indices: there they are arbitrary (here "
@@ -1216,6 +1434,185 @@ _TABLE: list[tuple[str, str, str]] = [
     ),
     # --- 11 GPT
     (
+        "block_no_mask",
+        "no causal mask: every position attends to the future tokens too.",
+        "pass mask = torch.ones(T, T, dtype=torch.bool).tril() (True where key j <= query i).",
+    ),
+    (
+        "block_strict",
+        "the causal mask excludes the diagonal (j < i): a position cannot attend to itself.",
+        "use .tril() (diagonal included), not .tril(-1).",
+    ),
+    (
+        "block_upper",
+        "the causal mask is inverted (upper triangle): positions see the future, not the past.",
+        "True must mean 'may attend': key j <= query i is torch.ones(T, T).tril().",
+    ),
+    (
+        "block_post_norm",
+        (
+            "post-norm instead of pre-norm: LayerNorm is applied after the residual addition (x = "
+            "ln(x + attn(x)))."
+        ),
+        (
+            "pre-norm normalises the input of each sub-layer and adds to the raw stream: x = x + "
+            "attn(ln1(x)); x = x + ff(ln2(x))."
+        ),
+    ),
+    (
+        "block_normed_residual",
+        (
+            "the residual adds the normalised x (h = ln1(x); x = h + attn(h)) instead of the raw "
+            "stream."
+        ),
+        "keep x untouched: h = self.ln1(x); x = x + attn(h, h, h, mask).",
+    ),
+    (
+        "block_no_residual",
+        "the residual connection around the attention is missing (x = attn(ln1(x))).",
+        "x = x + attn_out.",
+    ),
+    (
+        "block_ff_no_norm",
+        "ln2 is not applied before the feed-forward network (x + ff(x)).",
+        "x = x + ff(ln2(x)).",
+    ),
+    (
+        "block_gelu",
+        (
+            "the feed-forward network uses GELU (as GPT-2 does) where the spec asks for notebook "
+            "06's FeedForward, whose activation is ReLU."
+        ),
+        (
+            "self.ff = FeedForward(d_model, d_ff, dropout) from attention_ref.encoder, imported "
+            "at the top of the notebook."
+        ),
+    ),
+    (
+        "sampler_p_exclusive",
+        (
+            "top-p excludes the token that crosses p: the kept set must be the smallest set whose "
+            "probability reaches top_p, so the token that takes the total over top_p is included."
+        ),
+        (
+            "keep token i when the probability of the tokens strictly more probable than i is < "
+            "top_p (the sum before i, not including it)."
+        ),
+    ),
+    (
+        "sampler_after_softmax",
+        (
+            "temperature applied after the softmax (or not at all): dividing probabilities by T "
+            "and renormalising changes nothing."
+        ),
+        "divide the logits by the temperature before the softmax: softmax(logits / T).",
+    ),
+    (
+        "sampler_times",
+        "the logits are multiplied by the temperature instead of divided by it.",
+        "scores = logits / temperature (T > 1 flattens, T < 1 sharpens).",
+    ),
+    (
+        "sampler_k_exact",
+        "top-k keeps exactly k tokens: a token tied with the k-th largest score is dropped.",
+        (
+            "keep every token whose score is >= the k-th largest: kth = "
+            "scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf)."
+        ),
+    ),
+    (
+        "sampler_k_exact_high",
+        (
+            "top-k keeps exactly k tokens, and of the tokens tied with the k-th it keeps the "
+            "highest indices: every token tied with the k-th largest score must be kept."
+        ),
+        (
+            "keep every token whose score is >= the k-th largest: kth = "
+            "scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf)."
+        ),
+    ),
+    (
+        "sampler_p_before_k",
+        (
+            "top-p is applied before top-k (on the full distribution): top-k comes first, then "
+            "top-p on the renormalised distribution of the tokens top-k kept."
+        ),
+        "apply top-k to the scores, then softmax, then top-p.",
+    ),
+    (
+        "sampler_p_sorted_ties",
+        (
+            "top-p breaks ties by sort order: tokens as probable as a kept token must be kept too "
+            "(the spec counts only the tokens *strictly* more probable)."
+        ),
+        (
+            "for each token compute the total probability of the strictly more probable tokens, "
+            "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
+            "when that is < top_p."
+        ),
+    ),
+    (
+        "sampler_p_sorted_ties_high",
+        (
+            "top-p breaks ties by sort order, keeping the higher index of tied tokens (as sorting "
+            "in ascending order and cutting from the bottom does): tokens as probable as a kept "
+            "token must be kept too (the spec counts only the tokens *strictly* more probable)."
+        ),
+        (
+            "for each token compute the total probability of the strictly more probable tokens, "
+            "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
+            "when that is < top_p."
+        ),
+    ),
+    (
+        "sampler_p_le",
+        (
+            "top-p keeps a token while the mass before it is <= top_p; the spec keeps it only "
+            "while that mass is < top_p (when the tokens before it already reach top_p exactly, "
+            "it is not needed)."
+        ),
+        (
+            "keep token i when the probability of the tokens strictly more probable than i is "
+            "strictly less than top_p."
+        ),
+    ),
+    (
+        "gqa_repeat",
+        (
+            "K/V heads repeated in the wrong order: repeat() tiles the key/value heads (0, 1, 0, "
+            "1), so query head h uses kv head h % n_kv_heads; consecutive query heads must share "
+            "(0, 0, 1, 1): kv head h // (n_heads // n_kv_heads)."
+        ),
+        "k.repeat_interleave(n_heads // n_kv_heads, dim=1), not k.repeat(1, group, 1, 1).",
+    ),
+    (
+        "gqa_no_scale",
+        "the scores are not scaled by 1/sqrt(d_head).",
+        "use the course's sdpa, or divide q @ k^T by math.sqrt(d_head).",
+    ),
+    (
+        "gqa_no_mask",
+        "the mask is ignored.",
+        "pass the mask on to the attention (sdpa(q, k, v, mask)).",
+    ),
+    (
+        "gqa_no_w_o",
+        "the output projection w_o is missing.",
+        "return self.w_o(merge_heads(out)), weights.",
+    ),
+    (
+        "gqa_uniform_masked",
+        (
+            "a query row whose mask allows no key gets uniform weights (a large negative number "
+            "in place of -inf, or such a row patched to 1/n_k): the course's convention (notebook "
+            "02) is all-zero weights, so the row's attention output is zero."
+        ),
+        (
+            "use the course's sdpa, which gives fully masked rows zero weights, or set their "
+            "weights to 0 after the softmax (e.g. weights * mask.any(-1, keepdim=True))."
+        ),
+    ),
+    (
         "block_no_causal_mask",
         "no causal mask (or an inverted one).",
         "mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().",
@@ -1248,6 +1645,121 @@ _TABLE: list[tuple[str, str, str]] = [
         "",
     ),
     # --- 12 efficient attention
+    (
+        "online_sum_not_rescaled",
+        (
+            "the running sum is not rescaled when the maximum grows: l must become l * exp(m_old "
+            "- m_new) + sum(exp(block - m_new))."
+        ),
+        "multiply the sum so far by exp(m - m_new) before adding the new block's terms.",
+    ),
+    (
+        "online_last_block_dropped",
+        (
+            "the last partial block is dropped: when n is not a multiple of block_size the last n "
+            "% block_size entries are never read."
+        ),
+        (
+            "loop with range(0, n, block_size) and slice x[start:start + block_size]; the last "
+            "slice is simply shorter."
+        ),
+    ),
+    (
+        "online_max_starts_at_0",
+        (
+            "the running maximum starts at 0 instead of -inf, so when every entry is far below 0 "
+            "all exponentials underflow to 0 and the result is 0/0."
+        ),
+        "start with m = -inf (float('-inf')) and l = 0.",
+    ),
+    (
+        "online_no_max",
+        "no maximum is subtracted: exp(x) overflows for large entries.",
+        "keep a running maximum m and exponentiate x - m.",
+    ),
+    (
+        "online_block_max_only",
+        "no running maximum: m is set to each block's own maximum instead of max(m, block max).",
+        "m_new = max(m, block.max()); exponentials are then never above 1.",
+    ),
+    (
+        "flash_running_sum_l",
+        (
+            "the running sum l is not rescaled when the maximum grows (l must become l * "
+            "exp(m_old - m_new) + the new block's sum)."
+        ),
+        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
+    ),
+    (
+        "flash_accumulator_rescaled_when",
+        (
+            "the accumulator is not rescaled when the maximum grows: acc must become acc * "
+            "exp(m_old - m_new) + p @ v_block."
+        ),
+        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
+    ),
+    (
+        "flash_running_maximum",
+        (
+            "no running maximum: each block is exponentiated with its own maximum and the running "
+            "sums are not rescaled (m_new must be max(m, block max))."
+        ),
+        (
+            "keep m per query; m_new = torch.maximum(m, s.amax(-1, keepdim=True)); rescale by "
+            "exp(m - m_new)."
+        ),
+    ),
+    (
+        "flash_last_partial_block",
+        (
+            "the last partial block is dropped: when n_k is not a multiple of block_size the last "
+            "keys are never read."
+        ),
+        "loop with range(0, n_k, block_size) and slice k[..., j0:j0 + block_size, :].",
+    ),
+    (
+        "flash_causal_block_skip",
+        (
+            "the causal block skip is off by one: the key block on the diagonal is skipped, so "
+            "queries never see the keys of their own block."
+        ),
+        (
+            "for the query block [i0, i1) read key blocks starting at j0 < i1 (not j0 < i0); mask "
+            "inside the diagonal block with key j <= query i."
+        ),
+    ),
+    (
+        "flash_causal_mask_strict",
+        "the causal mask is strict (j < i): a query may not attend to itself.",
+        "allowed = key_position <= query_position.",
+    ),
+    (
+        "flash_scores_scaled_1",
+        "the scores are not scaled by 1/sqrt(d_k).",
+        "multiply q (or each tile of scores) by 1 / math.sqrt(d_k).",
+    ),
+    (
+        "kv_no_mask",
+        (
+            "the new positions attend to later new positions: with several new tokens at once (t "
+            "> 1) the causal mask inside the new chunk is missing."
+        ),
+        "when t > 1 pass a mask (t, T) with True where key j <= len_before + i.",
+    ),
+    (
+        "kv_unshifted",
+        (
+            "the causal mask is not shifted by the number of cached positions: new position i is "
+            "at absolute position len_before + i, so it sees keys j <= len_before + i."
+        ),
+        "build the mask as torch.ones(t, T, dtype=torch.bool).tril(T - t).",
+    ),
+    (
+        "kv_only_new",
+        "the new queries attend only to the new keys, not to the cached ones.",
+        "attend to all keys and values that cache.append(k, v) returns.",
+    ),
+    ("kv_no_w_o", "the output projection w_o is missing.", "return mha.w_o(merge_heads(out))."),
     (
         "flash_future_blocks_not_skipped",
         (
@@ -1316,6 +1828,13 @@ def named(mistake_id: str, **params: object) -> Named:
     if not params:
         return m
     return Named(m.id, m.format(**params), m.hint.format(**params))
+
+
+def pair(mistake_id: str, **params: object) -> tuple[Named, str]:
+    """``(message, hint)`` of ``mistake_id``, for a table of mistake models whose rows
+    read ``(*pair("scale_missing"), model options)``."""
+    m = named(mistake_id, **params)
+    return m, m.hint
 
 
 def tag(mistake_id: str) -> str:

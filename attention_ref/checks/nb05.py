@@ -17,6 +17,7 @@ import torch
 
 from .. import positional as ref
 from ._core import Context, Mistake, _as_np, exercise
+from .mistakes import pair
 
 
 def _forbid_sinusoidal():
@@ -84,54 +85,35 @@ def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) ->
 PE_MISTAKES = [
     (
         "swapped",
-        "sin and cos are swapped: the even columns hold cosines and the odd columns sines.",
-        "PE[p, 2i] = sin(...) and PE[p, 2i+1] = cos(...); row 0 must be (0, 1, 0, 1, ...).",
+        *pair("pe_swapped"),
     ),
     (
         "half_exponent",
-        "the frequency exponent is i/d instead of 2i/d (i counts the pairs, so "
-        "the exponent must use 2i, the even column index).",
-        "with i = 0 .. d/2 - 1 the "
-        "exponent is 2*i/d; or loop over the even columns 0, 2, 4, ... and use column/d.",
+        *pair("pe_half_exponent"),
     ),
     (
         "column_exponent",
-        "the exponent uses each column's own index j (j/d), so the cos of a "
-        "pair gets a different frequency from its sin; both columns 2i and 2i+1 must use 2i/d.",
-        "compute one frequency per pair, from the even column index 2i, and use it for both "
-        "the sin and the cos.",
+        *pair("pe_column_exponent"),
     ),
     (
         "from_one",
-        "positions are counted from 1: the first row must be position 0 (sin 0 = 0, cos 0 = 1).",
-        "use torch.arange(n_positions) for the positions.",
+        *pair("pe_from_one"),
     ),
     (
         "concat",
-        "the sines and cosines are concatenated as two halves [sin | cos] instead of "
-        "interleaved (sin in the even columns, cos in the odd ones).",
-        "write pe[:, 0::2] = sin and pe[:, 1::2] = cos, or torch.stack([sin, cos], -1) and "
-        "then flatten the last two dimensions.",
+        *pair("pe_concat"),
     ),
     (
         "half_layout_t2t",
-        "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
-        "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
-        "valid encoding, but not this exercise's (nor the paper's).",
-        "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle "
-        "p * 10000^(-2i/d) for pair i = 0 .. d/2 - 1.",
+        *pair("pe_half_layout_t2t"),
     ),
     (
         "multiplied",
-        "the position is multiplied by 10000^(2i/d) instead of divided by it, so "
-        "the frequencies grow instead of shrinking.",
-        "the angle is p / 10000^(2i/d) = p * 10000^(-2i/d).",
+        *pair("pe_multiplied"),
     ),
     (
         "int_division",
-        "integer division: the exponent 2i/d was computed with // (or on "
-        "integers), so it is 0 and every frequency is 1.",
-        "use true division on floats, e.g. torch.arange(0, d_model, 2) / d_model.",
+        *pair("pe_int_division"),
     ),
 ]
 
@@ -151,13 +133,7 @@ def _matches_where_resolvable(model: np.ndarray, angles: np.ndarray, limit: floa
     return applies
 
 
-HALF_LAYOUT = (
-    "the [sin | cos] half layout: the first d/2 columns hold sines and the last d/2 their "
-    "cosines (as some codebases lay it out), and the frequencies are not 10000^(-2i/d) "
-    "either.",
-    "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle "
-    "p * 10000^(-2i/d) for pair i = 0 .. d/2 - 1.",
-)
+HALF_LAYOUT = pair("pe_sin_cos_half")
 
 
 def _is_half_layout(got: np.ndarray, expected: np.ndarray) -> bool:
@@ -300,68 +276,47 @@ def rope_model(x, positions=None, base: float = 10000.0, variant: str = "correct
 ROPE_MISTAKES = [
     (
         "reversed",
-        "the rotation goes the opposite direction: the sign of sin is flipped.",
-        "out[2i] = x[2i] cos - x[2i+1] sin and out[2i+1] = x[2i] sin + x[2i+1] cos.",
+        *pair("rope_reversed"),
     ),
     (
         "swapped",
-        "sin and cos are swapped in the rotation.",
-        "out[2i] = x[2i] * cos(theta) - x[2i+1] * sin(theta); cos multiplies the feature itself.",
+        *pair("rope_swapped"),
     ),
     (
         "rotate_half",
-        "the features are paired as (i, i + d/2) (the 'rotate_half' layout of "
-        "GPT-NeoX/LLaMA code) instead of consecutive pairs (2i, 2i+1).",
-        "take x[..., 0::2] and x[..., 1::2] as the two members of each pair, and write the "
-        "results back to the same places.",
+        *pair("rope_rotate_half"),
     ),
     (
         "concat",
-        "the rotated pairs are concatenated as two halves [even | odd] instead of "
-        "being written back in place (interleaved).",
-        "torch.stack([out_even, out_odd], dim=-1).flatten(-2) puts each pair back at 2i, 2i+1.",
+        *pair("rope_concat"),
     ),
     (
         "overwritten",
-        "the even features are overwritten before the odd ones are computed, so "
-        "out[2i+1] uses the rotated out[2i] instead of the original x[2i].",
-        "compute both outputs from the original x[2i] and x[2i+1] (keep copies, or build new "
-        "tensors).",
+        *pair("rope_overwritten"),
     ),
     (
         "half_exponent",
-        "the frequency exponent is i/d instead of 2i/d.",
-        "the angle of pair i is p * base^(-2i/d), i = 0 .. d/2 - 1.",
+        *pair("rope_half_exponent"),
     ),
     (
         "half_layout_t2t",
-        "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
-        "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
-        "valid encoding, but not this exercise's (nor the paper's).",
-        "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle "
-        "p * 10000^(-2i/d) for pair i = 0 .. d/2 - 1.",
+        *pair("rope_half_layout_t2t"),
     ),
     (
         "multiplied",
-        "the position is multiplied by base^(2i/d) instead of divided by it.",
-        "the angle of pair i is p / base^(2i/d) = p * base^(-2i/d).",
+        *pair("rope_multiplied"),
     ),
     (
         "ignores_positions",
-        "the positions argument is ignored: the angles always use 0 .. T-1.",
-        "use torch.arange(T) only when positions is None; otherwise use the "
-        "positions you were given.",
+        *pair("rope_ignores_positions"),
     ),
     (
         "from_one",
-        "positions are counted from 1: by default the first vector is at position "
-        "0, where the rotation is the identity.",
-        "default to torch.arange(T).",
+        *pair("rope_from_one"),
     ),
     (
         "added",
-        "the sinusoidal encoding is added to x instead of rotating each pair.",
-        "RoPE multiplies: each pair (x[2i], x[2i+1]) is rotated by the angle p * w_i.",
+        *pair("rope_added"),
     ),
 ]
 

@@ -11,7 +11,7 @@ import torch
 from .. import training as ref_training
 from ..apps import translation as ref
 from ._core import CheckFailure, Context, Mistake, exercise
-from .mistakes import named
+from .mistakes import named, pair
 
 # ----------------------------------------------------------------------------- make_batch
 BOS, EOS = 1, 2
@@ -442,44 +442,31 @@ def _variant(
 
 BEAM_MISTAKES: list[tuple[str, str, dict]] = [
     (
-        "beam_size is ignored: only the single best hypothesis is kept (greedy decoding).",
-        "keep the beam_size best candidates of ALL hypotheses x ALL tokens at each step.",
+        *pair("beam_greedy"),
         dict(greedy=True),
     ),
     (
-        "the score is not accumulated: hypotheses are ranked by their last token's "
-        "log-probability only.",
-        "a candidate's score is its parent's score PLUS the new token's log-probability.",
+        *pair("beam_last_only"),
         dict(accumulate=False),
     ),
     (
-        "probabilities are added instead of log-probabilities.",
-        "the probability of a sequence is a product; in logs it is the SUM of the "
-        "log-probabilities step_fn returns (use them as they are).",
+        *pair("beam_probabilities"),
         dict(use_prob=True),
     ),
     (
-        "the search stops at the first finished hypothesis instead of returning the best "
-        "finished one.",
-        "collect finished hypotheses and keep searching while an unfinished one could still "
-        "score higher; return the highest-scoring finished hypothesis.",
+        *pair("beam_first_finished"),
         dict(first_finished=True),
     ),
     (
-        "the scores are divided by the length (length normalisation), which this exercise "
-        "does not use.",
-        "compare raw sums of log-probabilities.",
+        *pair("beam_length_normalised"),
         dict(norm=True),
     ),
     (
-        "hypotheses are extended past <eos> instead of being finished.",
-        "a kept candidate whose last token is eos_id goes to the finished list and is not "
-        "extended further.",
+        *pair("beam_past_eos"),
         dict(past_eos=True),
     ),
     (
-        "the score leaves out the log-probability of <eos>.",
-        "<eos> is a token like any other: add its log-probability when the hypothesis ends.",
+        *pair("beam_eos_not_scored"),
         dict(drop_eos_score=True),
     ),
 ]

@@ -25,7 +25,7 @@ from ..attention import sdpa
 from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise
-from .mistakes import named
+from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION, TOL
 
 
@@ -151,48 +151,35 @@ def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
 
 BLOCK_MISTAKES = [
     (
-        "no causal mask: every position attends to the future tokens too.",
-        "pass mask = torch.ones(T, T, dtype=torch.bool).tril() (True where key j <= query i).",
+        *pair("block_no_mask"),
         "no_mask",
     ),
     (
-        "the causal mask excludes the diagonal (j < i): a position cannot attend to itself.",
-        "use .tril() (diagonal included), not .tril(-1).",
+        *pair("block_strict"),
         "strict",
     ),
     (
-        "the causal mask is inverted (upper triangle): positions see the future, not the past.",
-        "True must mean 'may attend': key j <= query i is torch.ones(T, T).tril().",
+        *pair("block_upper"),
         "upper",
     ),
     (
-        "post-norm instead of pre-norm: LayerNorm is applied after the residual addition "
-        "(x = ln(x + attn(x))).",
-        "pre-norm normalises the input of each sub-layer and adds to the raw stream: "
-        "x = x + attn(ln1(x)); x = x + ff(ln2(x)).",
+        *pair("block_post_norm"),
         "post_norm",
     ),
     (
-        "the residual adds the normalised x (h = ln1(x); x = h + attn(h)) instead of the "
-        "raw stream.",
-        "keep x untouched: h = self.ln1(x); x = x + attn(h, h, h, mask).",
+        *pair("block_normed_residual"),
         "normed_residual",
     ),
     (
-        "the residual connection around the attention is missing (x = attn(ln1(x))).",
-        "x = x + attn_out.",
+        *pair("block_no_residual"),
         "no_residual",
     ),
     (
-        "ln2 is not applied before the feed-forward network (x + ff(x)).",
-        "x = x + ff(ln2(x)).",
+        *pair("block_ff_no_norm"),
         "ff_no_norm",
     ),
     (
-        "the feed-forward network uses GELU (as GPT-2 does) where the spec asks for "
-        "notebook 06's FeedForward, whose activation is ReLU.",
-        "self.ff = FeedForward(d_model, d_ff, dropout) from attention_ref.encoder, "
-        "imported at the top of the notebook.",
+        *pair("block_gelu"),
         "gelu",
     ),
 ]
@@ -348,67 +335,39 @@ def _top_p(s: np.ndarray, top_p: float, mode: str) -> np.ndarray:
 
 SAMPLER_MISTAKES = [
     (
-        "top-p excludes the token that crosses p: the kept set must be the smallest set "
-        "whose probability reaches top_p, so the token that takes the total over top_p is "
-        "included.",
-        "keep token i when the probability of the tokens strictly more probable than i is "
-        "< top_p (the sum before i, not including it).",
+        *pair("sampler_p_exclusive"),
         "p_exclusive",
     ),
     (
-        "temperature applied after the softmax (or not at all): dividing probabilities by T "
-        "and renormalising changes nothing.",
-        "divide the logits by the temperature before the softmax: softmax(logits / T).",
+        *pair("sampler_after_softmax"),
         "after_softmax",
     ),
     (
-        "the logits are multiplied by the temperature instead of divided by it.",
-        "scores = logits / temperature (T > 1 flattens, T < 1 sharpens).",
+        *pair("sampler_times"),
         "times",
     ),
     (
-        "top-k keeps exactly k tokens: a token tied with the k-th largest score is dropped.",
-        "keep every token whose score is >= the k-th largest: "
-        "kth = scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf).",
+        *pair("sampler_k_exact"),
         "k_exact",
     ),
     (
-        "top-k keeps exactly k tokens, and of the tokens tied with the k-th it keeps the "
-        "highest indices: every token tied with the k-th largest score must be kept.",
-        "keep every token whose score is >= the k-th largest: "
-        "kth = scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf).",
+        *pair("sampler_k_exact_high"),
         "k_exact_high",
     ),
     (
-        "top-p is applied before top-k (on the full distribution): top-k comes first, then "
-        "top-p on the renormalised distribution of the tokens top-k kept.",
-        "apply top-k to the scores, then softmax, then top-p.",
+        *pair("sampler_p_before_k"),
         "p_before_k",
     ),
     (
-        "top-p breaks ties by sort order: tokens as probable as a kept token must be kept "
-        "too (the spec counts only the tokens *strictly* more probable).",
-        "for each token compute the total probability of the strictly more probable tokens, "
-        "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
-        "when that is < top_p.",
+        *pair("sampler_p_sorted_ties"),
         "p_sorted_ties",
     ),
     (
-        "top-p breaks ties by sort order, keeping the higher index of tied tokens (as "
-        "sorting in ascending order and cutting from the bottom does): tokens as probable "
-        "as a kept token must be kept too (the spec counts only the tokens *strictly* more "
-        "probable).",
-        "for each token compute the total probability of the strictly more probable tokens, "
-        "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
-        "when that is < top_p.",
+        *pair("sampler_p_sorted_ties_high"),
         "p_sorted_ties_high",
     ),
     (
-        "top-p keeps a token while the mass before it is <= top_p; the spec keeps it only "
-        "while that mass is < top_p (when the tokens before it already reach top_p exactly, "
-        "it is not needed).",
-        "keep token i when the probability of the tokens strictly more probable than i is "
-        "strictly less than top_p.",
+        *pair("sampler_p_le"),
         "p_le",
     ),
 ]
@@ -703,29 +662,20 @@ def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
 
 GQA_MISTAKES = [
     (
-        "K/V heads repeated in the wrong order: repeat() tiles the key/value heads "
-        "(0, 1, 0, 1), so query head h uses kv head h % n_kv_heads; consecutive query heads "
-        "must share (0, 0, 1, 1): kv head h // (n_heads // n_kv_heads).",
-        "k.repeat_interleave(n_heads // n_kv_heads, dim=1), not k.repeat(1, group, 1, 1).",
+        *pair("gqa_repeat"),
         "repeat",
     ),
     (
-        "the scores are not scaled by 1/sqrt(d_head).",
-        "use the course's sdpa, or divide q @ k^T by math.sqrt(d_head).",
+        *pair("gqa_no_scale"),
         "no_scale",
     ),
-    ("the mask is ignored.", "pass the mask on to the attention (sdpa(q, k, v, mask)).", "no_mask"),
+    (*pair("gqa_no_mask"), "no_mask"),
     (
-        "the output projection w_o is missing.",
-        "return self.w_o(merge_heads(out)), weights.",
+        *pair("gqa_no_w_o"),
         "no_w_o",
     ),
     (
-        "a query row whose mask allows no key gets uniform weights (a large negative "
-        "number in place of -inf, or such a row patched to 1/n_k): the course's convention "
-        "(notebook 02) is all-zero weights, so the row's attention output is zero.",
-        "use the course's sdpa, which gives fully masked rows zero weights, or set their "
-        "weights to 0 after the softmax (e.g. weights * mask.any(-1, keepdim=True)).",
+        *pair("gqa_uniform_masked"),
         "uniform_masked",
     ),
 ]

@@ -26,6 +26,7 @@ from ..attention import sdpa, sdpa_np
 from ..efficient import OpRecorder
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import Context, Mistake, exercise
+from .mistakes import pair
 from .nb01 import BUILTIN_ATTENTION, TOL
 
 _SOFTMAXES = [
@@ -87,32 +88,23 @@ def _softmax_model(
 
 SOFTMAX_MISTAKES = [
     (
-        "the running sum is not rescaled when the maximum grows: l must become "
-        "l * exp(m_old - m_new) + sum(exp(block - m_new)).",
-        "multiply the sum so far by exp(m - m_new) before adding the new block's terms.",
+        *pair("online_sum_not_rescaled"),
         dict(rescale=False),
     ),
     (
-        "the last partial block is dropped: when n is not a multiple of block_size the "
-        "last n % block_size entries are never read.",
-        "loop with range(0, n, block_size) and slice x[start:start + block_size]; the last "
-        "slice is simply shorter.",
+        *pair("online_last_block_dropped"),
         dict(drop_last=True),
     ),
     (
-        "the running maximum starts at 0 instead of -inf, so when every entry is far below "
-        "0 all exponentials underflow to 0 and the result is 0/0.",
-        "start with m = -inf (float('-inf')) and l = 0.",
+        *pair("online_max_starts_at_0"),
         dict(m0=0.0),
     ),
     (
-        "no maximum is subtracted: exp(x) overflows for large entries.",
-        "keep a running maximum m and exponentiate x - m.",
+        *pair("online_no_max"),
         dict(subtract=False),
     ),
     (
-        "no running maximum: m is set to each block's own maximum instead of max(m, block max).",
-        "m_new = max(m, block.max()); exponentials are then never above 1.",
+        *pair("online_block_max_only"),
         dict(running=False),
     ),
 ]
@@ -264,45 +256,31 @@ def _attn_model(
 
 ATTN_MISTAKES = [
     (
-        "the running sum l is not rescaled when the maximum grows (l must become "
-        "l * exp(m_old - m_new) + the new block's sum).",
-        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
+        *pair("flash_running_sum_l"),
         dict(rescale_l=False),
     ),
     (
-        "the accumulator is not rescaled when the maximum grows: acc must become "
-        "acc * exp(m_old - m_new) + p @ v_block.",
-        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
+        *pair("flash_accumulator_rescaled_when"),
         dict(rescale_acc=False),
     ),
     (
-        "no running maximum: each block is exponentiated with its own maximum and the "
-        "running sums are not rescaled (m_new must be max(m, block max)).",
-        "keep m per query; m_new = torch.maximum(m, s.amax(-1, keepdim=True)); rescale by "
-        "exp(m - m_new).",
+        *pair("flash_running_maximum"),
         dict(running=False),
     ),
     (
-        "the last partial block is dropped: when n_k is not a multiple of block_size the "
-        "last keys are never read.",
-        "loop with range(0, n_k, block_size) and slice k[..., j0:j0 + block_size, :].",
+        *pair("flash_last_partial_block"),
         dict(drop_last=True),
     ),
     (
-        "the causal block skip is off by one: the key block on the diagonal is skipped, so "
-        "queries never see the keys of their own block.",
-        "for the query block [i0, i1) read key blocks starting at j0 < i1 (not j0 < i0); "
-        "mask inside the diagonal block with key j <= query i.",
+        *pair("flash_causal_block_skip"),
         dict(skip_diagonal=True),
     ),
     (
-        "the causal mask is strict (j < i): a query may not attend to itself.",
-        "allowed = key_position <= query_position.",
+        *pair("flash_causal_mask_strict"),
         dict(strict=True),
     ),
     (
-        "the scores are not scaled by 1/sqrt(d_k).",
-        "multiply q (or each tile of scores) by 1 / math.sqrt(d_k).",
+        *pair("flash_scores_scaled_1"),
         dict(scale=False),
     ),
 ]
@@ -489,25 +467,19 @@ def _kv_no_grad(mha, x, s, e, mode):
 
 KV_MISTAKES = [
     (
-        "the new positions attend to later new positions: with several new tokens at once "
-        "(t > 1) the causal mask inside the new chunk is missing.",
-        "when t > 1 pass a mask (t, T) with True where key j <= len_before + i.",
+        *pair("kv_no_mask"),
         "no_mask",
     ),
     (
-        "the causal mask is not shifted by the number of cached positions: new position i "
-        "is at absolute position len_before + i, so it sees keys j <= len_before + i.",
-        "build the mask as torch.ones(t, T, dtype=torch.bool).tril(T - t).",
+        *pair("kv_unshifted"),
         "unshifted",
     ),
     (
-        "the new queries attend only to the new keys, not to the cached ones.",
-        "attend to all keys and values that cache.append(k, v) returns.",
+        *pair("kv_only_new"),
         "only_new",
     ),
     (
-        "the output projection w_o is missing.",
-        "return mha.w_o(merge_heads(out)).",
+        *pair("kv_no_w_o"),
         "no_w_o",
     ),
 ]

@@ -25,14 +25,14 @@ def _angles(n_positions, d_model, exponent):
     return pos / 10000.0**exponent
 
 
-@mistake("sinusoidal_encoding", expect="sin and cos are swapped")
+@mistake("sinusoidal_encoding", id="pe_swapped")
 def pe_swapped(n_positions, d_model):
     _require_even(d_model)
     ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
     return _interleave(torch.cos(ang), torch.sin(ang))
 
 
-@mistake("sinusoidal_encoding", expect="i/d instead of 2i/d")
+@mistake("sinusoidal_encoding", id="pe_half_exponent")
 def pe_half_exponent(n_positions, d_model):
     _require_even(d_model)
     i = torch.arange(d_model // 2)
@@ -40,7 +40,7 @@ def pe_half_exponent(n_positions, d_model):
     return _interleave(torch.sin(ang), torch.cos(ang))
 
 
-@mistake("sinusoidal_encoding", expect="column's own index")
+@mistake("sinusoidal_encoding", id="pe_column_exponent")
 def pe_column_exponent(n_positions, d_model):
     _require_even(d_model)
     pe = torch.zeros(n_positions, d_model)
@@ -51,7 +51,7 @@ def pe_column_exponent(n_positions, d_model):
     return pe
 
 
-@mistake("sinusoidal_encoding", expect="counted from 1")
+@mistake("sinusoidal_encoding", id="pe_from_one")
 def pe_from_one(n_positions, d_model):
     _require_even(d_model)
     pos = torch.arange(1, n_positions + 1, dtype=torch.float32)[:, None]
@@ -59,14 +59,14 @@ def pe_from_one(n_positions, d_model):
     return _interleave(torch.sin(ang), torch.cos(ang))
 
 
-@mistake("sinusoidal_encoding", expect="concatenated")
+@mistake("sinusoidal_encoding", id="pe_concat")
 def pe_concatenated(n_positions, d_model):
     _require_even(d_model)
     ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
     return torch.cat([torch.sin(ang), torch.cos(ang)], dim=1)
 
 
-@mistake("sinusoidal_encoding", expect="half layout of tensor2tensor and fairseq")
+@mistake("sinusoidal_encoding", id="pe_half_layout_t2t")
 def pe_fairseq_half_layout(n_positions, d_model):
     """fairseq's SinusoidalPositionalEmbedding (and tensor2tensor's timing signal)."""
     _require_even(d_model)
@@ -77,7 +77,7 @@ def pe_fairseq_half_layout(n_positions, d_model):
     return torch.cat([torch.sin(emb), torch.cos(emb)], dim=1)
 
 
-@mistake("sinusoidal_encoding", expect="half layout: the first d/2 columns hold sines")
+@mistake("sinusoidal_encoding", id="pe_sin_cos_half")
 def pe_half_layout_other_frequencies(n_positions, d_model):
     """All sines, then all cosines, with the exponent i/d (pairs counted, not columns)."""
     _require_even(d_model)
@@ -85,7 +85,7 @@ def pe_half_layout_other_frequencies(n_positions, d_model):
     return torch.cat([torch.sin(ang), torch.cos(ang)], dim=1)
 
 
-@mistake("sinusoidal_encoding", expect="multiplied")
+@mistake("sinusoidal_encoding", id="pe_multiplied")
 def pe_multiplied(n_positions, d_model):
     _require_even(d_model)
     pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
@@ -93,7 +93,7 @@ def pe_multiplied(n_positions, d_model):
     return _interleave(torch.sin(ang), torch.cos(ang))
 
 
-@mistake("sinusoidal_encoding", expect="integer division")
+@mistake("sinusoidal_encoding", id="pe_int_division")
 def pe_integer_division(n_positions, d_model):
     _require_even(d_model)
     ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) // d_model)
@@ -207,19 +207,19 @@ def _rope_from_parts(x, cos, sin, sign=1.0):
     return _interleave(xe * cos - sign * xo * sin, sign * xe * sin + xo * cos)
 
 
-@mistake("rope", expect="opposite direction")
+@mistake("rope", id="rope_reversed")
 def rope_reversed(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     return _rope_from_parts(x, th.cos(), th.sin(), sign=-1.0)
 
 
-@mistake("rope", expect="sin and cos are swapped")
+@mistake("rope", id="rope_swapped")
 def rope_swapped(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     return _rope_from_parts(x, th.sin(), th.cos())
 
 
-@mistake("rope", expect="rotate_half")
+@mistake("rope", id="rope_rotate_half")
 def rope_rotate_half(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     cos, sin = th.cos().repeat(1, 2), th.sin().repeat(1, 2)  # (T, d): halves
@@ -228,14 +228,14 @@ def rope_rotate_half(x, positions=None, base=10000.0):
     return x * cos + rotated * sin
 
 
-@mistake("rope", expect="concatenated")
+@mistake("rope", id="rope_concat")
 def rope_concat(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     xe, xo = x[..., 0::2], x[..., 1::2]
     return torch.cat([xe * th.cos() - xo * th.sin(), xe * th.sin() + xo * th.cos()], dim=-1)
 
 
-@mistake("rope", expect="overwritten")
+@mistake("rope", id="rope_overwritten")
 def rope_overwritten(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     out = x.clone()
@@ -244,25 +244,25 @@ def rope_overwritten(x, positions=None, base=10000.0):
     return out
 
 
-@mistake("rope", expect="i/d instead of 2i/d")
+@mistake("rope", id="rope_half_exponent")
 def rope_half_exponent(x, positions=None, base=10000.0):
     th = _theta(x, positions, base, exponent_scale=1.0)
     return _rope_from_parts(x, th.cos(), th.sin())
 
 
-@mistake("rope", expect="multiplied")
+@mistake("rope", id="rope_multiplied")
 def rope_multiplied(x, positions=None, base=10000.0):
     th = _theta(x, positions, base, exponent_scale=-2.0)
     return _rope_from_parts(x, th.cos(), th.sin())
 
 
-@mistake("rope", expect="positions argument is ignored")
+@mistake("rope", id="rope_ignores_positions")
 def rope_ignores_positions(x, positions=None, base=10000.0):
     th = _theta(x, None, base)
     return _rope_from_parts(x, th.cos(), th.sin())
 
 
-@mistake("rope", expect="counted from 1")
+@mistake("rope", id="rope_from_one")
 def rope_from_one(x, positions=None, base=10000.0):
     if positions is None:
         positions = torch.arange(1, x.shape[-2] + 1)
@@ -270,7 +270,7 @@ def rope_from_one(x, positions=None, base=10000.0):
     return _rope_from_parts(x, th.cos(), th.sin())
 
 
-@mistake("rope", expect="added")
+@mistake("rope", id="rope_added")
 def rope_added(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)
     return x + _interleave(th.sin(), th.cos())

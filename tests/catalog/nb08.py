@@ -235,22 +235,22 @@ def _beam(step_fn, bos_id, eos_id, beam_size, max_len, **bug):
     return toks, s
 
 
-@mistake("beam_search", expect="greedy decoding")
+@mistake("beam_search", id="beam_greedy")
 def beam_greedy(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, greedy=True)
 
 
-@mistake("beam_search", expect="not accumulated")
+@mistake("beam_search", id="beam_last_only")
 def beam_last_only(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, last_only=True)
 
 
-@mistake("beam_search", expect="probabilities are added")
+@mistake("beam_search", id="beam_probabilities")
 def beam_probabilities(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, prob=True)
 
 
-@mistake("beam_search", expect="first finished")
+@mistake("beam_search", id="beam_first_finished")
 def beam_first_finished(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, first=True)
 

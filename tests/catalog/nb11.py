@@ -51,27 +51,27 @@ class _Block(nn.Module):
         return x + self.dropout(self.ff(self.ln2(x))), w
 
 
-@mistake("gpt_block", expect="no causal mask")
+@mistake("gpt_block", id="block_no_mask")
 class BlockNoMask(_Block):
     mode = "no_mask"
 
 
-@mistake("gpt_block", expect="excludes the diagonal")
+@mistake("gpt_block", id="block_strict")
 class BlockStrictMask(_Block):
     mode = "strict"
 
 
-@mistake("gpt_block", expect="inverted")
+@mistake("gpt_block", id="block_upper")
 class BlockUpperMask(_Block):
     mode = "upper"
 
 
-@mistake("gpt_block", expect="post-norm")
+@mistake("gpt_block", id="block_post_norm")
 class BlockPostNorm(_Block):
     mode = "post_norm"
 
 
-@mistake("gpt_block", expect="residual adds the normalised x")
+@mistake("gpt_block", id="block_normed_residual")
 class BlockNormedResidual(_Block):
     mode = "normed_residual"
 
@@ -88,7 +88,7 @@ class BlockTorchAttention(_Block):
         self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
 
 
-@mistake("gpt_block", expect="uses GELU")
+@mistake("gpt_block", id="block_gelu")
 class BlockGELU(_Block):
     """GPT-2's activation in place of the spec's FeedForward (ReLU)."""
 
@@ -171,29 +171,29 @@ def _sampler(logits, temperature=1.0, top_k=None, top_p=None, generator=None, *,
     return torch.multinomial(flat, 1, generator=gen).reshape(probs.shape[:-1])
 
 
-@mistake("sample_next_token", expect="excludes the token that crosses p")
+@mistake("sample_next_token", id="sampler_p_exclusive")
 def sampler_top_p_exclusive(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return _sampler(logits, temperature, top_k, top_p, generator, mode="exclusive")
 
 
-@mistake("sample_next_token", expect="temperature applied after the softmax")
+@mistake("sample_next_token", id="sampler_after_softmax")
 def sampler_temperature_after_softmax(
     logits, temperature=1.0, top_k=None, top_p=None, generator=None
 ):
     return _sampler(logits, temperature, top_k, top_p, generator, mode="after_softmax")
 
 
-@mistake("sample_next_token", expect="multiplied by the temperature")
+@mistake("sample_next_token", id="sampler_times")
 def sampler_temperature_times(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return _sampler(logits, temperature, top_k, top_p, generator, mode="times")
 
 
-@mistake("sample_next_token", expect="keeps exactly k tokens")
+@mistake("sample_next_token", id="sampler_k_exact_high")
 def sampler_top_k_exact(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return _sampler(logits, temperature, top_k, top_p, generator, mode="k_exact")
 
 
-@mistake("sample_next_token", expect="breaks ties by sort order")
+@mistake("sample_next_token", id="sampler_p_sorted_ties")
 def sampler_top_p_sorted(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     return _sampler(logits, temperature, top_k, top_p, generator, mode="sorted")
 
@@ -243,7 +243,7 @@ def sampler_top_k_threshold_shape(logits, temperature=1.0, top_k=None, top_p=Non
     return _sampler(scores, temperature, None, top_p, generator)
 
 
-@mistake("sample_next_token", expect="keeps the highest indices")
+@mistake("sample_next_token", id="sampler_k_exact_high")
 def sampler_top_k_exact_high(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Exactly k tokens, ties at the k-th broken toward the highest index."""
     if temperature == 0 or top_k is None:
@@ -256,7 +256,7 @@ def sampler_top_k_exact_high(logits, temperature=1.0, top_k=None, top_p=None, ge
     return _sampler(scores.masked_fill(~keep, -math.inf), 1.0, None, top_p, generator)
 
 
-@mistake("sample_next_token", expect="keeping the higher index of tied tokens")
+@mistake("sample_next_token", id="sampler_p_sorted_ties_high")
 def sampler_top_p_sorted_ascending(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """A widely used library's top-p: sort ascending, drop the tokens whose cumulative mass
     stays <= 1 - top_p; among tied tokens the higher index ends up kept."""
@@ -276,7 +276,7 @@ def sampler_top_p_sorted_ascending(logits, temperature=1.0, top_k=None, top_p=No
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
-@mistake("sample_next_token", expect="while the mass before it is <= top_p")
+@mistake("sample_next_token", id="sampler_p_le")
 def sampler_top_p_less_or_equal(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     if temperature == 0 or top_p is None:
         return _sampler(logits, temperature, top_k, top_p, generator)
@@ -349,22 +349,22 @@ class _GQA(nn.Module):
         return self.w_o(merge_heads(out)), w
 
 
-@mistake("grouped_query_attention", expect="repeated in the wrong order")
+@mistake("grouped_query_attention", id="gqa_repeat")
 class GQARepeat(_GQA):
     mode = "repeat"
 
 
-@mistake("grouped_query_attention", expect="not scaled")
+@mistake("grouped_query_attention", id="gqa_no_scale")
 class GQANoScale(_GQA):
     mode = "no_scale"
 
 
-@mistake("grouped_query_attention", expect="mask is ignored")
+@mistake("grouped_query_attention", id="gqa_no_mask")
 class GQANoMask(_GQA):
     mode = "no_mask"
 
 
-@mistake("grouped_query_attention", expect="gets uniform weights")
+@mistake("grouped_query_attention", id="gqa_uniform_masked")
 class GQAUniformMaskedRows(_GQA):
     mode = "uniform_masked"
 

@@ -22,22 +22,22 @@ def _online_softmax(x, block_size, *, rescale=True, stop=None, m0=-math.inf, run
     return torch.exp(x - m) / l
 
 
-@mistake("online_softmax", expect="running sum is not rescaled")
+@mistake("online_softmax", id="online_sum_not_rescaled")
 def softmax_no_rescale(x, block_size):
     return _online_softmax(x, block_size, rescale=False)
 
 
-@mistake("online_softmax", expect="last partial block is dropped")
+@mistake("online_softmax", id="online_last_block_dropped")
 def softmax_drop_last(x, block_size):
     return _online_softmax(x, block_size, stop=x.numel() - x.numel() % block_size)
 
 
-@mistake("online_softmax", expect="starts at 0 instead of -inf")
+@mistake("online_softmax", id="online_max_starts_at_0")
 def softmax_m0_zero(x, block_size):
     return _online_softmax(x, block_size, m0=0.0)
 
 
-@mistake("online_softmax", expect="no maximum is subtracted")
+@mistake("online_softmax", id="online_no_max")
 def softmax_no_max(x, block_size):
     l = x.new_tensor(0.0)  # noqa: E741
     for start in range(0, x.numel(), block_size):
@@ -152,17 +152,17 @@ def _online_attention(
     return out
 
 
-@mistake("online_softmax_attention", expect="running sum l is not rescaled")
+@mistake("online_softmax_attention", id="flash_running_sum_l")
 def attn_no_rescale_l(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, causal, rescale_l=False)
 
 
-@mistake("online_softmax_attention", expect="accumulator is not rescaled")
+@mistake("online_softmax_attention", id="flash_accumulator_rescaled_when")
 def attn_no_rescale_acc(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, causal, rescale_acc=False)
 
 
-@mistake("online_softmax_attention", expect="no running maximum")
+@mistake("online_softmax_attention", id="flash_running_maximum")
 def attn_block_max_only(q, k, v, block_size=64, causal=False):
     n_k = k.shape[-2]
     q = q / math.sqrt(q.shape[-1])
@@ -179,12 +179,12 @@ def attn_block_max_only(q, k, v, block_size=64, causal=False):
     return acc / l
 
 
-@mistake("online_softmax_attention", expect="last partial block is dropped")
+@mistake("online_softmax_attention", id="flash_last_partial_block")
 def attn_drop_last(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, causal, drop_last=True)
 
 
-@mistake("online_softmax_attention", expect="block skip is off by one")
+@mistake("online_softmax_attention", id="flash_causal_block_skip")
 def attn_skip_diagonal(q, k, v, block_size=64, causal=False):
     out = _online_attention(q, k, v, block_size, causal, skip_extra=-block_size)
     return out.nan_to_num(0.0)
@@ -325,22 +325,22 @@ def kv_appended_twice(mha, x_new, cache):
     return _cached(mha, x_new, cache, append=2)
 
 
-@mistake("cached_self_attention", expect="causal mask inside the new chunk is missing")
+@mistake("cached_self_attention", id="kv_no_mask")
 def kv_no_mask(mha, x_new, cache):
     return _cached(mha, x_new, cache, mask=None)
 
 
-@mistake("cached_self_attention", expect="not shifted by the number of cached positions")
+@mistake("cached_self_attention", id="kv_unshifted")
 def kv_unshifted_mask(mha, x_new, cache):
     return _cached(mha, x_new, cache, mask="unshifted")
 
 
-@mistake("cached_self_attention", expect="only to the new keys")
+@mistake("cached_self_attention", id="kv_only_new")
 def kv_only_new(mha, x_new, cache):
     return _cached(mha, x_new, cache, only_new=True)
 
 
-@mistake("cached_self_attention", expect="w_o is missing")
+@mistake("cached_self_attention", id="kv_no_w_o")
 def kv_no_w_o(mha, x_new, cache):
     return _cached(mha, x_new, cache, w_o=False)
 
