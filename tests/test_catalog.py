@@ -3,6 +3,8 @@ every correct alternative is accepted, on the visible and the hidden inputs."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from attention_ref.checks import check, exercise_ids
@@ -19,17 +21,10 @@ def test_mistake_is_caught_and_named(entry: Entry) -> None:
     # Caught on the visible inputs (the learner's self-check) ...
     with pytest.raises(AssertionError) as visible:
         check(entry.exercise, entry.impl)
-    if entry.mistake_id:
-        assert entry.mistake_id in NAMED, f"{entry.mistake_id!r} is not in checks/mistakes.py"
-        named = mistake_id(str(visible.value))
-        assert named == entry.mistake_id, (
-            f"feedback names {named or 'no mistake'}, not {entry.mistake_id}:\n{visible.value}"
-        )
-    assert entry.expect.lower() in str(visible.value).lower(), (
-        f"feedback does not name the mistake ({entry.expect!r}):\n{visible.value}"
-    )
-    assert not entry.absent or entry.absent.lower() not in str(visible.value).lower(), (
-        f"feedback names a mistake that was not made ({entry.absent!r}):\n{visible.value}"
+    assert entry.mistake_id in NAMED, f"{entry.mistake_id!r} is not in checks/mistakes.py"
+    named = mistake_id(str(visible.value))
+    assert named == entry.mistake_id, (
+        f"feedback names {named or 'no mistake'}, not {entry.mistake_id}:\n{visible.value}"
     )
     # ... and by the hidden tests used for grading.
     with pytest.raises(AssertionError):
@@ -48,3 +43,8 @@ def test_every_exercise_has_three_mistakes_and_two_alternatives(exercise_id: str
     n_alternatives = sum(e.exercise == exercise_id for e in ALTERNATIVES)
     assert n_mistakes >= 3, f"{exercise_id}: only {n_mistakes} catalogued mistakes"
     assert n_alternatives >= 2, f"{exercise_id}: only {n_alternatives} correct alternatives"
+
+
+def test_mistake_ids_are_names_a_program_can_read() -> None:
+    for mistake_id_ in NAMED:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", mistake_id_), mistake_id_

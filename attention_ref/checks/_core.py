@@ -32,13 +32,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from .mistakes import MISTAKES, named, tag
+from .mistakes import MISTAKES, Named, named, tag
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class CheckFailure(AssertionError):  # noqa: N818 - public name, reads as the event
     """Raised by a check with feedback for the learner; ``str(err)`` is the whole message."""
+
+
+def naming(failure: CheckFailure, mistake: Named) -> CheckFailure:
+    """``failure`` (feedback that names no mistake yet) with ``mistake`` as its likely
+    mistake, for a check that recognises the cause of a learner's exception afterwards."""
+    text = str(failure).rsplit(tag("code_raised"), 1)[0]
+    return CheckFailure(
+        f"{text}\n  Likely mistake: {mistake}\n  Hint: {mistake.hint}{tag(mistake.id)}"
+    )
 
 
 class ReferenceUsed(Exception):  # noqa: N818 - an event, not an error of the learner's code

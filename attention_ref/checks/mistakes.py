@@ -35,6 +35,12 @@ class Named(str):
 #: (id, message, hint), grouped by where the mistake is made.
 _TABLE: list[tuple[str, str, str]] = [
     # --- every exercise: failures the first line of the feedback already describes
+    ("mask_not_boolean", "", ""),
+    ("parameter_names", "", ""),
+    ("raw_parameter", "", ""),
+    ("no_value_error", "", ""),
+    ("value_error_vague", "", ""),
+    ("pad_id_not_stored", "", ""),
     ("wrong_type", "", ""),
     ("wrong_shape", "", ""),
     ("wrong_dtype", "", ""),
@@ -335,6 +341,19 @@ _TABLE: list[tuple[str, str, str]] = [
     ),
     # --- 03 self-attention
     (
+        "sa_extra_w_o",
+        "this exercise has no output projection (W_O comes in notebook 04): out is weights @ v.",
+        "",
+    ),
+    (
+        "sa_values_from_w_k",
+        (
+            "the values are computed with w_k or w_q (copy-paste): v must be self.w_v(x), which "
+            "has d_v outputs."
+        ),
+        "",
+    ),
+    (
         "queries_keys_swapped",
         (
             "queries and keys are swapped: the scores are K Q^T instead of Q K^T, so the score "
@@ -413,6 +432,53 @@ _TABLE: list[tuple[str, str, str]] = [
         ),
     ),
     # --- 04 multi-head attention
+    (
+        "split_heads_not_moved",
+        (
+            "the last dimension is split into heads, but the heads are not moved in front of the "
+            "tokens."
+        ),
+        "add .transpose(1, 2): (B, T, H, D/H) -> (B, H, T, D/H).",
+    ),
+    (
+        "split_heads_folded",
+        "batch and heads are folded into one dimension (B*H, T, D/H).",
+        "keep them separate: the result is (B, H, T, D/H).",
+    ),
+    (
+        "split_heads_last_axes_swapped",
+        "the last two axes are swapped: the result is (B, H, D/H, T).",
+        "x.view(B, T, H, D // H).transpose(1, 2) moves only axes 1 and 2.",
+    ),
+    (
+        "merge_heads_not_flattened",
+        "the heads are moved back but not flattened into one feature axis.",
+        "reshape the result to (B, T, H * d_head).",
+    ),
+    (
+        "merge_heads_wrong_axes",
+        "the wrong axes are flattened together.",
+        "the heads join the features: (B, T, H, d_head) -> (B, T, H * d_head).",
+    ),
+    (
+        "mha_shared_head_projection",
+        (
+            "a d_head x d_head projection shared by all heads is the non-standard variant: each "
+            "projection maps all d_model features to all d_model features (every head sees the "
+            "whole input), so it is ({D}, {D}), not ({dh}, {dh})."
+        ),
+        "",
+    ),
+    (
+        "mha_w_o_missing",
+        "W_O is missing: multi-head attention ends with an output projection that mixes the heads.",
+        "",
+    ),
+    (
+        "assert_instead_of_value_error",
+        "an assert (AssertionError) or an error from a later line instead of an explicit check.",
+        "",
+    ),
     (
         "mha_split_view",
         (
@@ -776,6 +842,7 @@ _TABLE: list[tuple[str, str, str]] = [
         ),
     ),
     # --- 06 the encoder block
+    ("built_without_bias", "the layer is built with bias=False.", ""),
     (
         "residual_missing_attention",
         "there is no residual connection around the self-attention sublayer.",
@@ -967,6 +1034,7 @@ _TABLE: list[tuple[str, str, str]] = [
         "self.dropout = nn.Dropout(dropout), with the constructor's argument.",
     ),
     # --- 07 the decoder
+    ("dropout_not_passed_on", "the dropout is not passed on to {name}.", ""),
     (
         "decoder_norm_order",
         "wrong norm order: the layer computes {computed} although norm_first={norm_first}.",
@@ -1099,6 +1167,14 @@ _TABLE: list[tuple[str, str, str]] = [
         "",
     ),
     # --- 08 translation
+    (
+        "target_not_shifted",
+        (
+            "{name} keeps the whole target: teacher forcing needs the target shifted by one "
+            "(tgt_in drops the last position, tgt_out drops <bos>)."
+        ),
+        "",
+    ),
     (
         "beam_greedy",
         "beam_size is ignored: only the single best hypothesis is kept (greedy decoding).",
@@ -1434,6 +1510,35 @@ _TABLE: list[tuple[str, str, str]] = [
     ),
     # --- 11 GPT
     (
+        "greedy_last_tie",
+        "greedy picks the last of the tied maxima; the spec asks for the lowest index.",
+        "logits.argmax(-1) returns the first maximum.",
+    ),
+    (
+        "greedy_after_top_k",
+        (
+            "with temperature 0, top_k/top_p are applied before the greedy choice, and they "
+            "reorder the tied maxima: temperature 0 ignores top_k and top_p and returns the "
+            "lowest index among ties."
+        ),
+        "check temperature == 0 first: return logits.argmax(-1).",
+    ),
+    (
+        "greedy_other_tie",
+        "greedy returns one of the tied maxima, but not the lowest index, which the spec asks for.",
+        "logits.argmax(-1) returns the first maximum.",
+    ),
+    (
+        "greedy_not_argmax",
+        "temperature 0 does not return the argmax (greedy).",
+        "logits.argmax(-1) returns the first maximum.",
+    ),
+    (
+        "temperature_zero_not_handled",
+        "temperature 0 is not handled separately (dividing by 0 gives inf/nan logits).",
+        "if temperature == 0: return logits.argmax(-1).",
+    ),
+    (
         "block_no_mask",
         "no causal mask: every position attends to the future tokens too.",
         "pass mask = torch.ones(T, T, dtype=torch.bool).tril() (True where key j <= query i).",
@@ -1645,6 +1750,24 @@ _TABLE: list[tuple[str, str, str]] = [
         "",
     ),
     # --- 12 efficient attention
+    (
+        "flash_causal_ignored",
+        "causal=True is ignored: queries attend to future keys.",
+        (
+            "with causal=True, mask each tile with key_position <= query_position and skip key "
+            "blocks that start after the query block ends."
+        ),
+    ),
+    (
+        "kv_appended_twice",
+        "the new keys and values are appended twice.",
+        "call cache.append(k, v) once per call, with the t new positions.",
+    ),
+    (
+        "kv_appended_wrong_count",
+        "the wrong number of positions is appended.",
+        "call cache.append(k, v) once per call, with the t new positions.",
+    ),
     (
         "online_sum_not_rescaled",
         (

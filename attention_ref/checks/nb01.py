@@ -120,6 +120,7 @@ def check_softmax_np(candidate, ctx: Context) -> None:
             ctx.fail(
                 f"the result has dtype {got.dtype}, expected {x.dtype} (the dtype of x).",
                 case=case,
+                mistake="wrong_dtype",
                 hint="NumPy keeps float32 as float32 unless something upcasts it: avoid "
                 "np.float64(...), astype(float) or dtype=float in your code.",
             )

@@ -226,7 +226,7 @@ def load_linear_weights(
                 if bias is not None
                 else f"{name} is a raw parameter where this exercise asks for a layer"
             )
-            ctx.fail(f"{why}: declare self.{name} = {spec}.", case=case)
+            ctx.fail(f"{why}: declare self.{name} = {spec}.", case=case, mistake="raw_parameter")
         else:
             missing = ", ".join(layers)
             has = ", ".join(params) or "none"
@@ -235,6 +235,7 @@ def load_linear_weights(
                 f"check copies known weights into {missing} by name, so declare "
                 f"self.{name} = {spec}.",
                 case=case,
+                mistake="parameter_names",
                 likely=likely.get(f"missing {name}", ""),
             )
     extra = sorted(set(params) - used)
@@ -447,8 +448,7 @@ def _prepare(cls, ctx: Context, d_in, d_k, d_v, W, dtype, case) -> nn.Module:
         case,
         raw_ok=True,
         likely={
-            "extra w_o": "this exercise has no output projection (W_O comes in notebook 04): "
-            "out is weights @ v."
+            "extra w_o": named("sa_extra_w_o"),
         },
     )
     return mod
@@ -488,18 +488,16 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
         and out.shape[-1] != c.d_v
     ):
         # A feature count of d_in or d_k names where the "values" came from.
-        causes = {
-            "d_in": "the weights multiply x instead of the values V = w_v(x)",
-            "d_k": "the values are computed with w_k or w_q (copy-paste): v must be "
-            "self.w_v(x), which has d_v outputs",
-        }
+        causes = {"d_in": named("weights_times_x"), "d_k": named("sa_values_from_w_k")}
         found = [n for n, size in (("d_in", c.d_in), ("d_k", c.d_k)) if out.shape[-1] == size]
         if found:
             ctx.fail(
                 f"out has shape {tuple(out.shape)}, expected {out64.shape}: it has "
                 f"{' = '.join(found)} features instead of d_v={c.d_v}.",
                 case=case,
-                likely="; or ".join(causes[n] for n in found) + ".",
+                likely=causes[found[0]]
+                if len(found) == 1
+                else "; or ".join(causes[n][:-1] for n in found) + ".",
                 hint="out = weights @ v with v = self.w_v(x).",
             )
     like_w = x.new_zeros(w64.shape)

@@ -21,8 +21,8 @@ from torch import nn
 
 from .. import multihead as ref
 from . import _models as M
-from ._core import CheckFailure, Context, Mistake, exercise
-from .mistakes import named
+from ._core import CheckFailure, Context, Mistake, exercise, naming
+from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION, TOL
 from .nb03 import build_module, load_linear_weights
 
@@ -124,19 +124,9 @@ def check_split_heads(candidate, ctx: Context) -> None:
             expected=ref.split_heads(x, H),
             shape_name="(B, H, T, D/H)",
             wrong_shapes={
-                (B, T, H, dh): (
-                    "the last dimension is split into heads, but the heads are not moved "
-                    "in front of the tokens.",
-                    "add .transpose(1, 2): (B, T, H, D/H) -> (B, H, T, D/H).",
-                ),
-                (B * H, T, dh): (
-                    "batch and heads are folded into one dimension (B*H, T, D/H).",
-                    "keep them separate: the result is (B, H, T, D/H).",
-                ),
-                (B, H, dh, T): (
-                    "the last two axes are swapped: the result is (B, H, D/H, T).",
-                    "x.view(B, T, H, D // H).transpose(1, 2) moves only axes 1 and 2.",
-                ),
+                (B, T, H, dh): pair("split_heads_not_moved"),
+                (B * H, T, dh): pair("split_heads_folded"),
+                (B, H, dh, T): pair("split_heads_last_axes_swapped"),
             },
             mistakes=[
                 Mistake(SPLIT_VIEW, SPLIT_VIEW_HINT, model=lambda x=x, H=H: _split_view(x, H)),
@@ -187,10 +177,7 @@ def check_merge_heads(candidate, ctx: Context) -> None:
             x = ref.split_heads(x0, H)  # a transposed view, as in a real model
         else:
             x = torch.from_numpy(rng.normal(size=(B, H, T, dh))).to(getattr(torch, kind))
-        flattened_wrong = (
-            "the wrong axes are flattened together.",
-            "the heads join the features: (B, T, H, d_head) -> (B, T, H * d_head).",
-        )
+        flattened_wrong = pair("merge_heads_wrong_axes")
         _check_rearrangement(
             ctx,
             candidate,
@@ -200,10 +187,7 @@ def check_merge_heads(candidate, ctx: Context) -> None:
             expected=ref.merge_heads(x),
             shape_name="(B, T, H*d_head)",
             wrong_shapes={
-                (B, T, H, dh): (
-                    "the heads are moved back but not flattened into one feature axis.",
-                    "reshape the result to (B, T, H * d_head).",
-                ),
+                (B, T, H, dh): pair("merge_heads_not_flattened"),
                 (B, H * T, dh): flattened_wrong,
                 (B, H, T * dh): flattened_wrong,
             },
@@ -527,11 +511,7 @@ def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.
         for name in ("w_q", "w_k", "w_v", "w_o")
     }
     dh = D // H
-    shared = (
-        "a d_head x d_head projection shared by all heads is the non-standard variant: "
-        "each projection maps all d_model features to all d_model features (every head "
-        f"sees the whole input), so it is ({D}, {D}), not ({dh}, {dh})."
-    )
+    shared = named("mha_shared_head_projection", D=D, dh=dh)
     load_linear_weights(
         ctx,
         mod,
@@ -539,8 +519,7 @@ def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.
         case,
         raw_ok=False,
         likely={
-            "missing w_o": "W_O is missing: multi-head attention ends with an output "
-            "projection that mixes the heads.",
+            "missing w_o": named("mha_w_o_missing"),
             "shape w_q": shared,
             "shape w_k": shared,
             "shape w_v": shared,
@@ -603,9 +582,7 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
             and "Likely mistake" not in text
             and re.search(r"size of tensor|broadcast|match", text)
         ):
-            raise CheckFailure(
-                f"{text}\n  Likely mistake: {MASK_NO_HEAD_AXIS}\n  Hint: {MASK_NO_HEAD_AXIS_HINT}"
-            ) from None
+            raise naming(err, MASK_NO_HEAD_AXIS) from None
         raise
     out, weights = ctx.expect_tuple(got, ("out", "weights"), case=case)
     B, n_q, n_k, H = q.shape[0], q.shape[1], k.shape[1], c.n_heads
@@ -736,15 +713,13 @@ def _check_indivisible(cls, ctx: Context) -> None:
             ctx.fail(
                 f"must raise ValueError, but raised {type(err).__name__}: {err}.",
                 case=case,
-                likely="an assert (AssertionError) or an error from a later line instead of "
-                "an explicit check."
-                if isinstance(err, AssertionError)
-                else "",
+                mistake="assert_instead_of_value_error" if isinstance(err, AssertionError) else "",
                 hint="check d_model % n_heads first and raise ValueError with a clear message.",
             )
         ctx.fail(
             f"MultiHeadAttention({D}, {H}) must raise ValueError ({D} features cannot be split "
             f"evenly into {H} heads), but it built a module.",
             case=case,
+            mistake="no_value_error",
             hint="check d_model % n_heads != 0 in __init__ and raise ValueError naming both.",
         )

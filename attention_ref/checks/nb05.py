@@ -182,6 +182,7 @@ def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
             ctx.fail(
                 f"the encoding has dtype {got.dtype}, expected torch.float32.",
                 case=case,
+                mistake="wrong_dtype",
                 hint="build it in float32 (torch.arange(...).float(), or "
                 "dtype=torch.float32), or end with .float(); a float64 table added to "
                 "float32 embeddings would turn the whole model into float64.",
@@ -212,6 +213,7 @@ def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
                 "an odd d_model must raise ValueError (the features come in (sin, cos) "
                 "pairs), but your function returned.",
                 case=case,
+                mistake="no_value_error",
                 hint='start with: if d_model % 2: raise ValueError(f"d_model must be '
                 'even; got d_model={d_model}")',
             )
@@ -227,6 +229,7 @@ def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
                 f"the ValueError for an odd d_model must name d_model; its message "
                 f"was {str(err)!r}.",
                 case=case,
+                mistake="value_error_vague",
                 hint='e.g. ValueError(f"d_model must be even; got d_model={d_model}")',
             )
 

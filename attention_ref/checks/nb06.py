@@ -140,13 +140,14 @@ def load_named(
                 ctx.fail(
                     f"{owner} has no bias (its parameters: {has}); declare self.{owner} = {spec}.",
                     case=case,
-                    likely=likely.get(f"no bias {owner}", "the layer is built with bias=False."),
+                    likely=likely.get(f"no bias {owner}", named("built_without_bias")),
                 )
             ctx.fail(
                 f"your module has no parameter named {name} (its parameters: {has}): the "
                 "check copies known weights in by name, so use exactly the attribute names "
                 f"of the exercise: self.{owner} = {spec}.",
                 case=case,
+                mistake="parameter_names",
                 likely=likely.get(f"missing {owner}", ""),
             )
         used |= ids
@@ -185,6 +186,7 @@ def substitute(ctx: Context, mod: nn.Module, name: str, make, case: str, spec: s
             f"your module has no submodule named {name} (its submodules: {subs}): use exactly "
             f"the attribute names of the exercise: self.{name} = {spec}.",
             case=case,
+            mistake="parameter_names",
         )
     setattr(mod, name, make(dropout_p(part)))
 
@@ -741,6 +743,7 @@ def _layer_call(ctx, mod, x, mask, case) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.fail(
             "forward must return a tuple (out, weights); got a single tensor.",
             case=case,
+            mistake="not_a_tuple",
             hint="return x, weights, where weights are the self-attention weights "
             "(B, H, T, T) that self.self_attn returned.",
         )

@@ -99,6 +99,7 @@ def load_reference_weights(
                 "check copies known weights in by name, so use exactly the attribute names "
                 f"of the exercise: {spec_for(name) or owner}.",
                 case=case,
+                mistake="parameter_names",
             )
         used |= ids
     extra = sorted(n for n, p in mod.named_parameters() if id(p) not in used)
@@ -417,7 +418,7 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
                     "weights: the attention weights are not dropped. nn.TransformerDecoderLayer "
                     "applies its dropout to the attention weights too.",
                     case=case + ", training mode",
-                    likely=f"the dropout is not passed on to {name}.",
+                    likely=named("dropout_not_passed_on", name=name),
                     hint=f"self.{name} = MultiHeadAttention(d_model, n_heads, dropout=dropout) "
                     "(as a keyword: the third positional argument is bias).",
                 )
@@ -543,6 +544,7 @@ def _tf_prepare(ctx, mod, c: TfCase, case) -> None:
             f"self.pad_id is {pad!r}, expected {c.pad_id} (the pad_id argument): the spec "
             "asks for it, and greedy_decode reads model.pad_id.",
             case=case,
+            mistake="pad_id_not_stored",
             hint="self.pad_id = pad_id in __init__.",
         )
     emb = getattr(mod, "tgt_embed", None)

@@ -75,6 +75,7 @@ def check_make_batch(candidate, ctx: Context) -> None:
                 ctx.fail(
                     f"tgt_mask must be boolean (True = a real token); got dtype {g.dtype}.",
                     case=case,
+                    mistake="mask_not_boolean",
                     hint="a comparison such as `tgt_out != pad_id` already gives a bool tensor.",
                 )
             if name != "tgt_mask" and g.dtype != torch.long:
@@ -86,11 +87,7 @@ def check_make_batch(candidate, ctx: Context) -> None:
             if tuple(g.shape) != tuple(e.shape):
                 likely = ""
                 if name in ("tgt_in", "tgt_out") and tuple(g.shape) == (B, T):
-                    likely = (
-                        f"{name} keeps the whole target: teacher forcing needs the "
-                        "target shifted by one (tgt_in drops the last position, "
-                        "tgt_out drops <bos>)."
-                    )
+                    likely = named("target_not_shifted", name=name)
                 elif name == "tgt_mask" and tuple(g.shape) == (B, T):
                     likely = named("tgt_mask_whole_target")
                 ctx.fail(

@@ -24,7 +24,7 @@ from .. import gpt as ref
 from ..attention import sdpa
 from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
-from ._core import CheckFailure, Context, Mistake, exercise
+from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION, TOL
 
@@ -69,6 +69,7 @@ def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str)
             + (f"; unexpected: {', '.join(extra[:6])}" if extra else "")
             + ".",
             case=case,
+            mistake="parameter_names",
             hint=f"declare exactly these sub-modules: {layout}.",
         )
     for k in want:
@@ -553,41 +554,27 @@ def _check_greedy(fn, ctx: Context) -> None:
                 said = str(err).split("\n")[0]  # the error itself, not the quoted line
                 if "Likely mistake" in str(err) or not _DIVIDED_BY_ZERO.search(said):
                     raise  # the cause is elsewhere (or already named)
-                raise CheckFailure(
-                    f"{err}\n  Likely mistake: temperature 0 is not handled separately "
-                    "(dividing by 0 gives inf/nan logits).\n  Hint: if temperature == 0: "
-                    "return logits.argmax(-1)."
-                ) from None
+                raise naming(err, named("temperature_zero_not_handled")) from None
             _expect_ids(ctx, got, (6,), 7, case)
             if not torch.equal(got.cpu(), expected):
                 got = got.cpu()
                 i = int((got != expected).nonzero()[0])
                 last = torch.tensor([6 - int(np.argmax(r[::-1])) for r in rows.numpy()])
                 tied_max = bool((rows.gather(1, got[:, None]) == rows.amax(1, keepdim=True)).all())
-                hint = "logits.argmax(-1) returns the first maximum."
                 if torch.equal(got, last):
-                    likely = "greedy picks the last of the tied maxima; the spec asks for the "
-                    likely += "lowest index."
+                    likely = named("greedy_last_tie")
                 elif tied_max and k is not None:
-                    likely = (
-                        "with temperature 0, top_k/top_p are applied before the greedy choice, "
-                        "and they reorder the tied maxima: temperature 0 ignores top_k and "
-                        "top_p and returns the lowest index among ties."
-                    )
-                    hint = "check temperature == 0 first: return logits.argmax(-1)."
+                    likely = named("greedy_after_top_k")
                 elif tied_max:
-                    likely = (
-                        "greedy returns one of the tied maxima, but not the lowest index, "
-                        "which the spec asks for."
-                    )
+                    likely = named("greedy_other_tie")
                 else:
-                    likely = "temperature 0 does not return the argmax (greedy)."
+                    likely = named("greedy_not_argmax")
                 ctx.fail(
                     f"row {i}: got id {int(got[i])}, expected {int(expected[i])} (the first "
                     f"index of the largest logit).",
                     case=case,
                     likely=likely,
-                    hint=hint,
+                    hint=likely.hint,
                 )
 
 

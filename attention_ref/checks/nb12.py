@@ -285,11 +285,7 @@ ATTN_MISTAKES = [
     ),
 ]
 
-NO_CAUSAL = (
-    "causal=True is ignored: queries attend to future keys.",
-    "with causal=True, mask each tile with key_position <= query_position and skip key "
-    "blocks that start after the query block ends.",
-)
+NO_CAUSAL = pair("flash_causal_ignored")
 
 
 def _attn_inputs(g, shape_q, shape_k, d_v, dtype, scale=1.0):
@@ -535,10 +531,7 @@ def check_cached_self_attention(candidate, ctx: Context) -> None:
                     f"{cache.appended} positions were appended to the cache for {t} new "
                     f"token(s) (cache.append was called {cache.calls} time(s) so far).",
                     case=case,
-                    likely="the new keys and values are appended twice."
-                    if twice
-                    else "the wrong number of positions is appended.",
-                    hint="call cache.append(k, v) once per call, with the t new positions.",
+                    mistake="kv_appended_twice" if twice else "kv_appended_wrong_count",
                 )
             x64 = x.double()
             with torch.no_grad():

@@ -4,10 +4,8 @@ Each ``nbNN.py`` module here registers, for the exercises of notebook NN:
 
 - realistic buggy implementations with ``@mistake(exercise_id, id="mistake_id")``: the
   check must reject each one with feedback that names exactly that mistake (its last line
-  is ``[mistake: mistake_id]``; the ids and their messages are in
-  ``attention_ref/checks/mistakes.py``). A failure the checks give no id yet is declared
-  with ``expect="..."`` instead: words the feedback must contain, and with ``absent="..."``
-  words it must not contain (a mistake it must not be taken for);
+  is ``[mistake: mistake_id]``; the ids, their messages and hints are in
+  ``attention_ref/checks/mistakes.py``), so no other mistake can be named in its place;
 - correct implementations written differently with ``@alternative(exercise_id)``: the
   check must accept each one, on the visible and on the hidden (thorough) inputs.
 
@@ -27,8 +25,6 @@ class Entry:
     exercise: str
     name: str
     impl: Callable
-    expect: str = ""  # for mistakes without an id: words the feedback must contain
-    absent: str = ""  # ... and words it must not contain (a wrong name)
     mistake_id: str = ""  # for mistakes: the id the feedback must name, exactly
 
     @property
@@ -40,12 +36,9 @@ MISTAKES: list[Entry] = []
 ALTERNATIVES: list[Entry] = []
 
 
-def mistake(exercise: str, expect: str = "", absent: str = "", id: str = ""):  # noqa: A002
-    if bool(expect) == bool(id):
-        raise ValueError("a catalogued mistake declares its id, or (without one) expect=")
-
+def mistake(exercise: str, id: str):  # noqa: A002 - reads as the mistake's id
     def register(fn):
-        MISTAKES.append(Entry(exercise, fn.__name__, fn, expect, absent, id))
+        MISTAKES.append(Entry(exercise, fn.__name__, fn, id))
         return fn
 
     return register

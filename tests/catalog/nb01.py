@@ -46,7 +46,7 @@ def softmax_returns_list(x, axis=-1):
     return (e / e.sum(axis=axis, keepdims=True)).tolist()
 
 
-@mistake("softmax_np", expect="dtype")
+@mistake("softmax_np", id="wrong_dtype")
 def softmax_upcasts_to_float64(x, axis=-1):
     x = np.asarray(x, dtype=float)  # float32 in, float64 out
     e = np.exp(x - x.max(axis=axis, keepdims=True))

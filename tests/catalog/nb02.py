@@ -17,7 +17,7 @@ def padding_off_by_one(lengths, max_len):
     return torch.arange(max_len)[None, :] <= lengths[:, None]
 
 
-@mistake("padding_mask", expect="must be boolean")
+@mistake("padding_mask", id="mask_not_boolean")
 def padding_float(lengths, max_len):
     return (torch.arange(max_len)[None, :] < lengths[:, None]).float()
 
@@ -64,7 +64,7 @@ def causal_inverted(n):
     return ~torch.ones(n, n, dtype=torch.bool).tril()
 
 
-@mistake("causal_mask", expect="must be boolean")
+@mistake("causal_mask", id="mask_not_boolean")
 def causal_float(n):
     return torch.tril(torch.ones(n, n))
 

@@ -63,7 +63,7 @@ class SelfAttentionCopyPasteKey(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="multiply x instead of the values")
+@mistake("self_attention", id="weights_times_x")
 class SelfAttentionWeightsTimesX(_Base):
     def forward(self, x, mask=None):
         q, k = self.w_q(x), self.w_k(x)
@@ -159,7 +159,7 @@ class SelfAttentionLinearSwapped(nn.Module):
         raise RuntimeError("never reached: the weights cannot be loaded")
 
 
-@mistake("self_attention", expect="no output projection")
+@mistake("self_attention", id="sa_extra_w_o")
 class SelfAttentionExtraOutputProjection(_Base):
     def __init__(self, d_in, d_k, d_v):
         super().__init__(d_in, d_k, d_v)
@@ -171,7 +171,7 @@ class SelfAttentionExtraOutputProjection(_Base):
         return self.w_o(w @ v), w
 
 
-@mistake("self_attention", expect="no parameter named w_q")
+@mistake("self_attention", id="parameter_names")
 class SelfAttentionOtherNames(nn.Module):
     def __init__(self, d_in, d_k, d_v):
         super().__init__()
@@ -224,7 +224,7 @@ class SelfAttentionMaskAfterSoftmax(_Base):
         return w @ v, w
 
 
-@mistake("self_attention", expect="values are computed with w_k")
+@mistake("self_attention", id="sa_values_from_w_k")
 class SelfAttentionCopyPasteValue(_Base):
     def forward(self, x, mask=None):
         q, k, v = self.w_q(x), self.w_k(x), self.w_k(x)

@@ -25,19 +25,19 @@ def split_heads_interleaved(x, n_heads):
     return x.view(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2)
 
 
-@mistake("split_heads", expect="not moved in front of the tokens")
+@mistake("split_heads", id="split_heads_not_moved")
 def split_heads_no_transpose(x, n_heads):
     B, T, D = x.shape
     return x.view(B, T, n_heads, D // n_heads)
 
 
-@mistake("split_heads", expect="last two axes are swapped")
+@mistake("split_heads", id="split_heads_last_axes_swapped")
 def split_heads_permute_wrong(x, n_heads):
     B, T, D = x.shape
     return x.view(B, T, n_heads, D // n_heads).permute(0, 2, 3, 1)
 
 
-@mistake("split_heads", expect="folded into one dimension")
+@mistake("split_heads", id="split_heads_folded")
 def split_heads_folded(x, n_heads):
     B, T, D = x.shape
     h = x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
@@ -86,7 +86,7 @@ def merge_heads_view_after_transpose(x):
     return x.transpose(1, 2).view(B, T, H * d)
 
 
-@mistake("merge_heads", expect="not flattened")
+@mistake("merge_heads", id="merge_heads_not_flattened")
 def merge_heads_not_flattened(x):
     return x.transpose(1, 2)
 
@@ -189,7 +189,7 @@ class MHAForgetsWO(_Base):
         return _merge(w @ v), w
 
 
-@mistake("multi_head_attention", expect="W_O is missing")
+@mistake("multi_head_attention", id="mha_w_o_missing")
 class MHANoWOAtAll(nn.Module):
     def __init__(self, d_model, n_heads, bias=True):
         super().__init__()
@@ -209,7 +209,7 @@ class MHANoWOAtAll(nn.Module):
         return _merge(w @ v), w
 
 
-@mistake("multi_head_attention", expect="not given a head axis")
+@mistake("multi_head_attention", id="mask_no_head_axis")
 class MHAMaskWithoutHeadAxis(_Base):
     def forward(self, query, key, value, mask=None):
         q, k, v = self.heads(query, key, value)
@@ -294,7 +294,7 @@ class MHAValuesFromKey(_Base):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="non-standard variant")
+@mistake("multi_head_attention", id="mha_shared_head_projection")
 class MHASharedHeadProjection(nn.Module):
     """The widely copied variant: one d_head x d_head projection shared by all heads."""
 
@@ -317,7 +317,7 @@ class MHASharedHeadProjection(nn.Module):
         return self.w_o(_merge(w @ v)), w
 
 
-@mistake("multi_head_attention", expect="must raise ValueError")
+@mistake("multi_head_attention", id="no_value_error")
 class MHANoDivisibilityCheck(nn.Module):
     def __init__(self, d_model, n_heads, bias=True):
         super().__init__()
@@ -511,7 +511,7 @@ class MHALazyProjections(MHAWithReferenceHelpers):
         self.w_v, self.w_o = nn.LazyLinear(d_model, bias), nn.LazyLinear(d_model, bias)
 
 
-@mistake("multi_head_attention", expect="w_q is a raw parameter")
+@mistake("multi_head_attention", id="raw_parameter")
 class MHARawParameters(nn.Module):
     """Raw (d_model, d_model) matrices used as x @ W, bias ignored: the feedback must say
     what w_q is, not that there is "no parameter named w_q" while listing w_q."""

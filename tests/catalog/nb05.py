@@ -107,7 +107,7 @@ def pe_transposed(n_positions, d_model):
     return _interleave(torch.sin(ang), torch.cos(ang)).T
 
 
-@mistake("sinusoidal_encoding", expect="float32")
+@mistake("sinusoidal_encoding", id="wrong_dtype")
 def pe_float64(n_positions, d_model):
     _require_even(d_model)
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
@@ -124,7 +124,7 @@ def pe_numpy(n_positions, d_model):
     return pe
 
 
-@mistake("sinusoidal_encoding", expect="must raise ValueError")
+@mistake("sinusoidal_encoding", id="no_value_error")
 def pe_no_odd_check(n_positions, d_model):
     pe = torch.zeros(n_positions, d_model)
     ang = _angles(n_positions, d_model, torch.arange(0, d_model, 2) / d_model)
@@ -133,7 +133,7 @@ def pe_no_odd_check(n_positions, d_model):
     return pe
 
 
-@mistake("sinusoidal_encoding", expect="must name d_model")
+@mistake("sinusoidal_encoding", id="value_error_vague")
 def pe_vague_error(n_positions, d_model):
     if d_model % 2:
         raise ValueError("must be even")

@@ -92,7 +92,7 @@ class FFLinearSizesSwapped(nn.Module):
         return self.linear2(self.dropout(torch.relu(self.linear1(x))))
 
 
-@mistake("feed_forward", expect="has no bias")
+@mistake("feed_forward", id="built_without_bias")
 class FFNoBias(nn.Module):
     def __init__(self, d_model, d_ff, dropout=0.0):
         super().__init__()
@@ -339,7 +339,7 @@ class LayerDropoutNeverUsed(nn.Module):
         return self.norm2(x + self.ff(x)), w
 
 
-@mistake("encoder_layer", expect="no submodule named self_attn")
+@mistake("encoder_layer", id="parameter_names")
 class LayerWrongAttributeName(nn.Module):
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
         super().__init__()
@@ -353,7 +353,7 @@ class LayerWrongAttributeName(nn.Module):
         return self.norm2(x + self.ff(x)), w
 
 
-@mistake("encoder_layer", expect="must return a tuple (out, weights)")
+@mistake("encoder_layer", id="not_a_tuple")
 class LayerReturnsOnlyOut(_LayerBase):
     def forward(self, x, mask=None):
         a, _ = self.attn(x, mask)

@@ -101,7 +101,7 @@ class DecoderCallsTorch(_DecoderBase):
         return out, None, None
 
 
-@mistake("decoder_layer", expect="weights are not dropped")
+@mistake("decoder_layer", id="dropout_not_passed_on")
 class DecoderAttnDropoutMissing(_DecoderBase):
     """Dropout on every sub-layer's output, none on the attention weights."""
 
@@ -408,7 +408,7 @@ class TransformerEmbeddingDefaultInit(_TransformerBase):
         self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
 
 
-@mistake("transformer", expect="self.pad_id")
+@mistake("transformer", id="pad_id_not_stored")
 class TransformerNoPadId(_TransformerBase):
     """pad_id kept under another name: greedy_decode reads model.pad_id."""
 

@@ -31,7 +31,7 @@ def batch_mask_from_input(src_seqs, tgt_seqs, pad_id=0):
     return src, tgt_in, tgt_out, tgt_in != pad_id
 
 
-@mistake("make_batch", expect="keeps the whole target")
+@mistake("make_batch", id="target_not_shifted")
 def batch_not_shifted(src_seqs, tgt_seqs, pad_id=0):
     src, tgt = _right_pad(src_seqs, pad_id), _right_pad(tgt_seqs, pad_id)
     return src, tgt, tgt, tgt != pad_id
@@ -59,7 +59,7 @@ def batch_mask_inverted(src_seqs, tgt_seqs, pad_id=0):
     return src, tgt[:, :-1], tgt[:, 1:], tgt[:, 1:] == pad_id
 
 
-@mistake("make_batch", expect="must be boolean")
+@mistake("make_batch", id="mask_not_boolean")
 def batch_float_mask(src_seqs, tgt_seqs, pad_id=0):
     src, tgt = _right_pad(src_seqs, pad_id), _right_pad(tgt_seqs, pad_id)
     return src, tgt[:, :-1], tgt[:, 1:], (tgt[:, 1:] != pad_id).float()

@@ -81,7 +81,7 @@ class BlockNoDropout(_Block):
     mode = "no_dropout"
 
 
-@mistake("gpt_block", expect="do not have the names")
+@mistake("gpt_block", id="parameter_names")
 class BlockTorchAttention(_Block):
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0):
         super().__init__(d_model, n_heads, d_ff, dropout)
@@ -203,7 +203,7 @@ def sampler_no_generator(logits, temperature=1.0, top_k=None, top_p=None, genera
     return _sampler(logits, temperature, top_k, top_p, generator, mode="no_generator")
 
 
-@mistake("sample_next_token", expect="temperature 0 is not handled")
+@mistake("sample_next_token", id="temperature_zero_not_handled")
 def sampler_no_greedy(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     probs = torch.softmax(logits / temperature, -1)
     return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).reshape(
@@ -211,7 +211,7 @@ def sampler_no_greedy(logits, temperature=1.0, top_k=None, top_p=None, generator
     )
 
 
-@mistake("sample_next_token", expect="last of the tied maxima")
+@mistake("sample_next_token", id="greedy_last_tie")
 def sampler_greedy_last(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     if temperature == 0:
         V = logits.shape[-1]
@@ -219,9 +219,7 @@ def sampler_greedy_last(logits, temperature=1.0, top_k=None, top_p=None, generat
     return _sampler(logits, temperature, top_k, top_p, generator)
 
 
-@mistake(
-    "sample_next_token", expect="reorder the tied maxima", absent="temperature 0 is not handled"
-)
+@mistake("sample_next_token", id="greedy_after_top_k")
 def sampler_top_k_before_greedy(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Top-k first, then greedy as the first of topk's indices: a maximum, but topk does
     not promise the lowest index among ties."""

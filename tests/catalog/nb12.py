@@ -205,7 +205,7 @@ def attn_full_scores(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, causal, full_scores=True)
 
 
-@mistake("online_softmax_attention", expect="causal=True is ignored")
+@mistake("online_softmax_attention", id="flash_causal_ignored")
 def attn_ignores_causal(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, False)
 
@@ -320,7 +320,7 @@ def kv_not_appended(mha, x_new, cache):
     return _cached(mha, x_new, cache, append=0)
 
 
-@mistake("cached_self_attention", expect="appended twice")
+@mistake("cached_self_attention", id="kv_appended_twice")
 def kv_appended_twice(mha, x_new, cache):
     return _cached(mha, x_new, cache, append=2)
 
