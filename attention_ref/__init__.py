@@ -14,11 +14,12 @@ from .attention import sdpa, sdpa_np, softmax_np
 from .decoder import Decoder, DecoderLayer
 from .efficient import naive_attention, online_softmax, online_softmax_attention
 from .encoder import Encoder, EncoderLayer, FeedForward
-from .gpt import GPT, GPTBlock, GroupedQueryAttention, generate, sample_next_token
+from .gpt import GPT, GPTBlock, GroupedQueryAttention
 from .kv_cache import KVCache, cached_self_attention
 from .masking import causal_mask, masked_softmax, padding_mask
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .positional import offset_rotation, rope, sinusoidal_encoding
+from .sampling import generate, sample_next_token
 from .self_attention import SelfAttention, self_attention_cost
 from .training import masked_cross_entropy
 from .transformer import (

@@ -263,7 +263,7 @@ APPS = (
     ("translation", "attention_ref.apps.translation", "train_translation"),
     ("qa", "attention_ref.apps.qa", "train_qa"),
     ("summarization", "attention_ref.apps.summarization", "train_summarization"),
-    ("gpt", "attention_ref.gpt", "train_gpt"),
+    ("gpt", "attention_ref.apps.language_model", "train_gpt"),
 )
 
 

@@ -46,7 +46,7 @@ def _check_sizes(d_model: int, n_heads: int) -> None:
         )
 
 
-def check_qkv(
+def check_mha_inputs(
     d_model: int,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -111,7 +111,7 @@ class MultiHeadAttention(nn.Module):
         value: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = check_qkv(self.d_model, query, key, value, mask)
+        mask = check_mha_inputs(self.d_model, query, key, value, mask)
         q = split_heads(self.w_q(query), self.n_heads)  # (B, H, n_q, d_head)
         k = split_heads(self.w_k(key), self.n_heads)  # (B, H, n_k, d_head)
         v = split_heads(self.w_v(value), self.n_heads)  # (B, H, n_k, d_head)

@@ -108,7 +108,7 @@ def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
         "attention_ref.apps.summarization": types.SimpleNamespace(
             train_summarization=_fake_app("sentence_f1", 0.875, 12.0)
         ),
-        "attention_ref.gpt": types.SimpleNamespace(
+        "attention_ref.apps.language_model": types.SimpleNamespace(
             train_gpt=_fake_app("cross_entropy_over_floor", 1.0081, 49.04)
         ),
     }

@@ -9,23 +9,20 @@ import pytest
 import torch
 
 from attention_ref import MultiHeadAttention
-from attention_ref.checks.nb11 import next_token_distribution
-from attention_ref.data.grammar import make_grammar_data
-from attention_ref.gpt import (
-    GPT,
-    GroupedQueryAttention,
+from attention_ref.apps.language_model import (
     cross_entropy,
     fit,
-    generate,
-    kv_cache_bytes_per_token,
     make_gpt,
     per_token_standard_error,
-    sample_next_token,
     sample_quality,
     sample_sentences,
     sentence_nll,
     time_generation,
 )
+from attention_ref.checks.nb11 import next_token_distribution
+from attention_ref.data.grammar import make_grammar_data
+from attention_ref.gpt import GPT, GroupedQueryAttention, kv_cache_bytes_per_token
+from attention_ref.sampling import generate, sample_next_token
 
 
 def small(n_kv_heads=None, seed=0) -> GPT:
@@ -170,3 +167,13 @@ def test_time_generation_returns_the_greedy_tokens():
     seconds, out = time_generation(model, prompt, 5, use_cache=True)
     assert seconds > 0 and out.shape == (2, 6)
     assert torch.equal(out, generate(model, prompt, 5, temperature=0))
+
+
+def test_notebook_11_imports_the_moved_names_from_attention_ref_gpt():
+    """Notebook 11 imports the measurements and the training from attention_ref.gpt."""
+    import attention_ref.gpt as gpt
+    from attention_ref.apps import language_model
+
+    assert gpt.fit is language_model.fit and gpt.sample_next_token is sample_next_token
+    with pytest.raises(AttributeError):
+        _ = gpt.no_such_name

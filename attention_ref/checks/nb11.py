@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import gpt as ref
+from .. import sampling
 from ..attention import sdpa
 from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
@@ -465,7 +466,7 @@ def _expect_ids(ctx: Context, got, shape: tuple, V: int, case: str) -> None:
 @exercise(
     "sample_next_token",
     forbidden=lambda: [
-        (ref.sample_next_token, "the reference attention_ref.gpt.sample_next_token")
+        (sampling.sample_next_token, "the reference attention_ref.sample_next_token")
     ],
     summary="greedy, temperature, top-k and top-p sampling of the next token",
 )
