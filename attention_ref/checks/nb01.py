@@ -13,15 +13,7 @@ from .. import attention as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-
-# Tolerances: the reference is computed in float64 from the same inputs, so the allowed
-# error is that of a correct computation in the candidate's dtype.
-TOL = {
-    np.float32: dict(rtol=1e-4, atol=1e-5),
-    np.float64: dict(rtol=1e-7, atol=1e-10),
-    torch.float32: dict(rtol=1e-4, atol=1e-5),
-    torch.float64: dict(rtol=1e-7, atol=1e-10),
-}
+from .toolkit import TOL
 
 BUILTIN_ATTENTION = [
     (

@@ -9,7 +9,8 @@ from .. import masking as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import ADDITIVE_MASK, ADDITIVE_MASK_HINT, TOL, additive_softmax, inverted_mask_mistake
+from .nb01 import ADDITIVE_MASK, ADDITIVE_MASK_HINT, additive_softmax, inverted_mask_mistake
+from .toolkit import TOL
 
 
 def _forbid(name):

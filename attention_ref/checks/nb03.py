@@ -23,15 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.parameter import is_lazy
-from torch.nn.utils import parametrize
 
 from .. import multihead as ref_mha
 from .. import self_attention as ref
 from . import _models as M
 from ._core import ERROR_PATTERNS, Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import BUILTIN_ATTENTION, TOL, AttnCase, attention_mistakes, inverted_mask_mistake
+from .nb01 import BUILTIN_ATTENTION, AttnCase, attention_mistakes, inverted_mask_mistake
+from .toolkit import TOL, build_module, dtype_name, load_linear_weights
 
 # A learner's shape error on a line that multiplies by an nn.Linear's raw weight.
 _LINEAR_WEIGHT_PATTERN = (
@@ -55,243 +54,7 @@ def _np(x) -> np.ndarray:
     return x.detach().cpu().double().numpy()
 
 
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 # ----------------------------------------------------------------------------- weights
-def build_module(
-    ctx: Context,
-    cls,
-    args: tuple,
-    kwargs: dict,
-    case: str,
-    *,
-    sample: tuple | None = None,
-) -> nn.Module:
-    """Instantiate the learner's class (guarded) and make sure it is an nn.Module.
-
-    With ``sample`` (inputs for one forward call), a module with lazy layers
-    (``nn.LazyLinear``) is run once on them so its parameters get their shapes before
-    weights are loaded; the check converts the module to the sample's dtype first.
-    """
-    mod = ctx.call(cls, *args, case=case, call_name=f"{_name(cls)}(...)", **kwargs)
-    if not isinstance(mod, nn.Module):
-        ctx.fail(
-            f"{_name(cls)}(...) did not build an nn.Module; got {type(mod).__name__}.",
-            case=case,
-            hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
-        )
-    if sample is not None:
-        materialize_lazy(ctx, mod, sample, case)
-    return mod
-
-
-def _name(cls) -> str:
-    return getattr(cls, "__name__", type(cls).__name__)
-
-
-def _lazy(mod: nn.Module) -> list[str]:
-    return [n for n, p in mod.named_parameters() if is_lazy(p)]
-
-
-def materialize_lazy(ctx: Context, mod: nn.Module, sample: tuple, case: str) -> None:
-    """Give lazy parameters (``nn.LazyLinear``) their shapes by one forward call on
-    ``sample`` (guarded like any call of the learner's code). Nothing happens for a module
-    without lazy parameters."""
-    if not _lazy(mod):
-        return
-    dtypes = {a.dtype for a in sample if isinstance(a, torch.Tensor) and a.is_floating_point()}
-    if len(dtypes) == 1:
-        mod.to(dtypes.pop())
-    n = ctx.cases_run  # a set-up call, not a case
-    with torch.no_grad():
-        ctx.call(mod, *sample, case=case + " (a first call that sets up your lazy layers)")
-    ctx.cases_run = n
-
-
-def _weight_slot(mod: nn.Module, name: str) -> nn.Module | None:
-    """The submodule ``name`` (dotted paths allowed) if it holds a ``weight`` tensor."""
-    try:
-        sub = mod.get_submodule(name)
-    except (AttributeError, TypeError):
-        return None
-    try:
-        w = sub.weight
-    except Exception:  # noqa: BLE001 - no weight, or a parametrization that fails
-        return sub if parametrize.is_parametrized(sub, "weight") else None
-    return sub if isinstance(w, torch.Tensor) else None
-
-
-def load_linear_weights(
-    ctx: Context,
-    mod: nn.Module,
-    layers: dict[str, tuple[torch.Tensor, torch.Tensor | None, str]],
-    case: str,
-    *,
-    raw_ok: bool,
-    likely: dict[str, str] | None = None,
-) -> None:
-    """Copy weights into the learner's module by parameter name.
-
-    ``layers`` maps an attribute name (``"w_q"``) to ``(weight (out, in), bias or None,
-    spec)`` where ``spec`` is how the learner must declare it (``"nn.Linear(d_in=6,
-    d_k=4, bias=False)"``). With ``raw_ok`` a bias-free layer may instead be a raw
-    ``nn.Parameter`` of shape ``(in, out)`` used as ``x @ w``. ``likely`` maps a
-    situation (``"missing w_o"``, ``"extra w_o"``, ``"shape w_q"``) to the likely mistake.
-
-    A layer's weight may be parametrized (``torch.nn.utils.parametrize``): the weight is
-    set through the parametrization (its ``right_inverse``, or its original tensor when
-    the parametrization has none) and must then read back as loaded. Lazy parameters must
-    have been materialized first (:func:`materialize_lazy`); if not, that is feedback.
-    """
-    likely = likely or {}
-    params = dict(mod.named_parameters())
-    lazy = _lazy(mod)
-    if lazy:
-        ctx.fail(
-            f"your module's parameters {', '.join(lazy)} are lazy (nn.LazyLinear or "
-            "similar) and still have no shape, so the check cannot load known weights.",
-            case=case,
-            hint="declare the layers with their sizes, e.g. " + next(iter(layers.values()))[2],
-        )
-    used: set[str] = set()
-    for name, (weight, bias, spec) in layers.items():
-        out_f, in_f = weight.shape
-        sub = _weight_slot(mod, name)
-        parametrized = sub is not None and parametrize.is_parametrized(sub, "weight")
-        if f"{name}.weight" in params or parametrized:
-            if parametrized:
-                ctx.cases_run -= 1  # reading the weight is set-up, not a case
-                p = ctx.call(
-                    getattr, sub, "weight", case=case, call_name=f"{name}'s parametrization"
-                )
-            else:
-                p = params[f"{name}.weight"]
-            if tuple(p.shape) != (out_f, in_f):
-                why = likely.get(f"shape {name}", "")
-                if tuple(p.shape) == (in_f, out_f) and in_f != out_f:
-                    why = named("linear_in_out_swapped")
-                ctx.fail(
-                    f"{name}.weight has shape {tuple(p.shape)}, expected ({out_f}, {in_f}): "
-                    f"declare self.{name} = {spec}.",
-                    case=case,
-                    likely=why,
-                )
-            if parametrized:
-                used |= _load_parametrized(ctx, sub, name, weight, case)
-            else:
-                _copy(p, weight)
-                used.add(f"{name}.weight")
-            has_bias = f"{name}.bias" in params
-            if bias is None and has_bias:
-                ctx.fail(
-                    f"{name} has a bias, but this exercise asks for none: declare "
-                    f"self.{name} = {spec}.",
-                    case=case,
-                    mistake="bias_by_default",
-                )
-            if bias is not None and not has_bias:
-                ctx.fail(
-                    f"{name} has no bias, but this module was built with bias=True: "
-                    f"declare self.{name} = {spec}.",
-                    case=case,
-                    mistake="bias_argument_ignored",
-                )
-            if bias is not None:
-                b = params[f"{name}.bias"]
-                if tuple(b.shape) != tuple(bias.shape):
-                    ctx.fail(
-                        f"{name}.bias has shape {tuple(b.shape)}, expected "
-                        f"{tuple(bias.shape)}: declare self.{name} = {spec}.",
-                        case=case,
-                    )
-                _copy(b, bias)
-                used.add(f"{name}.bias")
-        elif raw_ok and bias is None and name in params:
-            p = params[name]
-            if tuple(p.shape) != (in_f, out_f):
-                ctx.fail(
-                    f"the parameter {name} has shape {tuple(p.shape)}; a raw weight matrix "
-                    f"must have shape ({in_f}, {out_f}) and be used as x @ {name}.",
-                    case=case,
-                    hint=f"or declare self.{name} = {spec}.",
-                )
-            _copy(p, weight.T)
-            used.add(name)
-        elif name in params:  # a raw nn.Parameter where this case needs a layer
-            why = (
-                f"{name} is a raw parameter, which cannot hold the bias this module was "
-                "built with (bias=True)"
-                if bias is not None
-                else f"{name} is a raw parameter where this exercise asks for a layer"
-            )
-            ctx.fail(f"{why}: declare self.{name} = {spec}.", case=case, mistake="raw_parameter")
-        else:
-            missing = ", ".join(layers)
-            has = ", ".join(params) or "none"
-            ctx.fail(
-                f"your module has no parameter named {name} (its parameters: {has}): the "
-                f"check copies known weights into {missing} by name, so declare "
-                f"self.{name} = {spec}.",
-                case=case,
-                mistake="parameter_names",
-                likely=likely.get(f"missing {name}", ""),
-            )
-    extra = sorted(set(params) - used)
-    if extra:
-        why = [
-            likely[f"extra {n.split('.')[0]}"]
-            for n in extra
-            if f"extra {n.split('.')[0]}" in likely
-        ]
-        ctx.fail(
-            f"your module has parameters the exercise does not ask for: {', '.join(extra)}.",
-            case=case,
-            likely=why[0] if why else "",
-            hint=f"this module has exactly the parameters of {', '.join(layers)} as specified; "
-            "anything else is left at a random value and changes the output.",
-        )
-
-
-def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: str) -> set[str]:
-    """Set a parametrized ``sub.weight`` to ``weight``; return the parameter names used."""
-    plist = sub.parametrizations["weight"]
-    value = weight.to(dtype=plist.original.dtype, device=plist.original.device)
-
-    def assign():
-        with torch.no_grad():
-            try:
-                sub.weight = value  # through the parametrization's right_inverse
-            except RuntimeError as err:
-                if "right_inverse" not in str(err) or not hasattr(plist, "original"):
-                    raise
-                plist.original.copy_(value)  # no right_inverse: load the original itself
-        return sub.weight
-
-    n = ctx.cases_run  # set-up calls, not cases
-    loaded = ctx.call(assign, case=case, call_name=f"{name}'s parametrization")
-    ctx.cases_run = n
-    if (
-        not isinstance(loaded, torch.Tensor)
-        or loaded.shape != value.shape
-        or not torch.allclose(loaded.detach(), value, rtol=1e-5, atol=1e-6)
-    ):
-        ctx.fail(
-            f"{name}.weight is parametrized, and after loading the check's weight into it, "
-            f"{name}.weight reads back as something else.",
-            case=case,
-            mistake="parametrization_changes_weight",
-            hint=f"remove the parametrization from {name}, or give it a right_inverse that "
-            "inverts it exactly.",
-        )
-    prefix = f"{name}.parametrizations.weight."
-    return {prefix + n for n, _ in plist.named_parameters()}
-
-
-def _copy(p: torch.Tensor, value: torch.Tensor) -> None:
-    with torch.no_grad():
-        p.copy_(value.to(dtype=p.dtype, device=p.device))
 
 
 # ----------------------------------------------------------------------------- cases
@@ -459,7 +222,8 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
     mask = None if c.mask is None else torch.from_numpy(c.mask)
     case = (
         f"{c.label}: SelfAttention(d_in={c.d_in}, d_k={c.d_k}, d_v={c.d_v}), "
-        f"x {tuple(x.shape)} {_dt(dtype)}" + ("" if mask is None else f", mask {tuple(mask.shape)}")
+        f"x {tuple(x.shape)} {dtype_name(dtype)}"
+        + ("" if mask is None else f", mask {tuple(mask.shape)}")
     )
     mod = _prepare(cls, ctx, c.d_in, c.d_k, c.d_v, W, dtype, case)
     # The reference, in float64, from exactly the weights and inputs the candidate has.
@@ -544,7 +308,7 @@ def _check_permutation_equivariance(cls, ctx: Context) -> None:
     for dtype in (torch.float64, torch.float32):
         x = torch.from_numpy(rng.normal(size=(2, T, d_in))).to(dtype)
         case = (
-            f"permutation equivariance: x {tuple(x.shape)} {_dt(dtype)} and the same tokens "
+            f"permutation equivariance: x {tuple(x.shape)} {dtype_name(dtype)} and the same tokens "
             f"in the order {perm.tolist()}"
         )
         mod = _prepare(cls, ctx, d_in, d_k, d_v, W, dtype, case)

@@ -23,16 +23,12 @@ from .. import multihead as ref
 from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
-from .nb01 import BUILTIN_ATTENTION, TOL
-from .nb03 import build_module, load_linear_weights
+from .nb01 import BUILTIN_ATTENTION
+from .toolkit import TOL, build_module, dtype_name, load_linear_weights
 
 
 def _np(x) -> np.ndarray:
     return x.detach().cpu().double().numpy()
-
-
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 # ----------------------------------------------------------------------------- split_heads
@@ -120,7 +116,7 @@ def check_split_heads(candidate, ctx: Context) -> None:
             candidate,
             x,
             (H,),
-            f"{label}: x {tuple(x.shape)} {_dt(x.dtype)}, n_heads={H}",
+            f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}, n_heads={H}",
             expected=ref.split_heads(x, H),
             shape_name="(B, H, T, D/H)",
             wrong_shapes={
@@ -183,7 +179,7 @@ def check_merge_heads(candidate, ctx: Context) -> None:
             candidate,
             x,
             (),
-            f"{label}: x {tuple(x.shape)} {_dt(x.dtype)}",
+            f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}",
             expected=ref.merge_heads(x),
             shape_name="(B, T, H*d_head)",
             wrong_shapes={
@@ -563,8 +559,8 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
         else f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}"
     )
     case = (
-        f"{c.label}: MultiHeadAttention({c.d_model}, {c.n_heads}{bias}), {inputs} {_dt(dtype)}"
-        + ("" if mask is None else f", mask {tuple(mask.shape)}")
+        f"{c.label}: MultiHeadAttention({c.d_model}, {c.n_heads}{bias}), {inputs} "
+        f"{dtype_name(dtype)}" + ("" if mask is None else f", mask {tuple(mask.shape)}")
     )
     mod = _prepare_mha(cls, ctx, c.d_model, c.n_heads, c.bias, P, dtype, case)
     P64 = _rounded(P, dtype)

@@ -21,94 +21,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.dropout import _DropoutNd
-from torch.nn.parameter import is_lazy
-from torch.nn.utils import parametrize
 
 from .. import encoder as ref
 from .. import multihead as ref_mha
 from ._core import Context, Mistake, exercise
 from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION
-from .nb03 import build_module
-
-TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-7, atol=1e-9)}
-
-
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
+from .toolkit import (
+    LAYER_TOL,
+    assign_tensor,
+    build_module,
+    dtype_name,
+    materialize_with,
+    substitute,
+)
 
 # ----------------------------------------------------------------------------- loading
-def materialise(ctx: Context, mod: nn.Module, dry_run, case: str) -> None:
-    """Give lazy parameters (``nn.LazyLinear`` ...) their shapes before weights are loaded.
-
-    ``dry_run()`` runs the learner's module once on a small input of the right dtype (under
-    ``ctx.call``, so an exception in it is feedback); a parameter still uninitialised after
-    it is reported, never touched.
-    """
-    if not any(is_lazy(p) for p in mod.parameters()):
-        return
-    with torch.no_grad():
-        dry_run()
-    still = [n for n, p in mod.named_parameters() if is_lazy(p)]
-    if still:
-        ctx.fail(
-            f"the lazy parameters {', '.join(still)} were still uninitialised after a first "
-            "forward pass, so the check cannot load known weights into them.",
-            case=case,
-            hint="declare the layers with their sizes (nn.Linear(in_features, out_features)) "
-            "or make sure forward uses every layer.",
-        )
-
-
-def _assign(ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: str, spec: str):
-    """Copy ``value`` into the tensor ``name`` of ``mod`` (a parameter, or a parametrized
-    tensor such as a weight under ``weight_norm``); return the ids of the parameters that
-    hold it, or None when ``mod`` has no such tensor. Shape mismatches become feedback."""
-    owner, _, leaf = name.rpartition(".")
-    try:
-        sub = mod.get_submodule(owner) if owner else mod
-    except AttributeError:
-        return None
-    if parametrize.is_parametrized(sub, leaf):
-        current = getattr(sub, leaf)
-        if tuple(current.shape) != tuple(value.shape):
-            ctx.fail(
-                f"{name} has shape {tuple(current.shape)}, expected {tuple(value.shape)}: "
-                f"declare self.{owner} = {spec}.",
-                case=case,
-            )
-        try:
-            with torch.no_grad():
-                setattr(sub, leaf, value.to(dtype=current.dtype, device=current.device))
-        except Exception as err:  # a parametrization without right_inverse, ...
-            ctx.fail(
-                f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
-                "the check cannot set it to known values.",
-                case=case,
-                hint="use a parametrization with a right_inverse (e.g. weight_norm), or a "
-                "plain nn.Linear for the check.",
-            )
-        if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
-            ctx.fail(f"{name} changed shape when it was set.", case=case)
-        return {id(p) for p in sub.parametrizations[leaf].parameters()}
-    p = sub._parameters.get(leaf) if leaf else None
-    if p is None:
-        return None
-    if tuple(p.shape) != tuple(value.shape):
-        why = ""
-        if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
-            why = named("linear_in_out_swapped")
-        ctx.fail(
-            f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
-            f"self.{owner} = {spec}.",
-            case=case,
-            likely=why,
-        )
-    with torch.no_grad():
-        p.copy_(value.to(dtype=p.dtype, device=p.device))
-    return {id(p)}
 
 
 def load_named(
@@ -125,14 +53,14 @@ def load_named(
     A parameter reachable under several names (e.g. a layer that is also inside an
     ``nn.Sequential``) counts once; a parametrized weight is set through its
     parametrization. Missing, misshapen and extra parameters are reported. Call
-    :func:`materialise` first when the module may hold lazy parameters.
+    :func:`materialize_with` first when the module may hold lazy parameters.
     """
     likely = likely or {}
     used: set[int] = set()
     for name, value in values.items():
         owner = name.rsplit(".", 1)[0]
         spec = specs.get(owner, "")
-        ids = _assign(ctx, mod, name, value, case, spec)
+        ids = assign_tensor(ctx, mod, name, value, case, spec)
         if ids is None:
             params = dict(mod.named_parameters(remove_duplicate=False))
             has = ", ".join(dict(mod.named_parameters())) or "none"
@@ -160,35 +88,6 @@ def load_named(
             + ", ".join(specs)
             + "); anything else is left at a random value and changes the output.",
         )
-
-
-def dropout_p(part: nn.Module) -> float:
-    """The dropout probability a learner's part uses: the largest ``p`` of its dropout
-    modules, else a float attribute ``dropout``/``dropout_p``/``p``, else 0."""
-    ps = [float(m.p) for m in part.modules() if isinstance(m, _DropoutNd)]
-    if ps:
-        return max(ps)
-    for attr in ("dropout", "dropout_p", "attn_dropout", "p"):
-        v = getattr(part, attr, None)
-        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1:
-            return float(v)
-    return 0.0
-
-
-def substitute(ctx: Context, mod: nn.Module, name: str, make, case: str, spec: str) -> None:
-    """Replace the learner's part ``mod.<name>`` (an earlier exercise) by the reference one
-    built by ``make(p)``, ``p`` the dropout probability found in the learner's part, so a
-    bug in the earlier exercise does not cost points again here."""
-    part = getattr(mod, name, None) if isinstance(mod, nn.Module) else None
-    if not isinstance(part, nn.Module):
-        subs = ", ".join(n for n, _ in mod.named_children()) or "none"
-        ctx.fail(
-            f"your module has no submodule named {name} (its submodules: {subs}): use exactly "
-            f"the attribute names of the exercise: self.{name} = {spec}.",
-            case=case,
-            mistake="parameter_names",
-        )
-    setattr(mod, name, make(dropout_p(part)))
 
 
 def _random_values(
@@ -294,7 +193,9 @@ def _ff_build(cls, ctx, D, Fd, dropout, P, dtype, case) -> nn.Module:
     args = (D, Fd) if dropout is None else (D, Fd, dropout)
     mod = build_module(ctx, cls, args, {}, case)
     mod.to(dtype)
-    materialise(ctx, mod, lambda: ctx.call(mod, torch.zeros(1, D, dtype=dtype), case=case), case)
+    materialize_with(
+        ctx, mod, lambda: ctx.call(mod, torch.zeros(1, D, dtype=dtype), case=case), case
+    )
     load_named(ctx, mod, P, FF_SPECS, case)
     return mod
 
@@ -344,7 +245,7 @@ def check_feed_forward(cls, ctx: Context) -> None:
         x64 = torch.from_numpy(scale * rng.normal(size=(*lead, D)))
         for dtype in (torch.float64, torch.float32):
             x = x64.to(dtype)
-            case = f"{label}: FeedForward({D}, {Fd}), x {tuple(x.shape)} {_dt(dtype)}"
+            case = f"{label}: FeedForward({D}, {Fd}), x {tuple(x.shape)} {dtype_name(dtype)}"
             mod = _ff_build(cls, ctx, D, Fd, None, P, dtype, case)  # training mode
             got = _ff_out(ctx, ctx.call(mod, x, case=case), x, case)
             P64 = _rounded(P, dtype)
@@ -366,7 +267,7 @@ def check_feed_forward(cls, ctx: Context) -> None:
                 case=case,
                 mistakes=_ff_mistakes(xr, P64),
                 hint="FFN(x) = linear2(dropout(relu(linear1(x)))).",
-                **TOL[dtype],
+                **LAYER_TOL[dtype],
             )
     _check_ff_position_wise(cls, ctx)
     _check_ff_dropout(cls, ctx)
@@ -393,7 +294,7 @@ def _check_ff_position_wise(cls, ctx: Context) -> None:
     x2[:, 3] = torch.from_numpy(rng.normal(size=(2, D)))
     out2 = _ff_out(ctx, ctx.call(mod, x2, case=case), x2, case)
     keep = [0, 1, 2, 4]
-    if not torch.allclose(out2[:, keep], out[:, keep], **TOL[torch.float64]):
+    if not torch.allclose(out2[:, keep], out[:, keep], **LAYER_TOL[torch.float64]):
         ctx.fail(
             "changing token 3 changed the output at other positions: the feed-forward network "
             "must act on every position separately.",
@@ -431,7 +332,7 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
         case=case + ", eval mode",
         mistakes=_ff_mistakes(x, P),
         hint="in eval mode dropout does nothing: FFN(x) = linear2(relu(linear1(x))).",
-        **TOL[torch.float64],
+        **LAYER_TOL[torch.float64],
     )
     if torch.allclose(train_out, eval_out):
         ctx.fail(
@@ -724,7 +625,7 @@ def _layer_build(cls, ctx, c: LayerCase, P, dtype, case, dropout=None) -> nn.Mod
     substitute(ctx, mod, "ff", lambda p: ref.FeedForward(c.D, c.Fd, p), case, LAYER_SPECS["ff"])
     mod.to(dtype)
     x0 = torch.zeros(1, 2, c.D, dtype=dtype)
-    materialise(ctx, mod, lambda: ctx.call(mod, x0, case=case), case)
+    materialize_with(ctx, mod, lambda: ctx.call(mod, x0, case=case), case)
     load_named(
         ctx,
         mod,
@@ -755,9 +656,8 @@ def _describe_case(c: LayerCase, dtype, x, mask, dropout=None) -> str:
     nf = "" if c.norm_first is None else f", norm_first={c.norm_first}"
     dr = "" if dropout is None else f", dropout={dropout}"
     m = "" if mask is None else f", mask {tuple(mask.shape)}"
-    return (
-        f"{c.label}: EncoderLayer({c.D}, {c.H}, {c.Fd}{dr}{nf}), x {tuple(x.shape)} {_dt(dtype)}{m}"
-    )
+    layer = f"EncoderLayer({c.D}, {c.H}, {c.Fd}{dr}{nf})"
+    return f"{c.label}: {layer}, x {tuple(x.shape)} {dtype_name(dtype)}{m}"
 
 
 @exercise(
@@ -811,7 +711,7 @@ def _check_layer_case(cls, ctx: Context, c: LayerCase, P, dtype, first: bool) ->
     r = _ref_layer(c.D, c.H, c.Fd, bool(c.norm_first), _rounded(P, dtype))
     x64 = x.double()
     exp_out, exp_w = layer_model(r, x64, mask)
-    tol = TOL[dtype]
+    tol = LAYER_TOL[dtype]
     # out first: every catalogued mistake changes it in its own way
     ctx.expect_close(
         out,
@@ -858,7 +758,7 @@ def _check_padding_invariance(cls, ctx: Context) -> None:
         out2, _ = _layer_call(ctx, mod, x2, mask, case)
         ok = isinstance(out2, torch.Tensor) and tuple(out2.shape) == tuple(out.shape)
         keep = torch.from_numpy(real)
-        if not ok or not torch.allclose(out2[keep], out[keep], **TOL[torch.float64]):
+        if not ok or not torch.allclose(out2[keep], out[keep], **LAYER_TOL[torch.float64]):
             ctx.fail(
                 "changing the padded tokens changed the outputs at real tokens: padding "
                 "must be invisible to the real tokens.",
@@ -888,7 +788,7 @@ def _check_layer_dropout(cls, ctx: Context) -> None:
             case=case + ", eval mode",
             mistakes=_layer_mistakes(r, x, None, 0),
             hint="in eval mode dropout does nothing.",
-            **TOL[torch.float64],
+            **LAYER_TOL[torch.float64],
         )
         if isinstance(train_out, torch.Tensor) and torch.allclose(train_out, eval_out):
             ctx.fail(

@@ -37,13 +37,18 @@ from .. import multihead as ref_mha
 from .. import transformer as ref_tf
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import BUILTIN_ATTENTION, TOL
-from .nb03 import build_module
-from .nb06 import _assign, dropout_p, materialise, substitute
-
-
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
+from .nb01 import BUILTIN_ATTENTION
+from .toolkit import (
+    MODEL_TOL,
+    TOL,
+    build_module,
+    dropout_p,
+    dtype_name,
+    load_reference_weights,
+    materialize_with,
+    randomize_parameters,
+    substitute,
+)
 
 
 def _not_implemented(ctx: Context) -> None:
@@ -51,68 +56,6 @@ def _not_implemented(ctx: Context) -> None:
         "not implemented yet: the class still raises NotImplementedError.",
         hint="replace `raise NotImplementedError()` with your code.",
     )
-
-
-def _randomise(module: nn.Module, gen: torch.Generator) -> None:
-    """Seeded float64 values for every parameter: weights ~ N(0, 1/fan_in), biases ~
-    N(0, 0.25), LayerNorm gains in [0.5, 1.5] and shifts in [-0.5, 0.5] (so a missing or
-    misplaced norm shows), embeddings ~ N(0, 1/d_model)."""
-    with torch.no_grad():
-        for mod in module.modules():
-            if isinstance(mod, nn.LayerNorm):
-                mod.weight.copy_(0.5 + torch.rand(mod.weight.shape, generator=gen))
-                mod.bias.copy_(torch.rand(mod.bias.shape, generator=gen) - 0.5)
-            elif isinstance(mod, nn.Linear):
-                w = torch.randn(mod.weight.shape, generator=gen, dtype=torch.float64)
-                mod.weight.copy_(w / math.sqrt(mod.in_features))
-                if mod.bias is not None:
-                    mod.bias.copy_(0.5 * torch.randn(mod.bias.shape, generator=gen))
-            elif isinstance(mod, nn.Embedding):
-                w = torch.randn(mod.weight.shape, generator=gen, dtype=torch.float64)
-                mod.weight.copy_(w / math.sqrt(mod.embedding_dim))
-
-
-def load_reference_weights(
-    ctx: Context, mod: nn.Module, ref: nn.Module, specs: dict[str, str], case: str
-) -> None:
-    """Copy the reference's parameters into the learner's module by name, reporting
-    missing, misshapen and extra parameters with the declaration the spec asks for.
-    Parametrized weights are set through their parametrization; lazy parameters must have
-    been materialised first (:func:`~attention_ref.checks.nb06.materialise`)."""
-    ours = dict(ref.named_parameters())
-
-    def spec_for(name: str) -> str:
-        for prefix, spec in specs.items():
-            if name.startswith(prefix + ".") or name == prefix:
-                return f"self.{prefix} = {spec}"
-        return ""
-
-    used: set[int] = set()
-    for name, value in ours.items():
-        owner = name.rpartition(".")[0]
-        ids = _assign(ctx, mod, name, value, case, spec_for(name).partition(" = ")[2] or "...")
-        if ids is None:
-            theirs = dict(mod.named_parameters(remove_duplicate=False))
-            has = ", ".join(sorted({n.split(".")[0] for n in theirs})) or "none"
-            ctx.fail(
-                f"your module has no parameter named {name} (its top-level parts: {has}): the "
-                "check copies known weights in by name, so use exactly the attribute names "
-                f"of the exercise: {spec_for(name) or owner}.",
-                case=case,
-                mistake="parameter_names",
-            )
-        used |= ids
-    extra = sorted(n for n, p in mod.named_parameters() if id(p) not in used)
-    if extra:
-        ctx.fail(
-            f"your module has parameters the exercise does not ask for: {', '.join(extra[:6])}"
-            + (" ..." if len(extra) > 6 else "")
-            + ".",
-            case=case,
-            hint="declare exactly the parts of the exercise ("
-            + ", ".join(specs)
-            + "); anything else is left at a random value and changes the output.",
-        )
 
 
 # ----------------------------------------------------------------------------- decoder_layer
@@ -327,7 +270,7 @@ def _dec_build(cls, ctx, c: DecCase, r, dtype, case, dropout=None) -> nn.Module:
     _dec_substitute(ctx, mod, c.D, c.H, c.Fd, case)
     mod.to(dtype)
     y0, m0 = torch.zeros(1, 2, c.D, dtype=dtype), torch.zeros(1, 3, c.D, dtype=dtype)
-    materialise(ctx, mod, lambda: ctx.call(mod, y0, m0, case=case), case)
+    materialize_with(ctx, mod, lambda: ctx.call(mod, y0, m0, case=case), case)
     load_reference_weights(ctx, mod, r, DEC_SPECS, case)
     mod.eval()
     return mod
@@ -371,7 +314,7 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
     D, H, Fd, T, S = 8, 2, 16, 5, 6
     for nf in (False, True):
         r = ref_dec.DecoderLayer(D, H, Fd, norm_first=nf).double()
-        _randomise(r, gen)
+        randomize_parameters(r, gen)
         r.eval()
         y = torch.randn(2, T, D, generator=gen, dtype=torch.float64)
         memory = torch.randn(2, S, D, generator=gen, dtype=torch.float64)
@@ -428,7 +371,7 @@ def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
     gen = ctx.torch_gen(700 + i)
     nf = bool(c.norm_first)
     r = ref_dec.DecoderLayer(c.D, c.H, c.Fd, norm_first=nf).double()
-    _randomise(r, gen)
+    randomize_parameters(r, gen)
     r = r.to(dtype).double().eval()  # the values the candidate holds, in float64
     y = torch.randn(c.B, c.T, c.D, generator=gen, dtype=torch.float64).to(dtype)
     memory = torch.randn(c.B, c.S, c.D, generator=gen, dtype=torch.float64).to(dtype)
@@ -436,7 +379,7 @@ def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
     nfs = "" if c.norm_first is None else f", norm_first={c.norm_first}"
     case = (
         f"{c.label}: DecoderLayer({c.D}, {c.H}, {c.Fd}{nfs}), y {tuple(y.shape)}, memory "
-        f"{tuple(memory.shape)} {_dt(dtype)}"
+        f"{tuple(memory.shape)} {dtype_name(dtype)}"
         + ("" if sm is None else f", self_mask {tuple(sm.shape)}")
         + ("" if mm is None else f", memory_mask {tuple(mm.shape)}")
     )
@@ -501,7 +444,7 @@ def _check_dec_causality(cls, ctx: Context) -> None:
     gen = ctx.torch_gen(790)
     D, H, Fd, T, S = 8, 2, 16, 5, 4
     r = ref_dec.DecoderLayer(D, H, Fd).double()
-    _randomise(r, gen)
+    randomize_parameters(r, gen)
     y = torch.randn(2, T, D, generator=gen, dtype=torch.float64)
     memory = torch.randn(2, S, D, generator=gen, dtype=torch.float64)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -769,7 +712,7 @@ def _tf_build(cls, ctx, c: TfCase, r, dtype, case) -> nn.Module:
     mod.to(dtype)
     tok = 1 if c.pad_id != 1 else 2
     src0, tgt0 = torch.full((1, 2), tok), torch.full((1, 1), tok)
-    materialise(ctx, mod, lambda: ctx.call(mod, src0, tgt0, case=case), case)
+    materialize_with(ctx, mod, lambda: ctx.call(mod, src0, tgt0, case=case), case)
     load_reference_weights(ctx, mod, r, TF_SPECS, case)
     mod.eval()
     return mod
@@ -801,7 +744,7 @@ def _tf_reference(c: TfCase, i: int, ctx: Context, dtype) -> ref_tf.Transformer:
         pad_id=c.pad_id,
         norm_first=bool(c.norm_first),
     ).double()
-    _randomise(r, ctx.torch_gen(770 + i))
+    randomize_parameters(r, ctx.torch_gen(770 + i))
     return r.to(dtype).double().eval()
 
 
@@ -823,7 +766,6 @@ def check_transformer(cls, ctx: Context) -> None:
 # float64; the difference (~1e-8) passes through a few layers, so float64 cases of the
 # whole model are compared a little more loosely than single layers. Every mistake
 # changes the logits by O(1).
-TF_TOL = {torch.float64: dict(rtol=1e-5, atol=1e-6), torch.float32: TOL[torch.float32]}
 
 
 def _check_tf_case(cls, ctx: Context, c: TfCase, i: int, dtype) -> None:
@@ -832,7 +774,7 @@ def _check_tf_case(cls, ctx: Context, c: TfCase, i: int, dtype) -> None:
     nfs = "" if c.norm_first is None else f", norm_first={c.norm_first}"
     case = (
         f"{c.label}: Transformer({c.V_src}, {c.V_tgt}, d_model={c.D}, n_heads={c.H}, "
-        f"n_layers={c.L}, d_ff={c.Fd}, max_len=32, pad_id={c.pad_id}{nfs}) in {_dt(dtype)}, "
+        f"n_layers={c.L}, d_ff={c.Fd}, max_len=32, pad_id={c.pad_id}{nfs}) in {dtype_name(dtype)}, "
         f"src {c.src}, tgt_in {c.tgt}"
     )
     mod = _tf_build(cls, ctx, c, r, dtype, case)
@@ -864,7 +806,7 @@ def _check_tf_case(cls, ctx: Context, c: TfCase, i: int, dtype) -> None:
             hint="check each step against the spec: scaled embeddings + positions, encoder "
             "with the source padding mask, decoder layers with the causal + padding self "
             "mask and the source mask as memory_mask, final norm, out_proj.",
-            **TF_TOL[dtype],
+            **MODEL_TOL[dtype],
         )
 
 
@@ -889,7 +831,7 @@ def _check_tf_encode_decode(cls, ctx: Context) -> None:
     with torch.no_grad():
         e_mem, _ = r.encoder(src, (src != r.pad_id)[:, None, None, :])
     ctx.expect_array(memory, e_mem, what="memory", case=case)
-    ctx.expect_close(memory, e_mem, what="memory", case=case, **TF_TOL[torch.float64])
+    ctx.expect_close(memory, e_mem, what="memory", case=case, **MODEL_TOL[torch.float64])
     e_mask = (src != r.pad_id)[:, None, None, :]
     if not isinstance(src_mask, torch.Tensor) or src_mask.dtype != torch.bool:
         ctx.fail("src_mask must be a boolean tensor (True = real source token).", case=case)
@@ -920,7 +862,7 @@ def _check_tf_encode_decode(cls, ctx: Context) -> None:
         full[keep],
         what="decode(...) vs forward(...)",
         case=case,
-        **TF_TOL[torch.float64],
+        **MODEL_TOL[torch.float64],
     )
 
 
@@ -941,7 +883,7 @@ def _check_tf_properties(cls, ctx: Context) -> None:
         changed = full.clone()
         changed[:, t:] = torch.from_numpy(rng.integers(1, c.V_tgt, size=(full.shape[0], T - t)))
         out = _tf_logits(ctx, mod, src, changed, case)
-        if not torch.allclose(out[:, :t], base[:, :t], **TF_TOL[torch.float64]):
+        if not torch.allclose(out[:, :t], base[:, :t], **MODEL_TOL[torch.float64]):
             ctx.fail(
                 f"changing the target tokens at positions >= {t} changed the logits at "
                 "earlier positions: the decoder sees the future.",
@@ -950,7 +892,7 @@ def _check_tf_properties(cls, ctx: Context) -> None:
             )
     padded = torch.cat([src, torch.full((src.shape[0], 2), c.pad_id)], dim=1)
     out = _tf_logits(ctx, mod, padded, full, case)
-    if out.shape != base.shape or not torch.allclose(out, base, **TF_TOL[torch.float64]):
+    if out.shape != base.shape or not torch.allclose(out, base, **MODEL_TOL[torch.float64]):
         ctx.fail(
             "adding two more padding tokens to every source sentence changed the logits: "
             "padding must be invisible.",

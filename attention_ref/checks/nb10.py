@@ -15,10 +15,7 @@ import torch
 from ..apps import summarization as ref
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-
-
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
+from .toolkit import dtype_name
 
 
 # ----------------------------------------------------------------------------- pool_sentences
@@ -77,7 +74,7 @@ def check_pool_sentences(candidate, ctx: Context) -> None:
         dtype = torch.float64 if i % 2 else torch.float32
         h = torch.randn(B, T, D, generator=g, dtype=dtype) + 1.0
         ids = _sentence_ids(rng, B, T, S, empty)
-        case = f"h {(B, T, D)} {_dt(dtype)}, sentence_ids {(B, T)}, n_sentences={S}"
+        case = f"h {(B, T, D)} {dtype_name(dtype)}, sentence_ids {(B, T)}, n_sentences={S}"
         got = ctx.call(candidate, h, ids, S, case=case)
         expected = ref.pool_sentences(h.double(), ids, S).to(dtype)
         ctx.expect_array(got, expected, what="the pooled sentences", case=case)
@@ -129,7 +126,7 @@ def _select_cases(ctx: Context):
             label = f"k={k}"
         cases.append(
             (
-                f"scores {(B, S)} {_dt(dtype)}, real sentences {n_real.tolist()}, {label}",
+                f"scores {(B, S)} {dtype_name(dtype)}, real sentences {n_real.tolist()}, {label}",
                 scores,
                 mask,
                 kk,

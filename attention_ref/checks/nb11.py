@@ -27,14 +27,11 @@ from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
-from .nb01 import BUILTIN_ATTENTION, TOL
+from .nb01 import BUILTIN_ATTENTION
+from .toolkit import TOL, dtype_name
 
 
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _randomize(module: nn.Module, g: torch.Generator, scale: float = 0.4) -> dict:
+def random_state_dict(module: nn.Module, g: torch.Generator, scale: float = 0.4) -> dict:
     """Seeded random values for every parameter (LayerNorm weights around 1)."""
     sd = {}
     for name, p in module.state_dict().items():
@@ -207,10 +204,10 @@ def check_gpt_block(cls, ctx: Context) -> None:
         cases += [("d_model=24, n_heads=6, d_ff=48; x (2, 13, 24)", 24, 6, 48, 2, 13)]
     for label, D, H, F, B, T in cases:
         ref_block = ref.GPTBlock(D, H, F)
-        P = _randomize(ref_block, g)
+        P = random_state_dict(ref_block, g)
         x64 = torch.randn(B, T, D, generator=g, dtype=torch.float64)
         for dtype in (torch.float64, torch.float32):
-            case = f"GPTBlock({D}, {H}, {F}) in eval mode, {_dt(dtype)}; {label}"
+            case = f"GPTBlock({D}, {H}, {F}) in eval mode, {dtype_name(dtype)}; {label}"
             mod = _build(ctx, cls, (D, H, F), {}, case)
             _load(ctx, mod, P, dtype, case, BLOCK_LAYOUT)
             x = x64.to(dtype)
@@ -240,7 +237,7 @@ def _check_block_causal(cls, ctx: Context, g) -> None:
     D, H, F, T = 8, 2, 16, 6
     case = f"GPTBlock({D}, {H}, {F}), x (1, {T}, {D}) float64: the last token changed"
     mod = _build(ctx, cls, (D, H, F), {}, case)
-    _load(ctx, mod, _randomize(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
+    _load(ctx, mod, random_state_dict(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
     x = torch.randn(1, T, D, generator=g, dtype=torch.float64)
     x2 = x.clone()
     x2[:, -1] += 1.0
@@ -262,7 +259,7 @@ def _check_block_dropout(cls, ctx: Context, g) -> None:
     D, H, F = 8, 2, 16
     case = f"GPTBlock({D}, {H}, {F}, dropout=0.5), x (2, 5, {D}) float64, train mode"
     mod = _build(ctx, cls, (D, H, F), {"dropout": 0.5}, case)
-    _load(ctx, mod, _randomize(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
+    _load(ctx, mod, random_state_dict(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
     x = torch.randn(2, 5, D, generator=g, dtype=torch.float64)
     with torch.no_grad():
         evaluated = ctx.call(mod, x, case=case)[0]
@@ -477,7 +474,8 @@ def check_sample_next_token(fn, ctx: Context) -> None:
         for dtype in (torch.float32, torch.float64) if label == EXACT_TOP_P else (torch.float32,):
             logits = row.to(dtype).expand(N, -1).contiguous()
             case = (
-                f"{label}: logits ({N}, {row.numel()}) {_dt(dtype)} (the same row {N} times), "
+                f"{label}: logits ({N}, {row.numel()}) {dtype_name(dtype)} "
+                f"(the same row {N} times), "
                 f"temperature={T}, top_k={k}, top_p={p}"
             )
             gen = torch.Generator().manual_seed(ctx.seed * 31 + N)
@@ -546,7 +544,7 @@ def _check_greedy(fn, ctx: Context) -> None:
         expected = torch.tensor([int(np.argmax(r)) for r in rows.numpy()])
         for k, p in ((None, None), (2, 0.5)):
             case = (
-                f"temperature=0 (greedy), top_k={k}, top_p={p}: logits (6, 7) {_dt(dtype)} "
+                f"temperature=0 (greedy), top_k={k}, top_p={p}: logits (6, 7) {dtype_name(dtype)} "
                 "with ties for the maximum"
             )
             try:
@@ -711,7 +709,7 @@ def check_grouped_query_attention(cls, ctx: Context) -> None:
     g = ctx.torch_gen(1105)
     for label, D, H, G, B, n_q, n_k, mask_kind, bias in _gqa_cases(ctx):
         reference = ref.GroupedQueryAttention(D, H, G, bias=bias)
-        P = _randomize(reference, g)
+        P = random_state_dict(reference, g)
         query = torch.randn(B, n_q, D, generator=g, dtype=torch.float64)
         kv = query if n_q == n_k else torch.randn(B, n_k, D, generator=g, dtype=torch.float64)
         mask = None
@@ -724,7 +722,8 @@ def check_grouped_query_attention(cls, ctx: Context) -> None:
         for dtype in (torch.float64, torch.float32):
             case = (
                 f"{label}: GroupedQueryAttention(d_model={D}, n_heads={H}, n_kv_heads={G}, "
-                f"bias={bias}) {_dt(dtype)}; query ({B}, {n_q}, {D}), key/value ({B}, {n_k}, "
+                f"bias={bias}) {dtype_name(dtype)}; query ({B}, {n_q}, {D}), "
+                f"key/value ({B}, {n_k}, "
                 f"{D}), mask {None if mask is None else tuple(mask.shape)}"
             )
             mod = _build(ctx, cls, (D, H, G), {"bias": bias}, case)

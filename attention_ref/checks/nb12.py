@@ -27,7 +27,8 @@ from ..efficient import OpRecorder
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import Context, Mistake, exercise
 from .mistakes import pair
-from .nb01 import BUILTIN_ATTENTION, TOL
+from .nb01 import BUILTIN_ATTENTION
+from .toolkit import TOL, dtype_name
 
 _SOFTMAXES = [
     (torch.softmax, "torch.softmax"),
@@ -36,10 +37,6 @@ _SOFTMAXES = [
     (torch.logsumexp, "torch.logsumexp"),
 ]
 _REDUCTIONS = ("max", "amax", "sum", "logsumexp", "_softmax", "_log_softmax", "mean", "cumsum")
-
-
-def _dt(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _expect_tensor_like(ctx: Context, got, like: torch.Tensor, what: str, case: str) -> None:
@@ -168,7 +165,7 @@ def check_online_softmax(candidate, ctx: Context) -> None:
     for label, x_np, bs in cases:
         for dtype in (torch.float32, torch.float64):
             x = torch.from_numpy(np.asarray(x_np, dtype=np.float64)).to(dtype)
-            case = f"{label}; x {tuple(x.shape)} {_dt(dtype)}, block_size={bs}"
+            case = f"{label}; x {tuple(x.shape)} {dtype_name(dtype)}, block_size={bs}"
             with OpRecorder(keep_args=True) as rec:
                 got = ctx.call(candidate, x, bs, case=case)
             expected = torch.softmax(x.double(), 0)
@@ -361,7 +358,7 @@ def check_online_softmax_attention(candidate, ctx: Context) -> None:
 def _compare_attention(ctx, candidate, q, k, v, bs, causal, label, tol) -> None:
     case = (
         f"{label}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-        f"{_dt(q.dtype)}, block_size={bs}, causal={causal}"
+        f"{dtype_name(q.dtype)}, block_size={bs}, causal={causal}"
     )
     got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
     expected = _expected_attention(q, k, v, causal)
@@ -512,7 +509,7 @@ def check_cached_self_attention(candidate, ctx: Context) -> None:
         for t in chunks:
             e = s + t
             case = (
-                f"{label}: MultiHeadAttention(d_model=12, n_heads=3) {_dt(dtype)}, batch 2; "
+                f"{label}: MultiHeadAttention(d_model=12, n_heads=3) {dtype_name(dtype)}, batch 2; "
                 f"{s} positions cached, x_new (2, {t}, 12) = positions {s}..{e - 1}"
             )
             cache.appended = 0

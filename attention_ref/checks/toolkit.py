@@ -1,0 +1,443 @@
+"""The toolkit the checks share: the dtype names and tolerances, building a learner's
+module and loading known weights into it (lazy layers, parametrizations, raw parameters),
+seeded reference weights, and the reference parts a module exercise is graded with.
+
+Every check of a module exercise builds the learner's class with :func:`build_module`
+(guarded, lazy layers set up), then loads known weights with :func:`load_linear_weights`
+(layers named by the spec) or :func:`load_reference_weights` (a whole reference module's
+state, seeded by :func:`randomize_parameters`), so that its output can be compared with the
+reference's on the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.modules.dropout import _DropoutNd
+from torch.nn.parameter import is_lazy
+from torch.nn.utils import parametrize
+
+from ._core import Context
+from .mistakes import named
+
+
+def dtype_name(dtype) -> str:
+    """``float32`` for ``torch.float32``: how feedback names a dtype."""
+    return str(dtype).replace("torch.", "")
+
+
+#: Tolerances per dtype. The reference is computed in float64 from the same inputs, so the
+#: allowed error is that of a correct computation in the candidate's dtype: ``TOL`` for one
+#: attention-sized computation, ``LAYER_TOL`` for a layer (several matrix products and
+#: norms), ``MODEL_TOL`` for a whole model (layers stacked, embeddings, output projection).
+TOL = {
+    np.float32: dict(rtol=1e-4, atol=1e-5),
+    np.float64: dict(rtol=1e-7, atol=1e-10),
+    torch.float32: dict(rtol=1e-4, atol=1e-5),
+    torch.float64: dict(rtol=1e-7, atol=1e-10),
+}
+LAYER_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-7, atol=1e-9)}
+MODEL_TOL = {torch.float64: dict(rtol=1e-5, atol=1e-6), torch.float32: TOL[torch.float32]}
+
+
+def build_module(
+    ctx: Context,
+    cls,
+    args: tuple,
+    kwargs: dict,
+    case: str,
+    *,
+    sample: tuple | None = None,
+) -> nn.Module:
+    """Instantiate the learner's class (guarded) and make sure it is an nn.Module.
+
+    With ``sample`` (inputs for one forward call), a module with lazy layers
+    (``nn.LazyLinear``) is run once on them so its parameters get their shapes before
+    weights are loaded; the check converts the module to the sample's dtype first.
+    """
+    mod = ctx.call(cls, *args, case=case, call_name=f"{_name(cls)}(...)", **kwargs)
+    if not isinstance(mod, nn.Module):
+        ctx.fail(
+            f"{_name(cls)}(...) did not build an nn.Module; got {type(mod).__name__}.",
+            case=case,
+            hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
+        )
+    if sample is not None:
+        materialize_lazy(ctx, mod, sample, case)
+    return mod
+
+
+def _name(cls) -> str:
+    return getattr(cls, "__name__", type(cls).__name__)
+
+
+def _lazy(mod: nn.Module) -> list[str]:
+    return [n for n, p in mod.named_parameters() if is_lazy(p)]
+
+
+def materialize_lazy(ctx: Context, mod: nn.Module, sample: tuple, case: str) -> None:
+    """Give lazy parameters (``nn.LazyLinear``) their shapes by one forward call on
+    ``sample`` (guarded like any call of the learner's code). Nothing happens for a module
+    without lazy parameters."""
+    if not _lazy(mod):
+        return
+    dtypes = {a.dtype for a in sample if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    if len(dtypes) == 1:
+        mod.to(dtypes.pop())
+    n = ctx.cases_run  # a set-up call, not a case
+    with torch.no_grad():
+        ctx.call(mod, *sample, case=case + " (a first call that sets up your lazy layers)")
+    ctx.cases_run = n
+
+
+def _weight_slot(mod: nn.Module, name: str) -> nn.Module | None:
+    """The submodule ``name`` (dotted paths allowed) if it holds a ``weight`` tensor."""
+    try:
+        sub = mod.get_submodule(name)
+    except (AttributeError, TypeError):
+        return None
+    try:
+        w = sub.weight
+    except Exception:  # noqa: BLE001 - no weight, or a parametrization that fails
+        return sub if parametrize.is_parametrized(sub, "weight") else None
+    return sub if isinstance(w, torch.Tensor) else None
+
+
+def load_linear_weights(
+    ctx: Context,
+    mod: nn.Module,
+    layers: dict[str, tuple[torch.Tensor, torch.Tensor | None, str]],
+    case: str,
+    *,
+    raw_ok: bool,
+    likely: dict[str, str] | None = None,
+) -> None:
+    """Copy weights into the learner's module by parameter name.
+
+    ``layers`` maps an attribute name (``"w_q"``) to ``(weight (out, in), bias or None,
+    spec)`` where ``spec`` is how the learner must declare it (``"nn.Linear(d_in=6,
+    d_k=4, bias=False)"``). With ``raw_ok`` a bias-free layer may instead be a raw
+    ``nn.Parameter`` of shape ``(in, out)`` used as ``x @ w``. ``likely`` maps a
+    situation (``"missing w_o"``, ``"extra w_o"``, ``"shape w_q"``) to the likely mistake.
+
+    A layer's weight may be parametrized (``torch.nn.utils.parametrize``): the weight is
+    set through the parametrization (its ``right_inverse``, or its original tensor when
+    the parametrization has none) and must then read back as loaded. Lazy parameters must
+    have been materialized first (:func:`materialize_lazy`); if not, that is feedback.
+    """
+    likely = likely or {}
+    params = dict(mod.named_parameters())
+    lazy = _lazy(mod)
+    if lazy:
+        ctx.fail(
+            f"your module's parameters {', '.join(lazy)} are lazy (nn.LazyLinear or "
+            "similar) and still have no shape, so the check cannot load known weights.",
+            case=case,
+            hint="declare the layers with their sizes, e.g. " + next(iter(layers.values()))[2],
+        )
+    used: set[str] = set()
+    for name, (weight, bias, spec) in layers.items():
+        out_f, in_f = weight.shape
+        sub = _weight_slot(mod, name)
+        parametrized = sub is not None and parametrize.is_parametrized(sub, "weight")
+        if f"{name}.weight" in params or parametrized:
+            if parametrized:
+                ctx.cases_run -= 1  # reading the weight is set-up, not a case
+                p = ctx.call(
+                    getattr, sub, "weight", case=case, call_name=f"{name}'s parametrization"
+                )
+            else:
+                p = params[f"{name}.weight"]
+            if tuple(p.shape) != (out_f, in_f):
+                why = likely.get(f"shape {name}", "")
+                if tuple(p.shape) == (in_f, out_f) and in_f != out_f:
+                    why = named("linear_in_out_swapped")
+                ctx.fail(
+                    f"{name}.weight has shape {tuple(p.shape)}, expected ({out_f}, {in_f}): "
+                    f"declare self.{name} = {spec}.",
+                    case=case,
+                    likely=why,
+                )
+            if parametrized:
+                used |= _load_parametrized(ctx, sub, name, weight, case)
+            else:
+                _copy(p, weight)
+                used.add(f"{name}.weight")
+            has_bias = f"{name}.bias" in params
+            if bias is None and has_bias:
+                ctx.fail(
+                    f"{name} has a bias, but this exercise asks for none: declare "
+                    f"self.{name} = {spec}.",
+                    case=case,
+                    mistake="bias_by_default",
+                )
+            if bias is not None and not has_bias:
+                ctx.fail(
+                    f"{name} has no bias, but this module was built with bias=True: "
+                    f"declare self.{name} = {spec}.",
+                    case=case,
+                    mistake="bias_argument_ignored",
+                )
+            if bias is not None:
+                b = params[f"{name}.bias"]
+                if tuple(b.shape) != tuple(bias.shape):
+                    ctx.fail(
+                        f"{name}.bias has shape {tuple(b.shape)}, expected "
+                        f"{tuple(bias.shape)}: declare self.{name} = {spec}.",
+                        case=case,
+                    )
+                _copy(b, bias)
+                used.add(f"{name}.bias")
+        elif raw_ok and bias is None and name in params:
+            p = params[name]
+            if tuple(p.shape) != (in_f, out_f):
+                ctx.fail(
+                    f"the parameter {name} has shape {tuple(p.shape)}; a raw weight matrix "
+                    f"must have shape ({in_f}, {out_f}) and be used as x @ {name}.",
+                    case=case,
+                    hint=f"or declare self.{name} = {spec}.",
+                )
+            _copy(p, weight.T)
+            used.add(name)
+        elif name in params:  # a raw nn.Parameter where this case needs a layer
+            why = (
+                f"{name} is a raw parameter, which cannot hold the bias this module was "
+                "built with (bias=True)"
+                if bias is not None
+                else f"{name} is a raw parameter where this exercise asks for a layer"
+            )
+            ctx.fail(f"{why}: declare self.{name} = {spec}.", case=case, mistake="raw_parameter")
+        else:
+            missing = ", ".join(layers)
+            has = ", ".join(params) or "none"
+            ctx.fail(
+                f"your module has no parameter named {name} (its parameters: {has}): the "
+                f"check copies known weights into {missing} by name, so declare "
+                f"self.{name} = {spec}.",
+                case=case,
+                mistake="parameter_names",
+                likely=likely.get(f"missing {name}", ""),
+            )
+    extra = sorted(set(params) - used)
+    if extra:
+        why = [
+            likely[f"extra {n.split('.')[0]}"]
+            for n in extra
+            if f"extra {n.split('.')[0]}" in likely
+        ]
+        ctx.fail(
+            f"your module has parameters the exercise does not ask for: {', '.join(extra)}.",
+            case=case,
+            likely=why[0] if why else "",
+            hint=f"this module has exactly the parameters of {', '.join(layers)} as specified; "
+            "anything else is left at a random value and changes the output.",
+        )
+
+
+def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: str) -> set[str]:
+    """Set a parametrized ``sub.weight`` to ``weight``; return the parameter names used."""
+    plist = sub.parametrizations["weight"]
+    value = weight.to(dtype=plist.original.dtype, device=plist.original.device)
+
+    def assign():
+        with torch.no_grad():
+            try:
+                sub.weight = value  # through the parametrization's right_inverse
+            except RuntimeError as err:
+                if "right_inverse" not in str(err) or not hasattr(plist, "original"):
+                    raise
+                plist.original.copy_(value)  # no right_inverse: load the original itself
+        return sub.weight
+
+    n = ctx.cases_run  # set-up calls, not cases
+    loaded = ctx.call(assign, case=case, call_name=f"{name}'s parametrization")
+    ctx.cases_run = n
+    if (
+        not isinstance(loaded, torch.Tensor)
+        or loaded.shape != value.shape
+        or not torch.allclose(loaded.detach(), value, rtol=1e-5, atol=1e-6)
+    ):
+        ctx.fail(
+            f"{name}.weight is parametrized, and after loading the check's weight into it, "
+            f"{name}.weight reads back as something else.",
+            case=case,
+            mistake="parametrization_changes_weight",
+            hint=f"remove the parametrization from {name}, or give it a right_inverse that "
+            "inverts it exactly.",
+        )
+    prefix = f"{name}.parametrizations.weight."
+    return {prefix + n for n, _ in plist.named_parameters()}
+
+
+def _copy(p: torch.Tensor, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        p.copy_(value.to(dtype=p.dtype, device=p.device))
+
+
+def materialize_with(ctx: Context, mod: nn.Module, dry_run, case: str) -> None:
+    """Give lazy parameters (``nn.LazyLinear`` ...) their shapes before weights are loaded.
+
+    ``dry_run()`` runs the learner's module once on a small input of the right dtype (under
+    ``ctx.call``, so an exception in it is feedback); a parameter still uninitialised after
+    it is reported, never touched.
+    """
+    if not any(is_lazy(p) for p in mod.parameters()):
+        return
+    with torch.no_grad():
+        dry_run()
+    still = [n for n, p in mod.named_parameters() if is_lazy(p)]
+    if still:
+        ctx.fail(
+            f"the lazy parameters {', '.join(still)} were still uninitialised after a first "
+            "forward pass, so the check cannot load known weights into them.",
+            case=case,
+            hint="declare the layers with their sizes (nn.Linear(in_features, out_features)) "
+            "or make sure forward uses every layer.",
+        )
+
+
+def assign_tensor(
+    ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: str, spec: str
+):
+    """Copy ``value`` into the tensor ``name`` of ``mod`` (a parameter, or a parametrized
+    tensor such as a weight under ``weight_norm``); return the ids of the parameters that
+    hold it, or None when ``mod`` has no such tensor. Shape mismatches become feedback."""
+    owner, _, leaf = name.rpartition(".")
+    try:
+        sub = mod.get_submodule(owner) if owner else mod
+    except AttributeError:
+        return None
+    if parametrize.is_parametrized(sub, leaf):
+        current = getattr(sub, leaf)
+        if tuple(current.shape) != tuple(value.shape):
+            ctx.fail(
+                f"{name} has shape {tuple(current.shape)}, expected {tuple(value.shape)}: "
+                f"declare self.{owner} = {spec}.",
+                case=case,
+            )
+        try:
+            with torch.no_grad():
+                setattr(sub, leaf, value.to(dtype=current.dtype, device=current.device))
+        except Exception as err:  # a parametrization without right_inverse, ...
+            ctx.fail(
+                f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
+                "the check cannot set it to known values.",
+                case=case,
+                hint="use a parametrization with a right_inverse (e.g. weight_norm), or a "
+                "plain nn.Linear for the check.",
+            )
+        if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
+            ctx.fail(f"{name} changed shape when it was set.", case=case)
+        return {id(p) for p in sub.parametrizations[leaf].parameters()}
+    p = sub._parameters.get(leaf) if leaf else None
+    if p is None:
+        return None
+    if tuple(p.shape) != tuple(value.shape):
+        why = ""
+        if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
+            why = named("linear_in_out_swapped")
+        ctx.fail(
+            f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
+            f"self.{owner} = {spec}.",
+            case=case,
+            likely=why,
+        )
+    with torch.no_grad():
+        p.copy_(value.to(dtype=p.dtype, device=p.device))
+    return {id(p)}
+
+
+def dropout_p(part: nn.Module) -> float:
+    """The dropout probability a learner's part uses: the largest ``p`` of its dropout
+    modules, else a float attribute ``dropout``/``dropout_p``/``p``, else 0."""
+    ps = [float(m.p) for m in part.modules() if isinstance(m, _DropoutNd)]
+    if ps:
+        return max(ps)
+    for attr in ("dropout", "dropout_p", "attn_dropout", "p"):
+        v = getattr(part, attr, None)
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1:
+            return float(v)
+    return 0.0
+
+
+def substitute(ctx: Context, mod: nn.Module, name: str, make, case: str, spec: str) -> None:
+    """Replace the learner's part ``mod.<name>`` (an earlier exercise) by the reference one
+    built by ``make(p)``, ``p`` the dropout probability found in the learner's part, so a
+    bug in the earlier exercise does not cost points again here."""
+    part = getattr(mod, name, None) if isinstance(mod, nn.Module) else None
+    if not isinstance(part, nn.Module):
+        subs = ", ".join(n for n, _ in mod.named_children()) or "none"
+        ctx.fail(
+            f"your module has no submodule named {name} (its submodules: {subs}): use exactly "
+            f"the attribute names of the exercise: self.{name} = {spec}.",
+            case=case,
+            mistake="parameter_names",
+        )
+    setattr(mod, name, make(dropout_p(part)))
+
+
+def randomize_parameters(module: nn.Module, gen: torch.Generator) -> None:
+    """Seeded float64 values for every parameter: weights ~ N(0, 1/fan_in), biases ~
+    N(0, 0.25), LayerNorm gains in [0.5, 1.5] and shifts in [-0.5, 0.5] (so a missing or
+    misplaced norm shows), embeddings ~ N(0, 1/d_model)."""
+    with torch.no_grad():
+        for mod in module.modules():
+            if isinstance(mod, nn.LayerNorm):
+                mod.weight.copy_(0.5 + torch.rand(mod.weight.shape, generator=gen))
+                mod.bias.copy_(torch.rand(mod.bias.shape, generator=gen) - 0.5)
+            elif isinstance(mod, nn.Linear):
+                w = torch.randn(mod.weight.shape, generator=gen, dtype=torch.float64)
+                mod.weight.copy_(w / math.sqrt(mod.in_features))
+                if mod.bias is not None:
+                    mod.bias.copy_(0.5 * torch.randn(mod.bias.shape, generator=gen))
+            elif isinstance(mod, nn.Embedding):
+                w = torch.randn(mod.weight.shape, generator=gen, dtype=torch.float64)
+                mod.weight.copy_(w / math.sqrt(mod.embedding_dim))
+
+
+def load_reference_weights(
+    ctx: Context, mod: nn.Module, ref: nn.Module, specs: dict[str, str], case: str
+) -> None:
+    """Copy the reference's parameters into the learner's module by name, reporting
+    missing, misshapen and extra parameters with the declaration the spec asks for.
+    Parametrized weights are set through their parametrization; lazy parameters must have
+    been materialised first (:func:`~attention_ref.checks.nb06.materialize_with`)."""
+    ours = dict(ref.named_parameters())
+
+    def spec_for(name: str) -> str:
+        for prefix, spec in specs.items():
+            if name.startswith(prefix + ".") or name == prefix:
+                return f"self.{prefix} = {spec}"
+        return ""
+
+    used: set[int] = set()
+    for name, value in ours.items():
+        owner = name.rpartition(".")[0]
+        ids = assign_tensor(
+            ctx, mod, name, value, case, spec_for(name).partition(" = ")[2] or "..."
+        )
+        if ids is None:
+            theirs = dict(mod.named_parameters(remove_duplicate=False))
+            has = ", ".join(sorted({n.split(".")[0] for n in theirs})) or "none"
+            ctx.fail(
+                f"your module has no parameter named {name} (its top-level parts: {has}): the "
+                "check copies known weights in by name, so use exactly the attribute names "
+                f"of the exercise: {spec_for(name) or owner}.",
+                case=case,
+                mistake="parameter_names",
+            )
+        used |= ids
+    extra = sorted(n for n, p in mod.named_parameters() if id(p) not in used)
+    if extra:
+        ctx.fail(
+            f"your module has parameters the exercise does not ask for: {', '.join(extra[:6])}"
+            + (" ..." if len(extra) > 6 else "")
+            + ".",
+            case=case,
+            hint="declare exactly the parts of the exercise ("
+            + ", ".join(specs)
+            + "); anything else is left at a random value and changes the output.",
+        )
