@@ -213,21 +213,22 @@ def mha_model(
     P: dict[str, np.ndarray | None],
     H: int,
     *,
-    split: str = "ok",
-    merge: str = "ok",
+    split: str = "correct",
+    merge: str = "correct",
     w_o: bool = True,
     scale: float | None = None,
     axis: int = -1,
-    mask_mode: str = "ok",
+    mask_mode: str = "correct",
     swap_qk: bool = False,
-    kv_from: str = "",
+    kv_from: str = "correct",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-head attention in float64 NumPy, with one knob per catalogued mistake.
 
     ``P`` holds ``w_q.weight (D, D)``, ``w_q.bias (D,)`` or None, and the same for w_k,
     w_v, w_o (nn.Linear layout: ``y = x W^T + b``).
-    split: "ok", "view" (no transpose), "interleave"; merge: "ok", "view", "interleave";
-    mask_mode: "ok", "no_head_axis" (3-D mask not unsqueezed), "repeat" (mask.repeat(H, 1,
+    Every knob's default, "correct", is the right computation (the option vocabulary of
+    every mistake model). split: "view" (no transpose), "interleave"; merge: "view",
+    "interleave"; mask_mode: "no_head_axis" (3-D mask not unsqueezed), "repeat" (mask.repeat(H, 1,
     1).view(B, H, ...)), "inverted", "fill" (-1e9), "ignored"; kv_from: "query" (keys and
     values projected from the query), "key" (values projected from the key).
     """

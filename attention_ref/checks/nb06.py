@@ -412,22 +412,24 @@ def layer_model(
     x: torch.Tensor,
     mask: torch.Tensor | None,
     *,
-    order: str = "",
+    order: str = "correct",
     res_attn: bool = True,
     res_ff: bool = True,
     swap_norms: bool = False,
     use_mask: bool = True,
     act: str = "relu",
-    ff_input: str = "ok",
+    ff_input: str = "correct",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The encoder layer in float64 (with the reference's weights), one knob per mistake.
 
-    order: "" (as ``r.norm_first`` says), "post", "pre", "sublayer_norm" (x + norm(f(x))),
-    "residual_normed" (h = norm(x); h + f(h)), "no_norm". ff_input: "ok" or "layer_input"
+    Every knob's default, "correct", is the right computation. order: "correct" (as
+    ``r.norm_first`` says), "post", "pre", "sublayer_norm" (x + norm(f(x))),
+    "residual_normed" (h = norm(x); h + f(h)), "no_norm". ff_input: "layer_input"
     (the feed-forward network gets the layer's input x instead of the attention sublayer's
     output).
     """
-    order = order or ("pre" if r.norm_first else "post")
+    if order == "correct":
+        order = "pre" if r.norm_first else "post"
     n1, n2 = (r.norm2, r.norm1) if swap_norms else (r.norm1, r.norm2)
     m = mask if use_mask else None
     P = {k: v for k, v in r.ff.state_dict().items()}
