@@ -961,7 +961,7 @@ _TABLE: list[tuple[str, str, str]] = [
             "GPT-2 and BERT code); this network uses ReLU, as in the paper and "
             "nn.TransformerEncoderLayer."
         ),
-        "",
+        "use torch.relu (or nn.ReLU()) between linear1 and linear2.",
     ),
     (
         "tokens_mixed",

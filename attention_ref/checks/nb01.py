@@ -256,7 +256,6 @@ def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
 
 
 ADDITIVE_MASK = named("additive_mask_full_row")
-ADDITIVE_MASK_HINT = ADDITIVE_MASK.hint
 
 
 def additive_softmax(s: np.ndarray, mask: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -270,7 +269,7 @@ def additive_mask_mistake(q, k, v, mask, which: int) -> Mistake:
         w = additive_softmax(M.scores(q, k), mask)
         return (w @ v, w)[which]
 
-    return Mistake(ADDITIVE_MASK, ADDITIVE_MASK_HINT, model=model)
+    return Mistake(ADDITIVE_MASK, ADDITIVE_MASK.hint, model=model)
 
 
 def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:

@@ -9,7 +9,7 @@ from .. import masking as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import ADDITIVE_MASK, ADDITIVE_MASK_HINT, additive_softmax, inverted_mask_mistake
+from .nb01 import ADDITIVE_MASK, additive_softmax, inverted_mask_mistake
 from .toolkit import TOL
 
 
@@ -182,7 +182,7 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
                 Mistake.of("fully_masked_row_uniform", applies=_uniform_fully_masked(mnp, dim)),
                 Mistake(
                     ADDITIVE_MASK,
-                    ADDITIVE_MASK_HINT,
+                    ADDITIVE_MASK.hint,
                     model=lambda: additive_softmax(s64, mnp, dim),
                 ),
             ]

@@ -33,9 +33,7 @@ def _np(x) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- split_heads
 SPLIT_VIEW = named("split_view_without_transpose")
-SPLIT_VIEW_HINT = SPLIT_VIEW.hint
 SPLIT_INTERLEAVED = named("split_interleaved")
-SPLIT_INTERLEAVED_HINT = SPLIT_INTERLEAVED.hint
 
 
 def _split_view(x: torch.Tensor, H: int) -> torch.Tensor:
@@ -125,10 +123,10 @@ def check_split_heads(candidate, ctx: Context) -> None:
                 (B, H, dh, T): pair("split_heads_last_axes_swapped"),
             },
             mistakes=[
-                Mistake(SPLIT_VIEW, SPLIT_VIEW_HINT, model=lambda x=x, H=H: _split_view(x, H)),
+                Mistake(SPLIT_VIEW, SPLIT_VIEW.hint, model=lambda x=x, H=H: _split_view(x, H)),
                 Mistake(
                     SPLIT_INTERLEAVED,
-                    SPLIT_INTERLEAVED_HINT,
+                    SPLIT_INTERLEAVED.hint,
                     model=lambda x=x, H=H: _split_interleaved(x, H),
                 ),
             ],
@@ -139,9 +137,7 @@ def check_split_heads(candidate, ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- merge_heads
 MERGE_NO_TRANSPOSE = named("merge_without_transpose")
-MERGE_NO_TRANSPOSE_HINT = MERGE_NO_TRANSPOSE.hint
 MERGE_WRONG_ORDER = named("merge_wrong_order")
-MERGE_WRONG_ORDER_HINT = MERGE_WRONG_ORDER.hint
 
 
 @exercise(
@@ -190,12 +186,12 @@ def check_merge_heads(candidate, ctx: Context) -> None:
             mistakes=[
                 Mistake(
                     MERGE_NO_TRANSPOSE,
-                    MERGE_NO_TRANSPOSE_HINT,
+                    MERGE_NO_TRANSPOSE.hint,
                     model=lambda x=x, s=(B, T, H * dh): x.reshape(s),
                 ),
                 Mistake(
                     MERGE_WRONG_ORDER,
-                    MERGE_WRONG_ORDER_HINT,
+                    MERGE_WRONG_ORDER.hint,
                     model=lambda x=x, s=(B, T, H * dh): x.permute(0, 2, 3, 1).reshape(s),
                 ),
             ],
@@ -407,7 +403,6 @@ def _mha_params(ctx: Context, salt: int, D: int, bias: bool) -> dict[str, np.nda
 
 
 MASK_NO_HEAD_AXIS = named("mask_no_head_axis")
-MASK_NO_HEAD_AXIS_HINT = MASK_NO_HEAD_AXIS.hint
 
 
 def _mha_mistakes(c: MHACase, args, P, which: int) -> list[Mistake]:

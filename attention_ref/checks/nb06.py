@@ -126,11 +126,8 @@ FF_SPECS = {
     "linear2": "nn.Linear(d_ff, d_model)",
 }
 NO_RELU = named("relu_missing")
-NO_RELU_HINT = NO_RELU.hint
 RELU_AFTER = named("relu_after_linear2")
-RELU_AFTER_HINT = RELU_AFTER.hint
 GELU = named("activation_gelu")
-GELU_HINT = GELU.hint
 GELU_TANH = named("activation_gelu_tanh")
 
 
@@ -176,7 +173,7 @@ def _ff_mistakes(x64, P, prefix="") -> list[Mistake]:
         m("relu_missing", "none"),
         m("relu_after_linear2", "after"),
         m("relu_after_linear2", "both"),
-        Mistake(GELU_TANH, GELU_HINT, applies=nearer("gelu_tanh", "gelu")),
+        Mistake(GELU_TANH, GELU_TANH.hint, applies=nearer("gelu_tanh", "gelu")),
         m("activation_gelu", "gelu"),
     ]
 

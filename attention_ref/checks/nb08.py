@@ -192,7 +192,6 @@ def _mce_models(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor)
 
 
 _INDEX_MISTAKE = named("masked_targets_as_indices")
-_INDEX_HINT = _INDEX_MISTAKE.hint
 
 
 def _masked_targets(rng: np.random.Generator, targets: torch.Tensor, mask, V: int, kind: str):
@@ -279,7 +278,7 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                         text.split("\n  Input: ")[0].removeprefix("masked_cross_entropy: "),
                         case=case,
                         likely=_INDEX_MISTAKE,
-                        hint=_INDEX_HINT,
+                        hint=_INDEX_MISTAKE.hint,
                     )
                 raise
             if not isinstance(loss, torch.Tensor):
