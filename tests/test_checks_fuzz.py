@@ -17,6 +17,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from attention_ref.checks import REGISTRY, CheckFailure, check, exercise_ids
+from attention_ref.checks.mistakes import MISTAKES as NAMED
+from attention_ref.checks.mistakes import mistake_id
 
 from catalog import ALTERNATIVES
 from catalog.nb03 import _Base, _softmax_masked
@@ -153,6 +155,7 @@ def test_a_wrong_candidate_gets_feedback_not_a_crash(exercise_id, name, candidat
     assert msg is not None, f"{exercise_id} accepted {name}"
     assert msg.startswith(f"{exercise_id}: ")
     assert "Traceback" not in msg
+    assert mistake_id(msg) in NAMED, f"the feedback names no mistake id:\n{msg}"
     if exercise_id in MUST_PASS:  # its own feedback, not the safety net's
         assert SAFETY_NET not in msg, msg
 

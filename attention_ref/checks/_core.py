@@ -663,7 +663,13 @@ class Context:
             likely, mhint = EPSILON_SHRINK if _uniformly_shrunk(g, e) else PRECISION_LOSS
         if not likely and fallback is not None:
             likely = fallback(g, e)
-        self.fail(f"{what} is wrong; {detail}.", case=case, likely=likely, hint=mhint or hint)
+        self.fail(
+            f"{what} is wrong; {detail}.",
+            case=case,
+            likely=likely,
+            hint=mhint or hint,
+            mistake="wrong_values",
+        )
 
     def diagnose(
         self,

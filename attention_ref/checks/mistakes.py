@@ -35,6 +35,9 @@ class Named(str):
 #: (id, message, hint), grouped by where the mistake is made.
 _TABLE: list[tuple[str, str, str]] = [
     # --- every exercise: failures the first line of the feedback already describes
+    ("wrong_values", "", ""),
+    ("parametrization_not_settable", "", ""),
+    ("lazy_not_initialised", "", ""),
     ("mask_not_boolean", "", ""),
     ("parameter_names", "", ""),
     ("raw_parameter", "", ""),
@@ -113,6 +116,11 @@ _TABLE: list[tuple[str, str, str]] = [
         "",
     ),
     # --- 01 softmax and dot-product attention
+    (
+        "mask_not_applied_before_softmax",
+        "the mask is not applied before the softmax.",
+        "fill masked scores with -inf before the softmax.",
+    ),
     (
         "scale_missing",
         "the scores are not scaled by 1/sqrt(d_k).",
@@ -254,6 +262,11 @@ _TABLE: list[tuple[str, str, str]] = [
         ),
     ),
     # --- 02 masking
+    (
+        "masked_softmax_mask_not_applied",
+        "the mask is not applied to the scores before the softmax.",
+        "",
+    ),
     (
         "mask_transposed",
         "the mask is transposed: rows must be the batch, columns the positions.",
@@ -677,6 +690,12 @@ _TABLE: list[tuple[str, str, str]] = [
         "k = self.w_k(key), v = self.w_v(value).",
     ),
     # --- 05 positional encoding
+    (
+        "rope_not_rotated",
+        "the pairs are not rotated: each pair (x[2i], x[2i+1]) must be multiplied by the "
+        "rotation [[cos, -sin], [sin, cos]] of its own angle.",
+        "rotations compose: R(m)^T R(n) = R(n - m), which is what makes the score relative.",
+    ),
     (
         "pe_swapped",
         "sin and cos are swapped: the even columns hold cosines and the odd columns sines.",

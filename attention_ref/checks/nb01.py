@@ -361,8 +361,8 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
                     f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
                     "(masked weights must be exactly 0).",
                     case=case,
-                    likely=likely or "the mask is not applied before the softmax.",
-                    hint=hint or "fill masked scores with -inf before the softmax.",
+                    likely=likely or named("mask_not_applied_before_softmax"),
+                    hint=hint or named("mask_not_applied_before_softmax").hint,
                 )
         ctx.expect_close(
             got[1], w64, what="weights", case=case, mistakes=attention_mistakes(c, 1), **tol

@@ -19,7 +19,11 @@ def _forbid(name):
 
 def _expect_bool_mask(ctx: Context, got, shape: tuple[int, ...], case: str) -> None:
     if not isinstance(got, torch.Tensor):
-        ctx.fail(f"must return a torch.Tensor; got {type(got).__name__}.", case=case)
+        ctx.fail(
+            f"must return a torch.Tensor; got {type(got).__name__}.",
+            case=case,
+            mistake="wrong_type",
+        )
     if got.dtype != torch.bool:
         ctx.fail(
             f"the mask must be boolean (True = may attend); got dtype {got.dtype}.",
@@ -33,7 +37,10 @@ def _expect_bool_mask(ctx: Context, got, shape: tuple[int, ...], case: str) -> N
         if tuple(got.shape) == shape[::-1] and len(shape) == 2 and shape[0] != shape[1]:
             likely = named("mask_transposed")
         ctx.fail(
-            f"the mask has shape {tuple(got.shape)}, expected {shape}.", case=case, likely=likely
+            f"the mask has shape {tuple(got.shape)}, expected {shape}.",
+            case=case,
+            likely=likely,
+            mistake="wrong_shape",
         )
 
 
@@ -193,7 +200,7 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
                     f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
                     "(masked weights must be exactly 0).",
                     case=case,
-                    likely=likely or "the mask is not applied to the scores before the softmax.",
+                    likely=likely or named("masked_softmax_mask_not_applied"),
                     hint=hint,
                 )
             ctx.expect_close(

@@ -263,6 +263,7 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
                 if len(found) == 1
                 else "; or ".join(causes[n][:-1] for n in found) + ".",
                 hint="out = weights @ v with v = self.w_v(x).",
+                mistake="wrong_shape",
             )
     like_w = x.new_zeros(w64.shape)
     like_out = x.new_zeros(out64.shape)
@@ -280,8 +281,8 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
                 f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
                 "(masked weights must be exactly 0).",
                 case=case,
-                likely=likely or "the mask is not applied before the softmax.",
-                hint=hint or "fill masked scores with -inf before the softmax.",
+                likely=likely or named("mask_not_applied_before_softmax"),
+                hint=hint or named("mask_not_applied_before_softmax").hint,
             )
     ctx.expect_close(
         weights, w64, what="weights", case=case, mistakes=_sa_mistakes(c, x64, W64, 1), **tol

@@ -48,7 +48,11 @@ def _split_interleaved(x: torch.Tensor, H: int) -> torch.Tensor:
 
 def _expect_tensor(ctx: Context, got, what: str, case: str) -> None:
     if not isinstance(got, torch.Tensor):
-        ctx.fail(f"{what} must be a torch.Tensor; got {type(got).__name__}.", case=case)
+        ctx.fail(
+            f"{what} must be a torch.Tensor; got {type(got).__name__}.",
+            case=case,
+            mistake="wrong_type",
+        )
 
 
 def _check_rearrangement(
@@ -76,6 +80,7 @@ def _check_rearrangement(
             case=case,
             likely=likely,
             hint=shape_hint,
+            mistake="wrong_shape",
         )
     ctx.expect_array(got, expected, what="the result", case=case)
     ctx.expect_close(
@@ -597,6 +602,7 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
             case=case,
             likely=likely,
             hint=hint,
+            mistake="wrong_shape",
         )
     if isinstance(out, torch.Tensor) and tuple(out.shape) != out64.shape:
         shape = tuple(out.shape)
@@ -607,6 +613,7 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
             f"out has shape {shape}, expected (B, n_q, d_model) = {out64.shape}.",
             case=case,
             likely=likely,
+            mistake="wrong_shape",
         )
     ctx.expect_array(weights, q.new_zeros(w64.shape), what="weights", case=case)
     ctx.expect_array(out, q.new_zeros(out64.shape), what="out", case=case)

@@ -17,7 +17,7 @@ import torch
 
 from .. import positional as ref
 from ._core import Context, Mistake, _as_np, exercise
-from .mistakes import pair
+from .mistakes import named, pair
 
 
 def _forbid_sinusoidal():
@@ -376,12 +376,8 @@ def _check_relative(candidate, ctx: Context) -> None:
                 f"m={int(m[j]) + s}, n={int(n[j]) + s} gave {float(after[j]):.6g}. With RoPE "
                 "a score may depend on the positions only through the relative offset m - n.",
                 case=base_case,
-                likely=likely
-                or "the pairs are not rotated: each pair (x[2i], x[2i+1]) must "
-                "be multiplied by the rotation [[cos, -sin], [sin, cos]] of its own angle.",
-                hint=hint
-                or "rotations compose: R(m)^T R(n) = R(n - m), which is what makes "
-                "the score relative.",
+                likely=likely or named("rope_not_rotated"),
+                hint=hint or named("rope_not_rotated").hint,
             )
 
 

@@ -696,6 +696,7 @@ def _check_layer_case(cls, ctx: Context, c: LayerCase, P, dtype, first: bool) ->
             f"weights has shape {tuple(weights.shape)}, expected (B, H, T, T) = {(B, c.H, T, T)}.",
             case=case,
             hint="return the weights self.self_attn returns, one map per head.",
+            mistake="wrong_shape",
         )
     ctx.expect_array(weights, x.new_zeros(B, c.H, T, T), what="weights", case=case)
     if first:

@@ -289,6 +289,7 @@ def _dec_call(ctx, mod, y, memory, sm, mm, case):
             case=case,
             hint="return y, self_weights, cross_weights (the weights that self.self_attn and "
             "self.cross_attn returned).",
+            mistake="wrong_type",
         )
     return ctx.expect_tuple(got, ("out", "self_weights", "cross_weights"), case=case)
 
@@ -402,6 +403,7 @@ def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
                 likely=likely,
                 hint="self.cross_attn(y, memory, memory, memory_mask): queries from the "
                 "decoder, keys and values from the encoder.",
+                mistake="wrong_shape",
             )
         for got, exp, what in (
             (w_self, e_self, "self_weights"),
@@ -728,7 +730,11 @@ def _tf_logits(ctx, mod, src, tgt_in, case, what="logits") -> torch.Tensor:
             hint="forward(src, tgt_in) returns only the logits.",
         )
     if not isinstance(got, torch.Tensor):
-        ctx.fail(f"forward must return a torch.Tensor; got {type(got).__name__}.", case=case)
+        ctx.fail(
+            f"forward must return a torch.Tensor; got {type(got).__name__}.",
+            case=case,
+            mistake="wrong_type",
+        )
     return got
 
 
@@ -834,7 +840,11 @@ def _check_tf_encode_decode(cls, ctx: Context) -> None:
     ctx.expect_close(memory, e_mem, what="memory", case=case, **MODEL_TOL[torch.float64])
     e_mask = (src != r.pad_id)[:, None, None, :]
     if not isinstance(src_mask, torch.Tensor) or src_mask.dtype != torch.bool:
-        ctx.fail("src_mask must be a boolean tensor (True = real source token).", case=case)
+        ctx.fail(
+            "src_mask must be a boolean tensor (True = real source token).",
+            case=case,
+            mistake="wrong_type",
+        )
     try:
         same = torch.equal(torch.broadcast_to(src_mask, e_mask.shape), e_mask)
     except RuntimeError:

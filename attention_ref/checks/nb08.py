@@ -70,7 +70,11 @@ def check_make_batch(candidate, ctx: Context) -> None:
         B, T = tgt.shape
         for name, g, e in zip(names, got, expected, strict=True):
             if not isinstance(g, torch.Tensor):
-                ctx.fail(f"{name} must be a torch.Tensor; got {type(g).__name__}.", case=case)
+                ctx.fail(
+                    f"{name} must be a torch.Tensor; got {type(g).__name__}.",
+                    case=case,
+                    mistake="wrong_type",
+                )
             if name == "tgt_mask" and g.dtype != torch.bool:
                 ctx.fail(
                     f"tgt_mask must be boolean (True = a real token); got dtype {g.dtype}.",
@@ -83,6 +87,7 @@ def check_make_batch(candidate, ctx: Context) -> None:
                     f"{name} must hold token ids as torch.long; got dtype {g.dtype}.",
                     case=case,
                     hint="build it with dtype=torch.long.",
+                    mistake="wrong_type",
                 )
             if tuple(g.shape) != tuple(e.shape):
                 likely = ""
@@ -94,6 +99,7 @@ def check_make_batch(candidate, ctx: Context) -> None:
                     f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}.",
                     case=case,
                     likely=likely,
+                    mistake="wrong_shape",
                 )
         src_l = _pad(src_seqs, pad_id, left=True)
         tgt_l = _pad(tgt_seqs, pad_id, left=True)
@@ -292,6 +298,7 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                     f"the loss must be a scalar (shape ()); got shape {tuple(loss.shape)}.",
                     case=case,
                     hint="average over the real tokens to a single number.",
+                    mistake="wrong_type",
                 )
             if not loss.requires_grad:
                 ctx.fail(
@@ -571,11 +578,19 @@ def check_beam_search(candidate, ctx: Context) -> None:
         got = ctx.expect_tuple(got, ("tokens", "score"), case=case)
         tokens = _as_tokens(got[0])
         if tokens is None:
-            ctx.fail(f"tokens must be a list of ints; got {type(got[0]).__name__}.", case=case)
+            ctx.fail(
+                f"tokens must be a list of ints; got {type(got[0]).__name__}.",
+                case=case,
+                mistake="wrong_type",
+            )
         try:
             score = float(got[1])
         except (TypeError, ValueError):
-            ctx.fail(f"score must be a number; got {type(got[1]).__name__}.", case=case)
+            ctx.fail(
+                f"score must be a number; got {type(got[1]).__name__}.",
+                case=case,
+                mistake="wrong_type",
+            )
         exp_tokens, exp_score = ref.beam_search(make(), bos, eos, k, max_len)
         if tokens == exp_tokens and math.isclose(score, exp_score, rel_tol=1e-7, abs_tol=1e-9):
             continue

@@ -150,15 +150,24 @@ def check_best_span(candidate, ctx: Context) -> None:
         B = s.shape[0]
         for name, t in zip(("start", "end"), got, strict=True):
             if not isinstance(t, torch.Tensor):
-                ctx.fail(f"{name} must be a torch.Tensor; got {type(t).__name__}.", case=case)
+                ctx.fail(
+                    f"{name} must be a torch.Tensor; got {type(t).__name__}.",
+                    case=case,
+                    mistake="wrong_type",
+                )
             if t.is_floating_point() or t.dtype == torch.bool:
                 ctx.fail(
                     f"{name} must hold integer positions (torch.long); got {t.dtype}.",
                     case=case,
                     hint="argmax already returns a long tensor.",
+                    mistake="wrong_type",
                 )
             if tuple(t.shape) != (B,):
-                ctx.fail(f"{name} has shape {tuple(t.shape)}, expected ({B},).", case=case)
+                ctx.fail(
+                    f"{name} has shape {tuple(t.shape)}, expected ({B},).",
+                    case=case,
+                    mistake="wrong_shape",
+                )
             if t.device != s.device:
                 ctx.fail(f"{name} is on {t.device}, expected {s.device}.", case=case)
         gs, ge = (t.long().cpu() for t in got)
@@ -264,6 +273,7 @@ def check_span_loss(candidate, ctx: Context) -> None:
                 f"Python {type(got).__name__}.",
                 case=case,
                 hint="don't call .item() or float() on the loss.",
+                mistake="wrong_type",
             )
         if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == s.shape[0]:
             ctx.fail(

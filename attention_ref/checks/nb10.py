@@ -172,6 +172,7 @@ def check_select_sentences(candidate, ctx: Context) -> None:
                 likely=likely,
                 hint="build a bool mask, e.g. torch.zeros_like(mask).scatter(1, idx, True), "
                 "or compare each sentence's rank with k.",
+                mistake="wrong_type",
             )
         ctx.expect_array(got, expected, what="the selection", case=case)
         mistakes = [

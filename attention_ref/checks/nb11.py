@@ -80,6 +80,7 @@ def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str)
                 case=case,
                 likely=likely,
                 hint=f"declare exactly these sub-modules: {layout}.",
+                mistake="wrong_shape",
             )
     mod.to(dtype)
     with torch.no_grad():
@@ -446,13 +447,18 @@ def _call_sampler(ctx, fn, logits, temperature, top_k, top_p, generator, case):
 
 def _expect_ids(ctx: Context, got, shape: tuple, V: int, case: str) -> None:
     if not isinstance(got, torch.Tensor):
-        ctx.fail(f"must return a torch.Tensor of token ids; got {type(got).__name__}.", case=case)
+        ctx.fail(
+            f"must return a torch.Tensor of token ids; got {type(got).__name__}.",
+            case=case,
+            mistake="wrong_type",
+        )
     if tuple(got.shape) != shape:
         ctx.fail(
             f"returned shape {tuple(got.shape)}, expected {shape} (logits.shape[:-1]).",
             case=case,
             hint="one id per row of logits: drop the vocabulary axis (e.g. .squeeze(-1) after "
             "torch.multinomial(..., 1)).",
+            mistake="wrong_shape",
         )
     if got.dtype != torch.long:
         ctx.fail(f"returned dtype {got.dtype}, expected torch.int64 (token ids).", case=case)

@@ -42,9 +42,17 @@ _REDUCTIONS = ("max", "amax", "sum", "logsumexp", "_softmax", "_log_softmax", "m
 def _expect_tensor_like(ctx: Context, got, like: torch.Tensor, what: str, case: str) -> None:
     """Type and shape first (so a NaN check below can name a mistake)."""
     if not isinstance(got, torch.Tensor):
-        ctx.fail(f"{what} must be a torch.Tensor; got {type(got).__name__}.", case=case)
+        ctx.fail(
+            f"{what} must be a torch.Tensor; got {type(got).__name__}.",
+            case=case,
+            mistake="wrong_type",
+        )
     if tuple(got.shape) != tuple(like.shape):
-        ctx.fail(f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.", case=case)
+        ctx.fail(
+            f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.",
+            case=case,
+            mistake="wrong_shape",
+        )
 
 
 def _name_nonfinite(ctx: Context, got, expected, mistakes, case: str, what: str) -> None:

@@ -64,6 +64,7 @@ def build_module(
             f"{_name(cls)}(...) did not build an nn.Module; got {type(mod).__name__}.",
             case=case,
             hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
+            mistake="wrong_type",
         )
     if sample is not None:
         materialize_lazy(ctx, mod, sample, case)
@@ -160,6 +161,7 @@ def load_linear_weights(
                     f"declare self.{name} = {spec}.",
                     case=case,
                     likely=why,
+                    mistake="wrong_shape",
                 )
             if parametrized:
                 used |= _load_parametrized(ctx, sub, name, weight, case)
@@ -188,6 +190,7 @@ def load_linear_weights(
                         f"{name}.bias has shape {tuple(b.shape)}, expected "
                         f"{tuple(bias.shape)}: declare self.{name} = {spec}.",
                         case=case,
+                        mistake="wrong_shape",
                     )
                 _copy(b, bias)
                 used.add(f"{name}.bias")
@@ -199,6 +202,7 @@ def load_linear_weights(
                     f"must have shape ({in_f}, {out_f}) and be used as x @ {name}.",
                     case=case,
                     hint=f"or declare self.{name} = {spec}.",
+                    mistake="wrong_shape",
                 )
             _copy(p, weight.T)
             used.add(name)
@@ -296,6 +300,7 @@ def materialize_with(ctx: Context, mod: nn.Module, dry_run, case: str) -> None:
             case=case,
             hint="declare the layers with their sizes (nn.Linear(in_features, out_features)) "
             "or make sure forward uses every layer.",
+            mistake="lazy_not_initialised",
         )
 
 
@@ -317,6 +322,7 @@ def assign_tensor(
                 f"{name} has shape {tuple(current.shape)}, expected {tuple(value.shape)}: "
                 f"declare self.{owner} = {spec}.",
                 case=case,
+                mistake="wrong_shape",
             )
         try:
             with torch.no_grad():
@@ -328,6 +334,7 @@ def assign_tensor(
                 case=case,
                 hint="use a parametrization with a right_inverse (e.g. weight_norm), or a "
                 "plain nn.Linear for the check.",
+                mistake="parametrization_not_settable",
             )
         if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
             ctx.fail(f"{name} changed shape when it was set.", case=case)
@@ -344,6 +351,7 @@ def assign_tensor(
             f"self.{owner} = {spec}.",
             case=case,
             likely=why,
+            mistake="wrong_shape",
         )
     with torch.no_grad():
         p.copy_(value.to(dtype=p.dtype, device=p.device))
