@@ -110,11 +110,20 @@ def diff(before_path: str, after_path: str, listing: bool = True) -> int:
         and before[k]["verdict"] == after[k]["verdict"]
         and _strip_id(before[k]["message"]) != _strip_id(after[k]["message"])
     ]
+
+    # The learner's line is quoted by number: moving a catalogued candidate in its file
+    # changes only that number, not the check.
+    def unnumbered(k: str, d: dict) -> str:
+        return re.sub(r"Your code raised it at line \d+", "", _strip_id(d[k]["message"]))
+
+    moved = [k for k in messages if unnumbered(k, before) == unnumbered(k, after)]
+    messages = [k for k in messages if k not in moved]
     same = sum(1 for k in before if k in after and before[k]["verdict"] == after[k]["verdict"])
     print(
         f"compared {len(before)} recorded verdicts: {same} identical verdicts, "
         f"{len(verdicts)} changed verdicts, {len(missing)} missing, {len(added)} new; "
-        f"{len(messages)} changed messages (ignoring the [mistake: id] line)"
+        f"{len(messages)} changed messages (ignoring the [mistake: id] line; {len(moved)} more "
+        "differ only in the line number of the candidate's own code)"
     )
     for k in verdicts:
         was, now = before[k]["verdict"], after[k]["verdict"]

@@ -32,1933 +32,835 @@ class Named(str):
         return Named, (self.id, str(self), self.hint)
 
 
-#: (id, message, hint), grouped by where the mistake is made.
-_TABLE: list[tuple[str, str, str]] = [
-    # --- every exercise: failures the first line of the feedback already describes
-    ("wrong_values", "", ""),
-    ("parametrization_not_settable", "", ""),
-    ("lazy_not_initialised", "", ""),
-    ("mask_not_boolean", "", ""),
-    ("parameter_names", "", ""),
-    ("raw_parameter", "", ""),
-    ("no_value_error", "", ""),
-    ("value_error_vague", "", ""),
-    ("pad_id_not_stored", "", ""),
-    ("wrong_type", "", ""),
-    ("wrong_shape", "", ""),
-    ("wrong_dtype", "", ""),
-    ("wrong_device", "", ""),
-    ("not_a_tuple", "", ""),
-    ("input_modified", "", ""),
-    ("code_raised", "", ""),
-    ("not_implemented", "", ""),
-    ("reference_used", "", ""),
-    ("not_a_module_class", "", ""),
-    ("not_a_function", "", ""),
-    ("check_timed_out", "", ""),
-    ("check_could_not_finish", "", ""),
-    # --- every exercise: recognised from an exception's line and message
-    (
-        "batched_dot_t",
-        "K.T reverses all axes of a batched array, not just the last two.",
-        "swap only the last two axes: np.swapaxes(K, -1, -2) in NumPy, k.transpose(-2, -1) "
-        "(or k.mT) in PyTorch.",
-    ),
-    (
-        "view_non_contiguous",
-        "view() on a transposed (non-contiguous) tensor.",
-        "use .reshape(...) or .contiguous().view(...) after a transpose.",
-    ),
-    (
-        "dtypes_mixed",
-        "tensors of different dtypes are mixed (float32 with float64).",
-        "create new tensors with dtype=x.dtype (and device=x.device), e.g. "
-        "torch.zeros_like(x) or x.new_zeros(...).",
-    ),
-    (
-        "linear_weight_transposed",
-        "x @ self.w_q.weight multiplies by the transposed matrix: nn.Linear stores its weight "
-        "as (out_features, in_features).",
-        "call the layer, self.w_q(x), or write x @ self.w_q.weight.T.",
-    ),
-    # --- every exercise: recognised from the values (float64 inputs)
-    (
-        "precision_loss",
-        "precision loss: your result is right to float32 precision (about 7 significant "
-        "digits) but not to float64 precision: part of the computation runs in float32 "
-        "although the inputs are float64 (a .float(), dtype=torch.float32, or a tensor "
-        "created without dtype= somewhere).",
-        "keep every step in the input's dtype: create tensors with dtype=x.dtype (or "
-        "torch.zeros_like / x.new_zeros) and do not cast to float32 on the way.",
-    ),
-    (
-        "epsilon_in_denominator",
-        "a small constant in a denominator (e.g. sum + 1e-6): every value is smaller than the "
-        "exact one by about the same tiny factor, which float32 rounding (errors of either "
-        "sign) would not do.",
-        "drop the epsilon: once the maximum is subtracted, a softmax's sum includes "
-        "exp(0) = 1, so it is never 0 (a fully masked row is the one case to handle, and not "
-        "with an epsilon).",
-    ),
-    # --- every exercise (check framework)
-    (
-        "nan_or_inf",
-        "an exponential overflowed, or a row with no allowed position divided 0 by 0.",
-        "subtract the row maximum before exp; give fully masked rows zero weights explicitly.",
-    ),
-    (
-        "infinite_loop",
-        (
-            "a loop whose condition never becomes false (a while loop whose variable is never "
-            "updated, an index that is never advanced), or recursion that never reaches its base "
-            "case."
-        ),
-        "",
-    ),
-    # --- 01 softmax and dot-product attention
-    (
-        "mask_not_applied_before_softmax",
-        "the mask is not applied before the softmax.",
-        "fill masked scores with -inf before the softmax.",
-    ),
-    (
-        "scale_missing",
-        "the scores are not scaled by 1/sqrt(d_k).",
-        "divide q @ k^T by math.sqrt(d_k), where d_k = q.shape[-1].",
-    ),
-    (
-        "scale_by_d_k",
-        "the scores are divided by d_k instead of sqrt(d_k).",
-        "the scale is 1/sqrt(d_k): math.sqrt(q.shape[-1]).",
-    ),
-    (
-        "scale_by_d_v",
-        "the scores are scaled by the wrong dimension (sqrt(d_v), from v).",
-        "d_k is the last dimension of q and k, not of v.",
-    ),
-    (
-        "scale_by_n_k",
-        "the scores are scaled by the wrong dimension (sqrt(n_k), the number of keys).",
-        "use d_k = q.shape[-1], the size of each query vector.",
-    ),
-    (
-        "softmax_over_queries",
-        (
-            "softmax over the wrong axis: the weights are normalised over the queries (axis -2) "
-            "instead of the keys (axis -1)."
-        ),
-        "each query's weights over the keys must sum to 1: softmax along the last axis.",
-    ),
-    (
-        "mask_after_softmax_weights",
-        "the mask is applied after the softmax, so the weights no longer sum to 1.",
-        "fill the masked scores with -inf before the softmax.",
-    ),
-    (
-        "mask_multiplied_weights",
-        (
-            "the scores are multiplied by the mask instead of being filled, so masked positions "
-            "still get weight."
-        ),
-        "masked_fill(~mask, float('-inf')) (or np.where) before the softmax.",
-    ),
-    (
-        "mask_ignored",
-        "the mask is ignored.",
-        "apply the mask to the scores before the softmax.",
-    ),
-    (
-        "fully_masked_row_uniform_fill",
-        (
-            "a fully masked row gets uniform weights: filling with a large negative number (-1e9) "
-            "makes every masked score equal, so softmax spreads the weight evenly instead of "
-            "giving zeros."
-        ),
-        (
-            "after the softmax, set the weights of rows with no allowed key to 0 (e.g. "
-            "torch.where(mask.any(-1, keepdim=True), w, 0))."
-        ),
-    ),
-    (
-        "additive_mask_full_row",
-        (
-            "an additive mask (scores + (1 - mask) * -1e10, the convention of much published "
-            "code): on a row where every key is masked, every score gets the same constant, and "
-            "softmax ignores a constant shift, so the row attends as if there were no mask (zeros "
-            "are required)."
-        ),
-        (
-            "an additive mask is fine where a query has at least one allowed key; rows with no "
-            "allowed key must still get zero weights: torch.where(mask.any(dim, keepdim=True), w, "
-            "0)."
-        ),
-    ),
-    (
-        "mask_inverted",
-        "the mask is inverted: True must mean 'may attend'.",
-        "keep the scores where the mask is True and fill where it is False (~mask).",
-    ),
-    (
-        "outputs_swapped",
-        "returned (weights, out) instead of (out, weights).",
-        "",
-    ),
-    (
-        "softmax_axis_ignored",
-        "the axis argument is ignored: the softmax is always taken over the last axis.",
-        "pass axis=axis to np.max and np.sum.",
-    ),
-    (
-        "softmax_wrong_axis",
-        "softmax over the wrong axis (axis 0).",
-        (
-            "normalise along the given axis: np.max(x, axis=axis, keepdims=True), and the same "
-            "for np.sum."
-        ),
-    ),
-    (
-        "softmax_global_sum",
-        (
-            "the sum is taken over the whole array rather than along axis, so the entries of each "
-            "slice do not sum to 1."
-        ),
-        "np.sum(e, axis=axis, keepdims=True).",
-    ),
-    (
-        "keepdims_missing",
-        "keepdims=True is missing, so the max or the sum broadcasts along the wrong axis.",
-        "np.max(x, axis=axis, keepdims=True) keeps a size-1 axis that broadcasts correctly.",
-    ),
-    (
-        "mask_not_applied",
-        "the mask is not applied, or applied with the wrong convention.",
-        "",
-    ),
-    (
-        "softmax_unstable",
-        (
-            "softmax is not numerically stable: np.exp overflows for large inputs (or underflows "
-            "to 0/0 when the maximum is taken over the whole array)."
-        ),
-        (
-            "subtract np.max(x, axis=axis, keepdims=True) before np.exp; the result is unchanged "
-            "mathematically."
-        ),
-    ),
-    (
-        "outputs_swapped_order",
-        "returned (weights, out) instead of (out, weights).",
-        "end with `return out, weights`.",
-    ),
-    (
-        "mask_inverted_nan_rows",
-        (
-            "the mask is inverted: True must mean 'may attend'. Filling where the mask is True "
-            "leaves those queries no key at all, and softmax of a row that is all -inf is NaN."
-        ),
-        (
-            "keep the scores where the mask is True and fill where it is False (np.where(mask, "
-            "scores, -np.inf), or masked_fill(~mask, ...))."
-        ),
-    ),
-    # --- 02 masking
-    (
-        "masked_softmax_mask_not_applied",
-        "the mask is not applied to the scores before the softmax.",
-        "",
-    ),
-    (
-        "mask_transposed",
-        "the mask is transposed: rows must be the batch, columns the positions.",
-        "",
-    ),
-    (
-        "padding_mask_inverted",
-        (
-            "the mask is inverted: it is True at the padding, but True must mark the real tokens "
-            "(the positions that may be attended)."
-        ),
-        "use positions < lengths, not >=.",
-    ),
-    (
-        "padding_mask_off_by_one_long",
-        "off by one: the mask includes the first padding position (<= instead of <).",
-        "position t is real when t < length (positions start at 0).",
-    ),
-    (
-        "padding_mask_off_by_one_short",
-        "off by one: the last real token is masked out (are positions counted from 1?).",
-        "positions start at 0, so position t is real when t < length.",
-    ),
-    (
-        "causal_mask_inverted",
-        (
-            "the mask is inverted: it is True for the future, but True must mean 'may attend' "
-            "(key j <= query i)."
-        ),
-        "use torch.tril, not ~tril.",
-    ),
-    (
-        "causal_mask_triu",
-        "the mask lets each query see the future, not the past (triu instead of tril).",
-        "row i is the query: True where column j <= i, i.e. torch.tril.",
-    ),
-    (
-        "causal_mask_no_diagonal",
-        "off by one: a query may not attend to itself (the diagonal is masked).",
-        "the diagonal (j == i) must be True: torch.tril(..., diagonal=0).",
-    ),
-    (
-        "causal_mask_diagonal_1",
-        "off by one: each query also sees the next token (diagonal=1).",
-        "use the default diagonal=0.",
-    ),
-    (
-        "fully_masked_row_nan",
-        "softmax of a row that is all -inf divides 0 by 0.",
-        (
-            "give rows with no allowed position zero weights explicitly, e.g. "
-            "torch.where(mask.any(dim, keepdim=True), weights, 0)."
-        ),
-    ),
-    (
-        "mask_after_softmax",
-        (
-            "the mask is applied after the softmax (weights * mask), so the weights no longer sum "
-            "to 1."
-        ),
-        "fill the masked scores with -inf before the softmax.",
-    ),
-    (
-        "mask_multiplied",
-        "the scores are multiplied by the mask instead of being filled.",
-        "masked_fill(~mask, float('-inf')) before the softmax.",
-    ),
-    (
-        "softmax_dim_ignored",
-        "the softmax is taken over the wrong dimension (dim is ignored).",
-        "pass dim=dim to the softmax, the max and the sum.",
-    ),
-    (
-        "fully_masked_row_uniform",
-        (
-            "a fully masked row gets uniform weights instead of zeros: every score of the row "
-            "became the same large negative number (masked_fill(~mask, -1e9), the 0/1-mask idiom "
-            "scores * mask - 1e9 * (1 - mask), or, in float32, an additive mask whose constant "
-            "swamps the scores)."
-        ),
-        (
-            "set rows with no allowed position to 0 after the softmax, e.g. "
-            "torch.where(mask.any(dim, keepdim=True), weights, 0)."
-        ),
-    ),
-    # --- 03 self-attention
-    (
-        "sa_extra_w_o",
-        "this exercise has no output projection (W_O comes in notebook 04): out is weights @ v.",
-        "",
-    ),
-    (
-        "sa_values_from_w_k",
-        (
-            "the values are computed with w_k or w_q (copy-paste): v must be self.w_v(x), which "
-            "has d_v outputs."
-        ),
-        "",
-    ),
-    (
-        "queries_keys_swapped",
-        (
-            "queries and keys are swapped: the scores are K Q^T instead of Q K^T, so the score "
-            "matrix is transposed (row i should be query i)."
-        ),
-        "scores = q @ k.transpose(-2, -1) with q = self.w_q(x) and k = self.w_k(x).",
-    ),
-    (
-        "keys_from_w_q",
-        "the keys are computed with w_q (copy-paste): k must be self.w_k(x).",
-        "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
-    ),
-    (
-        "queries_from_w_k",
-        "the queries are computed with w_k (copy-paste): q must be self.w_q(x).",
-        "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
-    ),
-    (
-        "scale_by_d_in",
-        "the scores are scaled by sqrt(d_in), the input width, instead of sqrt(d_k).",
-        "d_k is the size of each query and key vector: q.shape[-1] (or self.d_k).",
-    ),
-    (
-        "weights_times_x",
-        "the weights multiply x instead of the values V = w_v(x).",
-        "out = weights @ v with v = self.w_v(x).",
-    ),
-    (
-        "values_from_w_k",
-        "the values are computed with w_k (copy-paste): v must be self.w_v(x).",
-        "q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.",
-    ),
-    (
-        "causal_mask_by_default",
-        (
-            "a causal mask is applied although no mask was given: self-attention lets every token "
-            "see every other token unless a mask says otherwise."
-        ),
-        "apply a mask only when mask is not None.",
-    ),
-    (
-        "parametrization_changes_weight",
-        (
-            "the parametrization constrains or changes the weight (or has a right_inverse that "
-            "does not invert it); this exercise's weights are free."
-        ),
-        "",
-    ),
-    (
-        "linear_in_out_swapped",
-        (
-            "the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out) maps `in` "
-            "features to `out` features."
-        ),
-        "",
-    ),
-    (
-        "bias_by_default",
-        "nn.Linear adds a bias by default; pass bias=False.",
-        "",
-    ),
-    (
-        "bias_argument_ignored",
-        "the bias argument is ignored: pass bias=bias to every nn.Linear.",
-        "",
-    ),
-    (
-        "position_dependent",
-        (
-            "the output depends on the tokens' positions: a mask applied by default, a positional "
-            "term, or mixing up the token and batch axes."
-        ),
-        (
-            "with mask=None every token may attend to every token; nothing in self-attention "
-            "knows the order of the tokens."
-        ),
-    ),
-    # --- 04 multi-head attention
-    (
-        "split_heads_not_moved",
-        (
-            "the last dimension is split into heads, but the heads are not moved in front of the "
-            "tokens."
-        ),
-        "add .transpose(1, 2): (B, T, H, D/H) -> (B, H, T, D/H).",
-    ),
-    (
-        "split_heads_folded",
-        "batch and heads are folded into one dimension (B*H, T, D/H).",
-        "keep them separate: the result is (B, H, T, D/H).",
-    ),
-    (
-        "split_heads_last_axes_swapped",
-        "the last two axes are swapped: the result is (B, H, D/H, T).",
-        "x.view(B, T, H, D // H).transpose(1, 2) moves only axes 1 and 2.",
-    ),
-    (
-        "merge_heads_not_flattened",
-        "the heads are moved back but not flattened into one feature axis.",
-        "reshape the result to (B, T, H * d_head).",
-    ),
-    (
-        "merge_heads_wrong_axes",
-        "the wrong axes are flattened together.",
-        "the heads join the features: (B, T, H, d_head) -> (B, T, H * d_head).",
-    ),
-    (
-        "mha_shared_head_projection",
-        (
-            "a d_head x d_head projection shared by all heads is the non-standard variant: each "
-            "projection maps all d_model features to all d_model features (every head sees the "
-            "whole input), so it is ({D}, {D}), not ({dh}, {dh})."
-        ),
-        "",
-    ),
-    (
-        "mha_w_o_missing",
-        "W_O is missing: multi-head attention ends with an output projection that mixes the heads.",
-        "",
-    ),
-    (
-        "assert_instead_of_value_error",
-        "an assert (AssertionError) or an error from a later line instead of an explicit check.",
-        "",
-    ),
-    (
-        "mha_split_view",
-        (
-            "split_heads: `view` without `transpose`: x.view(B, H, T, D/H) (or reshape) keeps the "
-            "memory order (B, T, H, D/H), so each 'head' gets a jumble of several tokens' "
-            "features."
-        ),
-        (
-            "split the last dimension first, then move the heads forward: x.view(B, T, H, D // "
-            "H).transpose(1, 2)."
-        ),
-    ),
-    (
-        "mha_merge_without_transpose",
-        (
-            "merge_heads: the heads are merged without moving them back next to the features: "
-            "x.reshape(B, T, H*d_head) straight from (B, H, T, d_head) mixes tokens."
-        ),
-        "x.transpose(1, 2).reshape(B, T, H * d_head).",
-    ),
-    (
-        "mha_split_interleaved",
-        (
-            "split_heads: the features are interleaved: head h gets every H-th feature (x.view(B, "
-            "T, D/H, H)) instead of the contiguous block h*D/H .. (h+1)*D/H - 1."
-        ),
-        "view the last dimension as (H, D // H), heads first: x.view(B, T, H, D // H).",
-    ),
-    (
-        "mha_merge_wrong_order",
-        (
-            "merge_heads: the heads are merged in the wrong order: the features come out "
-            "interleaved (feature i of every head, then feature i+1 ...) instead of head 0's "
-            "block, then head 1's block, ..."
-        ),
-        (
-            "put the head axis right before the feature axis, (B, T, H, d_head), then flatten the "
-            "last two: x.transpose(1, 2).reshape(B, T, H * d_head)."
-        ),
-    ),
-    (
-        "w_o_not_applied",
-        "W_O is not applied: the merged heads must go through the output projection.",
-        "return self.w_o(merge_heads(out)), weights.",
-    ),
-    (
-        "scale_missing_head",
-        "the scores are not scaled by 1/sqrt(d_head).",
-        "divide q @ k^T by math.sqrt(d_head), d_head = d_model // n_heads.",
-    ),
-    (
-        "queries_keys_swapped_heads",
-        "queries and keys are swapped: the scores are K Q^T.",
-        (
-            "q = split_heads(self.w_q(query)), k = split_heads(self.w_k(key)), scores = q @ "
-            "k.transpose(-2, -1)."
-        ),
-    ),
-    (
-        "scale_by_d_model",
-        (
-            "the scores are scaled by sqrt(d_model) instead of sqrt(d_head): each head works with "
-            "d_head = d_model // n_heads features."
-        ),
-        (
-            "divide by math.sqrt(self.d_model // self.n_heads) (the size of one head's queries, "
-            "q.shape[-1] after split_heads)."
-        ),
-    ),
-    (
-        "softmax_over_queries_heads",
-        "softmax over the wrong axis: the weights are normalised over the queries.",
-        "softmax along the last axis (the keys).",
-    ),
-    (
-        "values_from_key",
-        "the values are projected from `key` instead of `value`.",
-        "v = self.w_v(value): keys and values are separate inputs.",
-    ),
-    (
-        "mask_inverted_heads",
-        "the mask is inverted: True must mean 'may attend'.",
-        (
-            "fill the scores where the mask is False (~mask). (nn.MultiheadAttention's "
-            "key_padding_mask and boolean attn_mask mean the opposite: True = blocked.)"
-        ),
-    ),
-    (
-        "mask_ignored_heads",
-        "the mask is ignored.",
-        "apply the mask to the scores of every head before the softmax.",
-    ),
-    (
-        "fully_masked_row_uniform_heads",
-        (
-            "a fully masked row gets uniform weights: filling with a large negative number (-1e9) "
-            "makes every masked score equal, so softmax spreads the weight evenly instead of "
-            "giving zeros."
-        ),
-        (
-            "give rows with no allowed key zero weights (e.g. reuse masked_softmax from notebook "
-            "02)."
-        ),
-    ),
-    (
-        "mask_repeat_wrong_order",
-        (
-            "the mask is repeated for the heads in the wrong order: mask.repeat(H, 1, 1) puts the "
-            "copies head-major, so .view(B, H, ...) gives batch element b the masks of other "
-            "batch elements."
-        ),
-        (
-            "mask.unsqueeze(1) broadcasts over the heads with no copy; if you repeat, use "
-            "mask.repeat_interleave(H, dim=0)."
-        ),
-    ),
-    (
-        "split_view_without_transpose",
-        (
-            "`view` without `transpose`: x.view(B, H, T, D/H) (or reshape) keeps the memory order "
-            "(B, T, H, D/H), so each 'head' gets a jumble of several tokens' features."
-        ),
-        (
-            "split the last dimension first, then move the heads forward: x.view(B, T, H, D // "
-            "H).transpose(1, 2)."
-        ),
-    ),
-    (
-        "split_interleaved",
-        (
-            "the features are interleaved: head h gets every H-th feature (x.view(B, T, D/H, H)) "
-            "instead of the contiguous block h*D/H .. (h+1)*D/H - 1."
-        ),
-        "view the last dimension as (H, D // H), heads first: x.view(B, T, H, D // H).",
-    ),
-    (
-        "merge_without_transpose",
-        (
-            "the heads are merged without moving them back next to the features: x.reshape(B, T, "
-            "H*d_head) straight from (B, H, T, d_head) mixes tokens."
-        ),
-        "x.transpose(1, 2).reshape(B, T, H * d_head).",
-    ),
-    (
-        "merge_wrong_order",
-        (
-            "the heads are merged in the wrong order: the features come out interleaved (feature "
-            "i of every head, then feature i+1 ...) instead of head 0's block, then head 1's "
-            "block, ..."
-        ),
-        (
-            "put the head axis right before the feature axis, (B, T, H, d_head), then flatten the "
-            "last two: x.transpose(1, 2).reshape(B, T, H * d_head)."
-        ),
-    ),
-    (
-        "mask_no_head_axis",
-        (
-            "the (B, n_q, n_k) mask is not given a head axis, so it broadcasts against (B, H, "
-            "n_q, n_k) with its batch axis lined up with the heads."
-        ),
-        (
-            "mask = mask.unsqueeze(1): (B, n_q, n_k) -> (B, 1, n_q, n_k), the same mask for every "
-            "head."
-        ),
-    ),
-    (
-        "heads_not_merged",
-        "the heads are not merged: use merge_heads, then W_O.",
-        "",
-    ),
-    (
-        "tokens_mixed_in_heads",
-        (
-            "tokens are mixed up when splitting or merging heads (a view without a transpose), or "
-            "the keys and values are paired wrongly."
-        ),
-        "",
-    ),
-    (
-        "weights_averaged_over_heads",
-        "the weights are averaged over the heads (or there is only one map).",
-        (
-            "return the weights of every head, (B, H, n_q, n_k); (nn.MultiheadAttention averages "
-            "them unless average_attn_weights=False)."
-        ),
-    ),
-    (
-        "batch_heads_folded",
-        "batch and heads are folded into one axis (B*H, n_q, n_k).",
-        "keep them separate: (B, H, n_q, n_k).",
-    ),
-    (
-        "keys_from_query",
-        "the keys are projected from `query` instead of `key`.",
-        "k = self.w_k(key), v = self.w_v(value).",
-    ),
-    # --- 05 positional encoding
-    (
-        "rope_not_rotated",
-        "the pairs are not rotated: each pair (x[2i], x[2i+1]) must be multiplied by the "
-        "rotation [[cos, -sin], [sin, cos]] of its own angle.",
-        "rotations compose: R(m)^T R(n) = R(n - m), which is what makes the score relative.",
-    ),
-    (
-        "pe_swapped",
-        "sin and cos are swapped: the even columns hold cosines and the odd columns sines.",
-        "PE[p, 2i] = sin(...) and PE[p, 2i+1] = cos(...); row 0 must be (0, 1, 0, 1, ...).",
-    ),
-    (
-        "pe_half_exponent",
-        (
-            "the frequency exponent is i/d instead of 2i/d (i counts the pairs, so the exponent "
-            "must use 2i, the even column index)."
-        ),
-        (
-            "with i = 0 .. d/2 - 1 the exponent is 2*i/d; or loop over the even columns 0, 2, 4, "
-            "... and use column/d."
-        ),
-    ),
-    (
-        "pe_column_exponent",
-        (
-            "the exponent uses each column's own index j (j/d), so the cos of a pair gets a "
-            "different frequency from its sin; both columns 2i and 2i+1 must use 2i/d."
-        ),
-        (
-            "compute one frequency per pair, from the even column index 2i, and use it for both "
-            "the sin and the cos."
-        ),
-    ),
-    (
-        "pe_from_one",
-        "positions are counted from 1: the first row must be position 0 (sin 0 = 0, cos 0 = 1).",
-        "use torch.arange(n_positions) for the positions.",
-    ),
-    (
-        "pe_concat",
-        (
-            "the sines and cosines are concatenated as two halves [sin | cos] instead of "
-            "interleaved (sin in the even columns, cos in the odd ones)."
-        ),
-        (
-            "write pe[:, 0::2] = sin and pe[:, 1::2] = cos, or torch.stack([sin, cos], -1) and "
-            "then flatten the last two dimensions."
-        ),
-    ),
-    (
-        "pe_half_layout_t2t",
-        (
-            "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
-            "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
-            "valid encoding, but not this exercise's (nor the paper's)."
-        ),
-        (
-            "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p * "
-            "10000^(-2i/d) for pair i = 0 .. d/2 - 1."
-        ),
-    ),
-    (
-        "pe_multiplied",
-        (
-            "the position is multiplied by 10000^(2i/d) instead of divided by it, so the "
-            "frequencies grow instead of shrinking."
-        ),
-        "the angle is p / 10000^(2i/d) = p * 10000^(-2i/d).",
-    ),
-    (
-        "pe_int_division",
-        (
-            "integer division: the exponent 2i/d was computed with // (or on integers), so it is "
-            "0 and every frequency is 1."
-        ),
-        "use true division on floats, e.g. torch.arange(0, d_model, 2) / d_model.",
-    ),
-    (
-        "rope_reversed",
-        "the rotation goes the opposite direction: the sign of sin is flipped.",
-        "out[2i] = x[2i] cos - x[2i+1] sin and out[2i+1] = x[2i] sin + x[2i+1] cos.",
-    ),
-    (
-        "rope_swapped",
-        "sin and cos are swapped in the rotation.",
-        "out[2i] = x[2i] * cos(theta) - x[2i+1] * sin(theta); cos multiplies the feature itself.",
-    ),
-    (
-        "rope_rotate_half",
-        (
-            "the features are paired as (i, i + d/2) (the 'rotate_half' layout of GPT-NeoX/LLaMA "
-            "code) instead of consecutive pairs (2i, 2i+1)."
-        ),
-        (
-            "take x[..., 0::2] and x[..., 1::2] as the two members of each pair, and write the "
-            "results back to the same places."
-        ),
-    ),
-    (
-        "rope_concat",
-        (
-            "the rotated pairs are concatenated as two halves [even | odd] instead of being "
-            "written back in place (interleaved)."
-        ),
-        "torch.stack([out_even, out_odd], dim=-1).flatten(-2) puts each pair back at 2i, 2i+1.",
-    ),
-    (
-        "rope_overwritten",
-        (
-            "the even features are overwritten before the odd ones are computed, so out[2i+1] "
-            "uses the rotated out[2i] instead of the original x[2i]."
-        ),
-        (
-            "compute both outputs from the original x[2i] and x[2i+1] (keep copies, or build new "
-            "tensors)."
-        ),
-    ),
-    (
-        "rope_half_exponent",
-        "the frequency exponent is i/d instead of 2i/d.",
-        "the angle of pair i is p * base^(-2i/d), i = 0 .. d/2 - 1.",
-    ),
-    (
-        "rope_half_layout_t2t",
-        (
-            "the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then all "
-            "cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a "
-            "valid encoding, but not this exercise's (nor the paper's)."
-        ),
-        (
-            "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p * "
-            "10000^(-2i/d) for pair i = 0 .. d/2 - 1."
-        ),
-    ),
-    (
-        "rope_multiplied",
-        "the position is multiplied by base^(2i/d) instead of divided by it.",
-        "the angle of pair i is p / base^(2i/d) = p * base^(-2i/d).",
-    ),
-    (
-        "rope_ignores_positions",
-        "the positions argument is ignored: the angles always use 0 .. T-1.",
-        "use torch.arange(T) only when positions is None; otherwise use the positions you "
-        "were given.",
-    ),
-    (
-        "rope_from_one",
-        (
-            "positions are counted from 1: by default the first vector is at position 0, where "
-            "the rotation is the identity."
-        ),
-        "default to torch.arange(T).",
-    ),
-    (
-        "rope_added",
-        "the sinusoidal encoding is added to x instead of rotating each pair.",
-        "RoPE multiplies: each pair (x[2i], x[2i+1]) is rotated by the angle p * w_i.",
-    ),
-    (
-        "pe_sin_cos_half",
-        (
-            "the [sin | cos] half layout: the first d/2 columns hold sines and the last d/2 their "
-            "cosines (as some codebases lay it out), and the frequencies are not 10000^(-2i/d) "
-            "either."
-        ),
-        (
-            "interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p * "
-            "10000^(-2i/d) for pair i = 0 .. d/2 - 1."
-        ),
-    ),
-    # --- 06 the encoder block
-    ("built_without_bias", "the layer is built with bias=False.", ""),
-    (
-        "residual_missing_attention",
-        "there is no residual connection around the self-attention sublayer.",
-        "add the sublayer's input back: x + dropout1(attention output){then}",
-    ),
-    (
-        "residual_missing_ff",
-        "there is no residual connection around the feed-forward sublayer.",
-        "add the sublayer's input back: x + dropout2(ff(...)){then}",
-    ),
-    (
-        "residual_missing",
-        (
-            "there are no residual connections: each sublayer's input must be added back to its "
-            "output."
-        ),
-        "x + sublayer(x) around both the attention and the feed-forward network.",
-    ),
-    (
-        "norms_swapped",
-        (
-            "norm1 and norm2 are swapped: norm1 belongs to the attention sublayer, norm2 to the "
-            "feed-forward sublayer."
-        ),
-        "use norm1 with self_attn and norm2 with ff.",
-    ),
-    (
-        "norms_never_applied",
-        "the layer norms are never applied.",
-        "each sublayer has its LayerNorm: norm1 around self_attn, norm2 around ff.",
-    ),
-    (
-        "ff_given_layer_input",
-        (
-            "the feed-forward network is given the layer's input x instead of the output of the "
-            "attention sublayer."
-        ),
-        (
-            "the two sublayers run one after the other: update x after attention, then feed that "
-            "x to the feed-forward sublayer."
-        ),
-    ),
-    (
-        "norm_first_ignored",
-        (
-            "norm_first=True is ignored: this is the post-norm layer (norm after the residual "
-            "add). Pre-norm normalises the input of each sublayer instead."
-        ),
-        ("if self.norm_first: x = x + dropout1(attn(norm1(x))); x = x + dropout2(ff(norm2(x)))."),
-    ),
-    (
-        "pre_norm_on_sublayer_output",
-        (
-            "pre-norm with the norm in the wrong place: the LayerNorm is applied to the "
-            "sublayer's output (x + norm(f(x))) instead of its input (x + f(norm(x)))."
-        ),
-        (
-            "normalise what goes into the sublayer: h = self.norm1(x); x = x + "
-            "dropout1(self_attn(h, h, h, mask))."
-        ),
-    ),
-    (
-        "pre_norm_residual_normalised",
-        (
-            "pre-norm with the residual taken from the normalised x: h = norm(x); h + f(h). The "
-            "residual path must carry the un-normalised x."
-        ),
-        "x = x + dropout1(attn(norm1(x))): add the sublayer output to x itself.",
-    ),
-    (
-        "pre_norm_although_post",
-        (
-            "the layer is pre-norm although norm_first=False: the original (post-norm) layer "
-            "normalises after the residual add."
-        ),
-        (
-            "if not self.norm_first: x = norm1(x + dropout1(attn(x))); x = norm2(x + "
-            "dropout2(ff(x)))."
-        ),
-    ),
-    (
-        "post_norm_before_residual",
-        (
-            "post-norm with the norm in the wrong place: the LayerNorm is applied to the "
-            "sublayer's output before the residual add (x + norm(f(x)))."
-        ),
-        "normalise the sum: x = norm1(x + dropout1(attn(x))).",
-    ),
-    (
-        "encoder_layer_mask_ignored",
-        "the mask is ignored: it must be passed on to the self-attention.",
-        "self.self_attn(x, x, x, mask) (or with the normalised h for pre-norm).",
-    ),
-    (
-        "relu_missing",
-        "the ReLU is missing: without it the two linear layers collapse into one.",
-        "linear2(dropout(relu(linear1(x)))): the ReLU sits between the two layers.",
-    ),
-    (
-        "relu_after_linear2",
-        (
-            "the ReLU is applied after linear2: the output of the network must be able to be "
-            "negative, and the nonlinearity belongs between the two layers."
-        ),
-        "linear2(dropout(relu(linear1(x)))), with nothing after linear2.",
-    ),
-    (
-        "activation_gelu",
-        "the activation is GELU (or another one); this network uses ReLU.",
-        "use torch.relu (or nn.ReLU()) between linear1 and linear2.",
-    ),
-    (
-        "activation_gelu_tanh",
-        (
-            "the activation is the tanh-approximate GELU (nn.GELU(approximate='tanh'), as in "
-            "GPT-2 and BERT code); this network uses ReLU, as in the paper and "
-            "nn.TransformerEncoderLayer."
-        ),
-        "use torch.relu (or nn.ReLU()) between linear1 and linear2.",
-    ),
-    (
-        "tokens_mixed",
-        "the tokens are mixed (e.g. a reshape that flattens the sequence into the features).",
-        "nn.Linear acts on the last dimension; apply it to x directly.",
-    ),
-    (
-        "ff_dropout_ignored",
-        "the dropout argument is ignored, or self.dropout is never used in forward.",
-        (
-            "self.dropout = nn.Dropout(dropout) in __init__, and apply it to the hidden "
-            "activations in forward."
-        ),
-    ),
-    (
-        "dropout_after_linear2",
-        (
-            "dropout is applied to the output of linear2 instead of the hidden activations "
-            "between the layers."
-        ),
-        "",
-    ),
-    (
-        "dropout_misplaced",
-        (
-            "dropout is not applied (only) to the hidden activations: it belongs between "
-            "relu(linear1(x)) and linear2, once."
-        ),
-        "",
-    ),
-    (
-        "encoder_dropout_hard_coded",
-        (
-            "dropout is active although dropout=0.0: the dropout argument is ignored (e.g. "
-            "nn.Dropout(0.1) hard-coded)."
-        ),
-        (
-            "self.dropout1 = nn.Dropout(dropout), and pass dropout on to FeedForward(d_model, "
-            "d_ff, dropout)."
-        ),
-    ),
-    (
-        "encoder_mask_ignored",
-        "the mask is ignored, or not passed to the self-attention.",
-        "self.self_attn(h, h, h, mask) with the mask given to forward.",
-    ),
-    (
-        "encoder_dropout_ignored",
-        "the dropout argument is ignored (or the dropout modules are never used in forward).",
-        (
-            "self.dropout1 = nn.Dropout(dropout), self.dropout2 = nn.Dropout(dropout) applied to "
-            "each sublayer's output before the residual add, and FeedForward(d_model, d_ff, "
-            "dropout)."
-        ),
-    ),
-    (
-        "attention_dropout_not_passed",
-        "the dropout is not passed on to the self-attention.",
-        (
-            "self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout) (as a "
-            "keyword: the third positional argument is bias)."
-        ),
-    ),
-    (
-        "ff_dropout_hard_coded",
-        (
-            "dropout is active although dropout=0.0: the dropout argument is ignored (e.g. "
-            "nn.Dropout(0.1) hard-coded)."
-        ),
-        "self.dropout = nn.Dropout(dropout), with the constructor's argument.",
-    ),
-    # --- 07 the decoder
-    ("dropout_not_passed_on", "the dropout is not passed on to {name}.", ""),
-    (
-        "decoder_norm_order",
-        "wrong norm order: the layer computes {computed} although norm_first={norm_first}.",
-        (
-            "norm_first=True: y = y + sublayer(norm(y)); norm_first=False: y = norm(y + "
-            "sublayer(y)). Store norm_first in __init__ and branch on it in forward."
-        ),
-    ),
-    (
-        "decoder_cross_kv_from_decoder",
-        (
-            "the cross-attention takes its keys and values from the decoder instead of the "
-            "encoder output (memory)."
-        ),
-        (
-            "queries come from the decoder, keys and values from memory: self.cross_attn(y, "
-            "memory, memory, memory_mask)."
-        ),
-    ),
-    (
-        "decoder_residual_missing",
-        ("a residual connection is missing: each sub-layer's output must be ADDED to its input."),
-        "post-norm: y = norm(y + sublayer(y)); pre-norm: y = y + sublayer(norm(y)).",
-    ),
-    (
-        "transformer_no_causal_mask",
-        (
-            "no causal mask in the decoder's self-attention: each target position sees the tokens "
-            "after it (which, with teacher forcing, include the answer)."
-        ),
-        "self_mask = causal (T, T) AND target padding (B, 1, 1, T) -> (B, 1, T, T).",
-    ),
-    (
-        "transformer_memory_mask_not_passed",
-        "the source padding mask is not passed to the cross-attention (memory_mask).",
-        (
-            "decode(tgt_in, memory, src_mask) must hand src_mask to every decoder layer as "
-            "memory_mask."
-        ),
-    ),
-    (
-        "transformer_causal_encoder",
-        (
-            "a causal mask is put on the encoder: the encoder may look at the whole source "
-            "sentence, in both directions."
-        ),
-        (
-            "the encoder gets only the source padding mask (B, 1, 1, S); only the decoder's "
-            "self-attention is causal."
-        ),
-    ),
-    (
-        "tgt_embed_not_scaled",
-        "the target embeddings are not scaled by sqrt(d_model).",
-        "y = self.tgt_embed(tgt_in) * math.sqrt(d_model) + PE[:T].",
-    ),
-    (
-        "tgt_no_positional_encoding",
-        "no positional encoding is added to the target embeddings.",
-        "add sinusoidal_encoding(max_len, d_model)[:T] to the scaled target embeddings.",
-    ),
-    (
-        "decoder_self_mask_ignored",
-        (
-            "the self-attention mask (self_mask, the causal mask) is ignored: every target "
-            "position sees the future."
-        ),
-        "pass self_mask to self.self_attn(y, y, y, self_mask).",
-    ),
-    (
-        "decoder_memory_mask_ignored",
-        "the memory mask (source padding) is ignored in the cross-attention.",
-        "pass memory_mask to self.cross_attn(y, memory, memory, memory_mask).",
-    ),
-    (
-        "transformer_final_norm_missing",
-        (
-            "the final LayerNorm after the last decoder layer is missing (pre-norm needs it: its "
-            "residual stream is never normalised otherwise)."
-        ),
-        "logits = self.out_proj(self.final_norm(y)).",
-    ),
-    (
-        "out_proj_missing",
-        "the output projection to the target vocabulary (out_proj) is missing.",
-        "",
-    ),
-    (
-        "src_mask_not_used",
-        "the source padding mask is not used in the encoder or in the cross-attention.",
-        "",
-    ),
-    (
-        "decoder_dropout_ignored",
-        "the dropout argument is ignored (or the dropout modules are never used in forward).",
-        (
-            "self.dropout1..3 = nn.Dropout(dropout) on each sub-layer's output, and "
-            "FeedForward(d_model, d_ff, dropout)."
-        ),
-    ),
-    (
-        "cross_kv_from_decoder",
-        (
-            "the cross-attention takes its keys and values from the decoder instead of the "
-            "encoder output (memory)."
-        ),
-        "",
-    ),
-    (
-        "self_mask_not_applied",
-        "the causal self_mask is not applied in the self-attention.",
-        "",
-    ),
-    (
-        "tgt_embed_init",
-        (
-            "tgt_embed keeps nn.Embedding's N(0, 1) initialisation; multiplied by sqrt(d_model), "
-            "the tokens would drown the positional encoding."
-        ),
-        "",
-    ),
-    (
-        "decoder_no_causal_mask",
-        "no causal mask in the decoder's self-attention.",
-        "self_mask = causal (T, T) AND target padding -> (B, 1, T, T).",
-    ),
-    (
-        "cross_q_from_memory",
-        "the cross-attention takes its queries from memory and keys from y.",
-        "",
-    ),
-    # --- 08 translation
-    (
-        "target_not_shifted",
-        (
-            "{name} keeps the whole target: teacher forcing needs the target shifted by one "
-            "(tgt_in drops the last position, tgt_out drops <bos>)."
-        ),
-        "",
-    ),
-    (
-        "beam_greedy",
-        "beam_size is ignored: only the single best hypothesis is kept (greedy decoding).",
-        "keep the beam_size best candidates of ALL hypotheses x ALL tokens at each step.",
-    ),
-    (
-        "beam_last_only",
-        (
-            "the score is not accumulated: hypotheses are ranked by their last token's "
-            "log-probability only."
-        ),
-        "a candidate's score is its parent's score PLUS the new token's log-probability.",
-    ),
-    (
-        "beam_probabilities",
-        "probabilities are added instead of log-probabilities.",
-        (
-            "the probability of a sequence is a product; in logs it is the SUM of the "
-            "log-probabilities step_fn returns (use them as they are)."
-        ),
-    ),
-    (
-        "beam_first_finished",
-        (
-            "the search stops at the first finished hypothesis instead of returning the best "
-            "finished one."
-        ),
-        (
-            "collect finished hypotheses and keep searching while an unfinished one could still "
-            "score higher; return the highest-scoring finished hypothesis."
-        ),
-    ),
-    (
-        "beam_length_normalised",
-        (
-            "the scores are divided by the length (length normalisation), which this exercise "
-            "does not use."
-        ),
-        "compare raw sums of log-probabilities.",
-    ),
-    (
-        "beam_past_eos",
-        "hypotheses are extended past <eos> instead of being finished.",
-        (
-            "a kept candidate whose last token is eos_id goes to the finished list and is not "
-            "extended further."
-        ),
-    ),
-    (
-        "beam_eos_not_scored",
-        "the score leaves out the log-probability of <eos>.",
-        "<eos> is a token like any other: add its log-probability when the hypothesis ends.",
-    ),
-    (
-        "masked_targets_as_indices",
-        (
-            "the targets at masked positions are used as indices: there they are arbitrary (here "
-            "-100, PyTorch's ignore_index, or an id outside the vocabulary), so gather, indexing "
-            "or F.cross_entropy without ignore_index fails on them."
-        ),
-        (
-            "replace them by a valid id before indexing, e.g. torch.where(mask, targets, 0), or "
-            "use F.cross_entropy(..., ignore_index=-100) on targets.masked_fill(~mask, -100)."
-        ),
-    ),
-    (
-        "padded_on_left",
-        (
-            "the sequences are padded on the left; pad on the right, after the last token "
-            "(positions must start at 0 for every sentence)."
-        ),
-        "write each sequence at the start of its row: ids[b, :len(s)] = s.",
-    ),
-    (
-        "pad_with_zero",
-        "the padding uses 0 instead of the pad_id argument.",
-        "fill with pad_id, e.g. torch.full((B, T), pad_id, dtype=torch.long).",
-    ),
-    (
-        "tgt_in_out_swapped",
-        (
-            "tgt_in and tgt_out are swapped: the decoder must READ tgt[:, :-1] (starting with "
-            "<bos>) and PREDICT tgt[:, 1:] (ending with <eos>)."
-        ),
-        "tgt_in = tgt[:, :-1]; tgt_out = tgt[:, 1:].",
-    ),
-    (
-        "loss_padding_averaged",
-        "the padding is averaged in: the mean runs over every position, padding included.",
-        (
-            "multiply by the mask (or select the real positions) before summing, and divide by "
-            "the number of real tokens."
-        ),
-    ),
-    (
-        "loss_per_padded_length",
-        (
-            "a sequence loss divided by the padded length: the masked sum is divided by every "
-            "position of the padded batch (B * T, or each sentence's sum by the padded length T "
-            "and then averaged), not by the number of real tokens, so the loss shrinks as padding "
-            "grows."
-        ),
-        "divide the masked sum by mask.sum(), the number of real tokens.",
-    ),
-    (
-        "loss_per_batch",
-        "divides by the batch size, not by the number of real tokens.",
-        "the loss is an average per real token: divide by mask.sum().",
-    ),
-    (
-        "loss_summed",
-        "sums the losses instead of averaging them.",
-        "divide the masked sum by the number of real tokens, mask.sum().",
-    ),
-    (
-        "loss_per_sentence",
-        (
-            "averages each sentence first, then the sentences: short sentences get more weight "
-            "per token."
-        ),
-        "sum over all real tokens of the batch and divide once, by mask.sum().",
-    ),
-    (
-        "loss_mask_inverted",
-        "the mask is inverted: the loss averages over the padding, not the real tokens.",
-        "keep the positions where mask is True.",
-    ),
-    (
-        "loss_no_log_softmax",
-        "no log-softmax: the raw logits are used as log-probabilities.",
-        "apply torch.log_softmax(logits, dim=-1) before picking the target entries.",
-    ),
-    (
-        "loss_probabilities",
-        "probabilities are used instead of log-probabilities.",
-        "the cross-entropy is -log p(target): use log_softmax, not softmax.",
-    ),
-    (
-        "output_includes_bos",
-        "the returned tokens include <bos>.",
-        "return the hypothesis without its leading bos_id (and without the final eos_id).",
-    ),
-    (
-        "output_includes_eos",
-        "the returned tokens include <eos>.",
-        "return the hypothesis without its final eos_id.",
-    ),
-    (
-        "loss_item",
-        (
-            "the loss was turned into a Python number (.item() or float()), which cuts it off "
-            "from the gradient."
-        ),
-        "return the tensor itself; call .item() only to print it.",
-    ),
-    (
-        "loss_left_autograd",
-        "the computation left autograd (.detach(), .item(), NumPy).",
-        "use torch operations on logits all the way to the result.",
-    ),
-    (
-        "loss_log_underflow",
-        (
-            "the log of a softmax probability that underflowed to 0, or NaN from the padding (0 * "
-            "inf)."
-        ),
-        (
-            "use torch.log_softmax (stable) and select the real positions with the mask rather "
-            "than multiplying garbage by 0."
-        ),
-    ),
-    (
-        "tgt_mask_whole_target",
-        (
-            "tgt_mask covers the whole target; it must line up with tgt_out (drop the first "
-            "position)."
-        ),
-        "",
-    ),
-    (
-        "tgt_mask_inverted",
-        (
-            "tgt_mask is inverted: it is True at the padding, but True must mark the real tokens "
-            "of tgt_out (the positions the loss counts)."
-        ),
-        "tgt_mask = tgt_out != pad_id.",
-    ),
-    (
-        "tgt_mask_from_tgt_in",
-        (
-            "tgt_mask is taken from tgt_in, not tgt_out: it counts the <bos> position and misses "
-            "the final <eos>, which the model must learn to predict."
-        ),
-        "the mask belongs to what is predicted: tgt_mask = tgt_out != pad_id.",
-    ),
-    (
-        "tgt_mask_no_eos",
-        "tgt_mask leaves out <eos>: the model never learns to stop.",
-        "<eos> is a real target token; only padding is masked.",
-    ),
-    # --- 09 question answering
-    (
-        "span_end_before_start",
-        (
-            "the end may come before the start: start and end are chosen independently (two "
-            "argmaxes, or every pair scored without requiring s <= e)."
-        ),
-        (
-            "score every pair: scores[s, e] = start_logits[s] + end_logits[e], keep only the "
-            "pairs with s <= e (an upper-triangular mask), and take the best pair."
-        ),
-    ),
-    (
-        "span_mask_ignored",
-        "the mask is ignored: the span uses question or padding positions.",
-        "only pairs with mask[s] and mask[e] True are allowed.",
-    ),
-    (
-        "span_mask_ignored_unordered",
-        "the mask is ignored and the end may come before the start.",
-        "allow only pairs inside the mask with s <= e.",
-    ),
-    (
-        "span_no_single_token",
-        "off by one: one-token answers (s == e) are not allowed (s < e instead of s <= e).",
-        "the diagonal s == e is a valid span of one token.",
-    ),
-    (
-        "span_max_len_ignored",
-        "max_len is ignored: spans longer than max_len tokens are allowed.",
-        "also require e - s + 1 <= max_len when max_len is not None.",
-    ),
-    (
-        "span_max_len_off_by_one",
-        "off by one in max_len: spans of max_len + 1 tokens are allowed (e - s <= max_len).",
-        "a span from s to e has e - s + 1 tokens.",
-    ),
-    (
-        "span_start_end_swapped",
-        "start and end are swapped (e.g. flat index decoded as (flat % T, flat // T)).",
-        "for a flattened (T_start, T_end) grid, start = flat // T and end = flat % T.",
-    ),
-    (
-        "span_loss_not_averaged",
-        "the loss is not averaged over the batch.",
-        "average the per-example losses with .mean().",
-    ),
-    (
-        "span_loss_mask_not_applied",
-        (
-            "the mask is not applied: the softmax runs over every position, question and padding "
-            "included, so padding is not ignored."
-        ),
-        (
-            "set the logits outside the mask to -inf (masked_fill(~mask, float('-inf'))) before "
-            "the log-softmax."
-        ),
-    ),
-    (
-        "span_loss_summed_ends",
-        "the start and end losses are summed; the loss is their average.",
-        "return (loss_start + loss_end) / 2.",
-    ),
-    (
-        "span_loss_summed_batch",
-        "the loss is summed over the batch instead of averaged.",
-        "average over the examples (.mean(), or reduction='mean').",
-    ),
-    (
-        "span_loss_one_end",
-        "only the start (or only the end) is in the loss.",
-        "the loss is the average of the start and the end cross-entropies.",
-    ),
-    (
-        "span_loss_probabilities",
-        "probabilities are used where log-probabilities belong (softmax, not log_softmax).",
-        "the cross-entropy is -log p(true position): use torch.log_softmax.",
-    ),
-    (
-        "span_loss_start_end_swapped",
-        "start and end are swapped: the start logits are scored against the true end.",
-        "pair start_logits with start and end_logits with end.",
-    ),
-    # --- 10 summarization
-    (
-        "pool_summed",
-        "the token vectors are summed, not averaged.",
-        "divide each sentence's sum by its number of tokens.",
-    ),
-    (
-        "pool_divided_by_length",
-        (
-            "each sum is divided by the sequence length T (or by all real tokens), not by the "
-            "number of tokens in that sentence."
-        ),
-        "count the tokens of each sentence: onehot.sum(-1), clamped to at least 1.",
-    ),
-    (
-        "pool_header_in_sentence_0",
-        (
-            "tokens with sentence id -1 (header, padding) are counted in sentence 0 (the ids were "
-            "clamped, or -1 wrapped around when used as an index)."
-        ),
-        (
-            "tokens with id -1 belong to no sentence: compare ids with each slot s, so -1 never "
-            "matches."
-        ),
-    ),
-    (
-        "pool_off_by_one",
-        "off by one: sentence s gets the tokens of sentence s - 1.",
-        "slot s averages the tokens whose id equals s (ids start at 0).",
-    ),
-    (
-        "select_returns_indices",
-        "the indices of the chosen sentences are returned (e.g. topk(...).indices)",
-        "",
-    ),
-    (
-        "select_padding",
-        "padding is selected: the mask is not applied before ranking.",
-        "give padding slots a score of -inf before ranking, and AND the result with the mask.",
-    ),
-    (
-        "select_lowest",
-        "the lowest scores are selected, not the highest.",
-        "rank in descending order (topk picks the largest by default).",
-    ),
-    (
-        "select_threshold",
-        "k is ignored: sentences are selected by a threshold (score > 0).",
-        "select exactly the k best real sentences of each document.",
-    ),
-    # --- 11 GPT
-    (
-        "greedy_last_tie",
-        "greedy picks the last of the tied maxima; the spec asks for the lowest index.",
-        "logits.argmax(-1) returns the first maximum.",
-    ),
-    (
-        "greedy_after_top_k",
-        (
-            "with temperature 0, top_k/top_p are applied before the greedy choice, and they "
-            "reorder the tied maxima: temperature 0 ignores top_k and top_p and returns the "
-            "lowest index among ties."
-        ),
-        "check temperature == 0 first: return logits.argmax(-1).",
-    ),
-    (
-        "greedy_other_tie",
-        "greedy returns one of the tied maxima, but not the lowest index, which the spec asks for.",
-        "logits.argmax(-1) returns the first maximum.",
-    ),
-    (
-        "greedy_not_argmax",
-        "temperature 0 does not return the argmax (greedy).",
-        "logits.argmax(-1) returns the first maximum.",
-    ),
-    (
-        "temperature_zero_not_handled",
-        "temperature 0 is not handled separately (dividing by 0 gives inf/nan logits).",
-        "if temperature == 0: return logits.argmax(-1).",
-    ),
-    (
-        "block_no_mask",
-        "no causal mask: every position attends to the future tokens too.",
-        "pass mask = torch.ones(T, T, dtype=torch.bool).tril() (True where key j <= query i).",
-    ),
-    (
-        "block_strict",
-        "the causal mask excludes the diagonal (j < i): a position cannot attend to itself.",
-        "use .tril() (diagonal included), not .tril(-1).",
-    ),
-    (
-        "block_upper",
-        "the causal mask is inverted (upper triangle): positions see the future, not the past.",
-        "True must mean 'may attend': key j <= query i is torch.ones(T, T).tril().",
-    ),
-    (
-        "block_post_norm",
-        (
-            "post-norm instead of pre-norm: LayerNorm is applied after the residual addition (x = "
-            "ln(x + attn(x)))."
-        ),
-        (
-            "pre-norm normalises the input of each sub-layer and adds to the raw stream: x = x + "
-            "attn(ln1(x)); x = x + ff(ln2(x))."
-        ),
-    ),
-    (
-        "block_normed_residual",
-        (
-            "the residual adds the normalised x (h = ln1(x); x = h + attn(h)) instead of the raw "
-            "stream."
-        ),
-        "keep x untouched: h = self.ln1(x); x = x + attn(h, h, h, mask).",
-    ),
-    (
-        "block_no_residual",
-        "the residual connection around the attention is missing (x = attn(ln1(x))).",
-        "x = x + attn_out.",
-    ),
-    (
-        "block_ff_no_norm",
-        "ln2 is not applied before the feed-forward network (x + ff(x)).",
-        "x = x + ff(ln2(x)).",
-    ),
-    (
-        "block_gelu",
-        (
-            "the feed-forward network uses GELU (as GPT-2 does) where the spec asks for notebook "
-            "06's FeedForward, whose activation is ReLU."
-        ),
-        (
-            "self.ff = FeedForward(d_model, d_ff, dropout) from attention_ref.encoder, imported "
-            "at the top of the notebook."
-        ),
-    ),
-    (
-        "sampler_p_exclusive",
-        (
-            "top-p excludes the token that crosses p: the kept set must be the smallest set whose "
-            "probability reaches top_p, so the token that takes the total over top_p is included."
-        ),
-        (
-            "keep token i when the probability of the tokens strictly more probable than i is < "
-            "top_p (the sum before i, not including it)."
-        ),
-    ),
-    (
-        "sampler_after_softmax",
-        (
-            "temperature applied after the softmax (or not at all): dividing probabilities by T "
-            "and renormalising changes nothing."
-        ),
-        "divide the logits by the temperature before the softmax: softmax(logits / T).",
-    ),
-    (
-        "sampler_times",
-        "the logits are multiplied by the temperature instead of divided by it.",
-        "scores = logits / temperature (T > 1 flattens, T < 1 sharpens).",
-    ),
-    (
-        "sampler_k_exact",
-        "top-k keeps exactly k tokens: a token tied with the k-th largest score is dropped.",
-        (
-            "keep every token whose score is >= the k-th largest: kth = "
-            "scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf)."
-        ),
-    ),
-    (
-        "sampler_k_exact_high",
-        (
-            "top-k keeps exactly k tokens, and of the tokens tied with the k-th it keeps the "
-            "highest indices: every token tied with the k-th largest score must be kept."
-        ),
-        (
-            "keep every token whose score is >= the k-th largest: kth = "
-            "scores.topk(k).values[..., -1:]; scores.masked_fill(scores < kth, -inf)."
-        ),
-    ),
-    (
-        "sampler_p_before_k",
-        (
-            "top-p is applied before top-k (on the full distribution): top-k comes first, then "
-            "top-p on the renormalised distribution of the tokens top-k kept."
-        ),
-        "apply top-k to the scores, then softmax, then top-p.",
-    ),
-    (
-        "sampler_p_sorted_ties",
-        (
-            "top-p breaks ties by sort order: tokens as probable as a kept token must be kept too "
-            "(the spec counts only the tokens *strictly* more probable)."
-        ),
-        (
-            "for each token compute the total probability of the strictly more probable tokens, "
-            "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
-            "when that is < top_p."
-        ),
-    ),
-    (
-        "sampler_p_sorted_ties_high",
-        (
-            "top-p breaks ties by sort order, keeping the higher index of tied tokens (as sorting "
-            "in ascending order and cutting from the bottom does): tokens as probable as a kept "
-            "token must be kept too (the spec counts only the tokens *strictly* more probable)."
-        ),
-        (
-            "for each token compute the total probability of the strictly more probable tokens, "
-            "e.g. (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it "
-            "when that is < top_p."
-        ),
-    ),
-    (
-        "sampler_p_le",
-        (
-            "top-p keeps a token while the mass before it is <= top_p; the spec keeps it only "
-            "while that mass is < top_p (when the tokens before it already reach top_p exactly, "
-            "it is not needed)."
-        ),
-        (
-            "keep token i when the probability of the tokens strictly more probable than i is "
-            "strictly less than top_p."
-        ),
-    ),
-    (
-        "gqa_repeat",
-        (
-            "K/V heads repeated in the wrong order: repeat() tiles the key/value heads (0, 1, 0, "
-            "1), so query head h uses kv head h % n_kv_heads; consecutive query heads must share "
-            "(0, 0, 1, 1): kv head h // (n_heads // n_kv_heads)."
-        ),
-        "k.repeat_interleave(n_heads // n_kv_heads, dim=1), not k.repeat(1, group, 1, 1).",
-    ),
-    (
-        "gqa_no_scale",
-        "the scores are not scaled by 1/sqrt(d_head).",
-        "use the course's sdpa, or divide q @ k^T by math.sqrt(d_head).",
-    ),
-    (
-        "gqa_no_mask",
-        "the mask is ignored.",
-        "pass the mask on to the attention (sdpa(q, k, v, mask)).",
-    ),
-    (
-        "gqa_no_w_o",
-        "the output projection w_o is missing.",
-        "return self.w_o(merge_heads(out)), weights.",
-    ),
-    (
-        "gqa_uniform_masked",
-        (
-            "a query row whose mask allows no key gets uniform weights (a large negative number "
-            "in place of -inf, or such a row patched to 1/n_k): the course's convention (notebook "
-            "02) is all-zero weights, so the row's attention output is zero."
-        ),
-        (
-            "use the course's sdpa, which gives fully masked rows zero weights, or set their "
-            "weights to 0 after the softmax (e.g. weights * mask.any(-1, keepdim=True))."
-        ),
-    ),
-    (
-        "block_no_causal_mask",
-        "no causal mask (or an inverted one).",
-        "mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().",
-    ),
-    (
-        "block_dropout_never_applied",
-        "dropout is never applied to the sub-layer outputs.",
-        "x = x + self.dropout(attn_out); x = x + self.dropout(ff_out).",
-    ),
-    (
-        "generator_ignored",
-        "the generator argument is ignored (the global random state is used).",
-        "pass it on: torch.multinomial(probs, 1, generator=generator).",
-    ),
-    (
-        "gqa_full_projections_reduced",
-        (
-            "the keys and values are projected to all n_heads heads (d_model features) and then "
-            "reduced: the point of grouped-query attention is that only n_kv_heads heads are "
-            "computed and cached."
-        ),
-        "nn.Linear(d_model, n_kv_heads * d_head).",
-    ),
-    (
-        "gqa_full_projections",
-        (
-            "the keys and values are projected to all n_heads heads (d_model features): "
-            "grouped-query attention computes and caches only n_kv_heads key/value heads."
-        ),
-        "",
-    ),
-    # --- 12 efficient attention
-    (
-        "flash_causal_ignored",
-        "causal=True is ignored: queries attend to future keys.",
-        (
-            "with causal=True, mask each tile with key_position <= query_position and skip key "
-            "blocks that start after the query block ends."
-        ),
-    ),
-    (
-        "kv_appended_twice",
-        "the new keys and values are appended twice.",
-        "call cache.append(k, v) once per call, with the t new positions.",
-    ),
-    (
-        "kv_appended_wrong_count",
-        "the wrong number of positions is appended.",
-        "call cache.append(k, v) once per call, with the t new positions.",
-    ),
-    (
-        "online_sum_not_rescaled",
-        (
-            "the running sum is not rescaled when the maximum grows: l must become l * exp(m_old "
-            "- m_new) + sum(exp(block - m_new))."
-        ),
-        "multiply the sum so far by exp(m - m_new) before adding the new block's terms.",
-    ),
-    (
-        "online_last_block_dropped",
-        (
-            "the last partial block is dropped: when n is not a multiple of block_size the last n "
-            "% block_size entries are never read."
-        ),
-        (
-            "loop with range(0, n, block_size) and slice x[start:start + block_size]; the last "
-            "slice is simply shorter."
-        ),
-    ),
-    (
-        "online_max_starts_at_0",
-        (
-            "the running maximum starts at 0 instead of -inf, so when every entry is far below 0 "
-            "all exponentials underflow to 0 and the result is 0/0."
-        ),
-        "start with m = -inf (float('-inf')) and l = 0.",
-    ),
-    (
-        "online_no_max",
-        "no maximum is subtracted: exp(x) overflows for large entries.",
-        "keep a running maximum m and exponentiate x - m.",
-    ),
-    (
-        "online_block_max_only",
-        "no running maximum: m is set to each block's own maximum instead of max(m, block max).",
-        "m_new = max(m, block.max()); exponentials are then never above 1.",
-    ),
-    (
-        "flash_running_sum_l",
-        (
-            "the running sum l is not rescaled when the maximum grows (l must become l * "
-            "exp(m_old - m_new) + the new block's sum)."
-        ),
-        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
-    ),
-    (
-        "flash_accumulator_rescaled_when",
-        (
-            "the accumulator is not rescaled when the maximum grows: acc must become acc * "
-            "exp(m_old - m_new) + p @ v_block."
-        ),
-        "rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).",
-    ),
-    (
-        "flash_running_maximum",
-        (
-            "no running maximum: each block is exponentiated with its own maximum and the running "
-            "sums are not rescaled (m_new must be max(m, block max))."
-        ),
-        (
-            "keep m per query; m_new = torch.maximum(m, s.amax(-1, keepdim=True)); rescale by "
-            "exp(m - m_new)."
-        ),
-    ),
-    (
-        "flash_last_partial_block",
-        (
-            "the last partial block is dropped: when n_k is not a multiple of block_size the last "
-            "keys are never read."
-        ),
-        "loop with range(0, n_k, block_size) and slice k[..., j0:j0 + block_size, :].",
-    ),
-    (
-        "flash_causal_block_skip",
-        (
-            "the causal block skip is off by one: the key block on the diagonal is skipped, so "
-            "queries never see the keys of their own block."
-        ),
-        (
-            "for the query block [i0, i1) read key blocks starting at j0 < i1 (not j0 < i0); mask "
-            "inside the diagonal block with key j <= query i."
-        ),
-    ),
-    (
-        "flash_causal_mask_strict",
-        "the causal mask is strict (j < i): a query may not attend to itself.",
-        "allowed = key_position <= query_position.",
-    ),
-    (
-        "flash_scores_scaled_1",
-        "the scores are not scaled by 1/sqrt(d_k).",
-        "multiply q (or each tile of scores) by 1 / math.sqrt(d_k).",
-    ),
-    (
-        "kv_no_mask",
-        (
-            "the new positions attend to later new positions: with several new tokens at once (t "
-            "> 1) the causal mask inside the new chunk is missing."
-        ),
-        "when t > 1 pass a mask (t, T) with True where key j <= len_before + i.",
-    ),
-    (
-        "kv_unshifted",
-        (
-            "the causal mask is not shifted by the number of cached positions: new position i is "
-            "at absolute position len_before + i, so it sees keys j <= len_before + i."
-        ),
-        "build the mask as torch.ones(t, T, dtype=torch.bool).tril(T - t).",
-    ),
-    (
-        "kv_only_new",
-        "the new queries attend only to the new keys, not to the cached ones.",
-        "attend to all keys and values that cache.append(k, v) returns.",
-    ),
-    ("kv_no_w_o", "the output projection w_o is missing.", "return mha.w_o(merge_heads(out))."),
-    (
-        "flash_future_blocks_not_skipped",
-        (
-            "the key blocks entirely in the future are not skipped (they are only masked), or the "
-            "causal block skip is off by one and reads one block too many."
-        ),
-        (
-            "process queries in blocks of block_size too; for the query block [i0, i1) loop over "
-            "key blocks j0 in range(0, i1, block_size) only."
-        ),
-    ),
-    (
-        "flash_full_score_matrix",
-        (
-            "the whole score matrix (or a full n_q x n_k mask) is built, e.g. q @ k.transpose(-2, "
-            "-1) over all keys at once."
-        ),
-        (
-            "work on one tile of keys at a time: s = q @ k[..., j0:j1, :].mT; build each tile's "
-            "causal mask from its positions, never an n x n mask."
-        ),
-    ),
-    (
-        "online_two_passes",
-        (
-            "two passes over the blocks: every block's maximum first, then the sum of "
-            "exponentials with the global maximum. The exercise asks for one pass, in which the "
-            "sum is rescaled whenever the maximum grows."
-        ),
-        (
-            "in the same loop: m_new = max(m, block max); l = l * exp(m - m_new) + sum(exp(block "
-            "- m_new)); m = m_new."
-        ),
-    ),
-    (
-        "online_global_max_first",
-        (
-            "the maximum (or the sum) is computed over the whole vector first, which is the "
-            "ordinary two-pass softmax."
-        ),
-        "keep a running maximum and a running sum, updated block by block.",
-    ),
-    (
-        "cache_not_appended",
-        (
-            "cache.append(k, v) is never called with the new keys and values (the next step would "
-            "not see these tokens)."
-        ),
-        (
-            "k_all, v_all = cache.append(k, v) with k, v of shape (B, H, t, d_head), then attend "
-            "to k_all, v_all."
-        ),
-    ),
-]
+#: One row per mistake, grouped by where it is made: ``[id] message`` (empty for a tag),
+#: then ``hint: ...``; a line that starts with spaces continues the line above (joined with
+#: one space).
+_TABLE = """
+# --- every exercise: failures the first line of the feedback already describes
+[wrong_values]
+[parametrization_not_settable]
+[lazy_not_initialised]
+[mask_not_boolean]
+[parameter_names]
+[raw_parameter]
+[no_value_error]
+[value_error_vague]
+[pad_id_not_stored]
+[wrong_type]
+[wrong_shape]
+[wrong_dtype]
+[wrong_device]
+[not_a_tuple]
+[input_modified]
+[code_raised]
+[not_implemented]
+[reference_used]
+[not_a_module_class]
+[not_a_function]
+[check_timed_out]
+[check_could_not_finish]
+
+# --- every exercise: recognised from an exception's line and message
+[batched_dot_t] K.T reverses all axes of a batched array, not just the last two.
+  hint: swap only the last two axes: np.swapaxes(K, -1, -2) in NumPy, k.transpose(-2, -1) (or
+    k.mT) in PyTorch.
+[view_non_contiguous] view() on a transposed (non-contiguous) tensor.
+  hint: use .reshape(...) or .contiguous().view(...) after a transpose.
+[dtypes_mixed] tensors of different dtypes are mixed (float32 with float64).
+  hint: create new tensors with dtype=x.dtype (and device=x.device), e.g. torch.zeros_like(x) or
+    x.new_zeros(...).
+[linear_weight_transposed] x @ self.w_q.weight multiplies by the transposed matrix: nn.Linear
+    stores its weight as (out_features, in_features).
+  hint: call the layer, self.w_q(x), or write x @ self.w_q.weight.T.
+
+# --- every exercise: recognised from the values (float64 inputs)
+[precision_loss] precision loss: your result is right to float32 precision (about 7 significant
+    digits) but not to float64 precision: part of the computation runs in float32 although the
+    inputs are float64 (a .float(), dtype=torch.float32, or a tensor created without dtype=
+    somewhere).
+  hint: keep every step in the input's dtype: create tensors with dtype=x.dtype (or
+    torch.zeros_like / x.new_zeros) and do not cast to float32 on the way.
+[epsilon_in_denominator] a small constant in a denominator (e.g. sum + 1e-6): every value is
+    smaller than the exact one by about the same tiny factor, which float32 rounding (errors of
+    either sign) would not do.
+  hint: drop the epsilon: once the maximum is subtracted, a softmax's sum includes exp(0) = 1,
+    so it is never 0 (a fully masked row is the one case to handle, and not with an epsilon).
+
+# --- every exercise (check framework)
+[nan_or_inf] an exponential overflowed, or a row with no allowed position divided 0 by 0.
+  hint: subtract the row maximum before exp; give fully masked rows zero weights explicitly.
+[infinite_loop] a loop whose condition never becomes false (a while loop whose variable is never
+    updated, an index that is never advanced), or recursion that never reaches its base case.
+
+# --- 01 softmax and dot-product attention
+[mask_not_applied_before_softmax] the mask is not applied before the softmax.
+  hint: fill masked scores with -inf before the softmax.
+[scale_missing] the scores are not scaled by 1/sqrt(d_k).
+  hint: divide q @ k^T by math.sqrt(d_k), where d_k = q.shape[-1].
+[scale_by_d_k] the scores are divided by d_k instead of sqrt(d_k).
+  hint: the scale is 1/sqrt(d_k): math.sqrt(q.shape[-1]).
+[scale_by_d_v] the scores are scaled by the wrong dimension (sqrt(d_v), from v).
+  hint: d_k is the last dimension of q and k, not of v.
+[scale_by_n_k] the scores are scaled by the wrong dimension (sqrt(n_k), the number of keys).
+  hint: use d_k = q.shape[-1], the size of each query vector.
+[softmax_over_queries] softmax over the wrong axis: the weights are normalised over the queries
+    (axis -2) instead of the keys (axis -1).
+  hint: each query's weights over the keys must sum to 1: softmax along the last axis.
+[mask_after_softmax_weights] the mask is applied after the softmax, so the weights no longer sum
+    to 1.
+  hint: fill the masked scores with -inf before the softmax.
+[mask_multiplied_weights] the scores are multiplied by the mask instead of being filled, so
+    masked positions still get weight.
+  hint: masked_fill(~mask, float('-inf')) (or np.where) before the softmax.
+[mask_ignored] the mask is ignored.
+  hint: apply the mask to the scores before the softmax.
+[fully_masked_row_uniform_fill] a fully masked row gets uniform weights: filling with a large
+    negative number (-1e9) makes every masked score equal, so softmax spreads the weight evenly
+    instead of giving zeros.
+  hint: after the softmax, set the weights of rows with no allowed key to 0 (e.g.
+    torch.where(mask.any(-1, keepdim=True), w, 0)).
+[additive_mask_full_row] an additive mask (scores + (1 - mask) * -1e10, the convention of much
+    published code): on a row where every key is masked, every score gets the same constant, and
+    softmax ignores a constant shift, so the row attends as if there were no mask (zeros are
+    required).
+  hint: an additive mask is fine where a query has at least one allowed key; rows with no
+    allowed key must still get zero weights: torch.where(mask.any(dim, keepdim=True), w, 0).
+[mask_inverted] the mask is inverted: True must mean 'may attend'.
+  hint: keep the scores where the mask is True and fill where it is False (~mask).
+[outputs_swapped] returned (weights, out) instead of (out, weights).
+[softmax_axis_ignored] the axis argument is ignored: the softmax is always taken over the last
+    axis.
+  hint: pass axis=axis to np.max and np.sum.
+[softmax_wrong_axis] softmax over the wrong axis (axis 0).
+  hint: normalise along the given axis: np.max(x, axis=axis, keepdims=True), and the same for
+    np.sum.
+[softmax_global_sum] the sum is taken over the whole array rather than along axis, so the
+    entries of each slice do not sum to 1.
+  hint: np.sum(e, axis=axis, keepdims=True).
+[keepdims_missing] keepdims=True is missing, so the max or the sum broadcasts along the wrong
+    axis.
+  hint: np.max(x, axis=axis, keepdims=True) keeps a size-1 axis that broadcasts correctly.
+[mask_not_applied] the mask is not applied, or applied with the wrong convention.
+[softmax_unstable] softmax is not numerically stable: np.exp overflows for large inputs (or
+    underflows to 0/0 when the maximum is taken over the whole array).
+  hint: subtract np.max(x, axis=axis, keepdims=True) before np.exp; the result is unchanged
+    mathematically.
+[outputs_swapped_order] returned (weights, out) instead of (out, weights).
+  hint: end with `return out, weights`.
+[mask_inverted_nan_rows] the mask is inverted: True must mean 'may attend'. Filling where the
+    mask is True leaves those queries no key at all, and softmax of a row that is all -inf is
+    NaN.
+  hint: keep the scores where the mask is True and fill where it is False (np.where(mask,
+    scores, -np.inf), or masked_fill(~mask, ...)).
+
+# --- 02 masking
+[masked_softmax_mask_not_applied] the mask is not applied to the scores before the softmax.
+[mask_transposed] the mask is transposed: rows must be the batch, columns the positions.
+[padding_mask_inverted] the mask is inverted: it is True at the padding, but True must mark the
+    real tokens (the positions that may be attended).
+  hint: use positions < lengths, not >=.
+[padding_mask_off_by_one_long] off by one: the mask includes the first padding position (<=
+    instead of <).
+  hint: position t is real when t < length (positions start at 0).
+[padding_mask_off_by_one_short] off by one: the last real token is masked out (are positions
+    counted from 1?).
+  hint: positions start at 0, so position t is real when t < length.
+[causal_mask_inverted] the mask is inverted: it is True for the future, but True must mean 'may
+    attend' (key j <= query i).
+  hint: use torch.tril, not ~tril.
+[causal_mask_triu] the mask lets each query see the future, not the past (triu instead of tril).
+  hint: row i is the query: True where column j <= i, i.e. torch.tril.
+[causal_mask_no_diagonal] off by one: a query may not attend to itself (the diagonal is masked).
+  hint: the diagonal (j == i) must be True: torch.tril(..., diagonal=0).
+[causal_mask_diagonal_1] off by one: each query also sees the next token (diagonal=1).
+  hint: use the default diagonal=0.
+[fully_masked_row_nan] softmax of a row that is all -inf divides 0 by 0.
+  hint: give rows with no allowed position zero weights explicitly, e.g.
+    torch.where(mask.any(dim, keepdim=True), weights, 0).
+[mask_after_softmax] the mask is applied after the softmax (weights * mask), so the weights no
+    longer sum to 1.
+  hint: fill the masked scores with -inf before the softmax.
+[mask_multiplied] the scores are multiplied by the mask instead of being filled.
+  hint: masked_fill(~mask, float('-inf')) before the softmax.
+[softmax_dim_ignored] the softmax is taken over the wrong dimension (dim is ignored).
+  hint: pass dim=dim to the softmax, the max and the sum.
+[fully_masked_row_uniform] a fully masked row gets uniform weights instead of zeros: every score
+    of the row became the same large negative number (masked_fill(~mask, -1e9), the 0/1-mask
+    idiom scores * mask - 1e9 * (1 - mask), or, in float32, an additive mask whose constant
+    swamps the scores).
+  hint: set rows with no allowed position to 0 after the softmax, e.g. torch.where(mask.any(dim,
+    keepdim=True), weights, 0).
+
+# --- 03 self-attention
+[sa_extra_w_o] this exercise has no output projection (W_O comes in notebook 04): out is weights
+    @ v.
+[sa_values_from_w_k] the values are computed with w_k or w_q (copy-paste): v must be
+    self.w_v(x), which has d_v outputs.
+[queries_keys_swapped] queries and keys are swapped: the scores are K Q^T instead of Q K^T, so
+    the score matrix is transposed (row i should be query i).
+  hint: scores = q @ k.transpose(-2, -1) with q = self.w_q(x) and k = self.w_k(x).
+[keys_from_w_q] the keys are computed with w_q (copy-paste): k must be self.w_k(x).
+  hint: q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.
+[queries_from_w_k] the queries are computed with w_k (copy-paste): q must be self.w_q(x).
+  hint: q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.
+[scale_by_d_in] the scores are scaled by sqrt(d_in), the input width, instead of sqrt(d_k).
+  hint: d_k is the size of each query and key vector: q.shape[-1] (or self.d_k).
+[weights_times_x] the weights multiply x instead of the values V = w_v(x).
+  hint: out = weights @ v with v = self.w_v(x).
+[values_from_w_k] the values are computed with w_k (copy-paste): v must be self.w_v(x).
+  hint: q = self.w_q(x), k = self.w_k(x), v = self.w_v(x): three different projections.
+[causal_mask_by_default] a causal mask is applied although no mask was given: self-attention
+    lets every token see every other token unless a mask says otherwise.
+  hint: apply a mask only when mask is not None.
+[parametrization_changes_weight] the parametrization constrains or changes the weight (or has a
+    right_inverse that does not invert it); this exercise's weights are free.
+[linear_in_out_swapped] the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out)
+    maps `in` features to `out` features.
+[bias_by_default] nn.Linear adds a bias by default; pass bias=False.
+[bias_argument_ignored] the bias argument is ignored: pass bias=bias to every nn.Linear.
+[position_dependent] the output depends on the tokens' positions: a mask applied by default, a
+    positional term, or mixing up the token and batch axes.
+  hint: with mask=None every token may attend to every token; nothing in self-attention knows
+    the order of the tokens.
+
+# --- 04 multi-head attention
+[split_heads_not_moved] the last dimension is split into heads, but the heads are not moved in
+    front of the tokens.
+  hint: add .transpose(1, 2): (B, T, H, D/H) -> (B, H, T, D/H).
+[split_heads_folded] batch and heads are folded into one dimension (B*H, T, D/H).
+  hint: keep them separate: the result is (B, H, T, D/H).
+[split_heads_last_axes_swapped] the last two axes are swapped: the result is (B, H, D/H, T).
+  hint: x.view(B, T, H, D // H).transpose(1, 2) moves only axes 1 and 2.
+[merge_heads_not_flattened] the heads are moved back but not flattened into one feature axis.
+  hint: reshape the result to (B, T, H * d_head).
+[merge_heads_wrong_axes] the wrong axes are flattened together.
+  hint: the heads join the features: (B, T, H, d_head) -> (B, T, H * d_head).
+[mha_shared_head_projection] a d_head x d_head projection shared by all heads is the
+    non-standard variant: each projection maps all d_model features to all d_model features
+    (every head sees the whole input), so it is ({D}, {D}), not ({dh}, {dh}).
+[mha_w_o_missing] W_O is missing: multi-head attention ends with an output projection that mixes
+    the heads.
+[assert_instead_of_value_error] an assert (AssertionError) or an error from a later line instead
+    of an explicit check.
+[mha_split_view] split_heads: `view` without `transpose`: x.view(B, H, T, D/H) (or reshape)
+    keeps the memory order (B, T, H, D/H), so each 'head' gets a jumble of several tokens'
+    features.
+  hint: split the last dimension first, then move the heads forward: x.view(B, T, H, D //
+    H).transpose(1, 2).
+[mha_merge_without_transpose] merge_heads: the heads are merged without moving them back next to
+    the features: x.reshape(B, T, H*d_head) straight from (B, H, T, d_head) mixes tokens.
+  hint: x.transpose(1, 2).reshape(B, T, H * d_head).
+[mha_split_interleaved] split_heads: the features are interleaved: head h gets every H-th
+    feature (x.view(B, T, D/H, H)) instead of the contiguous block h*D/H .. (h+1)*D/H - 1.
+  hint: view the last dimension as (H, D // H), heads first: x.view(B, T, H, D // H).
+[mha_merge_wrong_order] merge_heads: the heads are merged in the wrong order: the features come
+    out interleaved (feature i of every head, then feature i+1 ...) instead of head 0's block,
+    then head 1's block, ...
+  hint: put the head axis right before the feature axis, (B, T, H, d_head), then flatten the
+    last two: x.transpose(1, 2).reshape(B, T, H * d_head).
+[w_o_not_applied] W_O is not applied: the merged heads must go through the output projection.
+  hint: return self.w_o(merge_heads(out)), weights.
+[scale_missing_head] the scores are not scaled by 1/sqrt(d_head).
+  hint: divide q @ k^T by math.sqrt(d_head), d_head = d_model // n_heads.
+[queries_keys_swapped_heads] queries and keys are swapped: the scores are K Q^T.
+  hint: q = split_heads(self.w_q(query)), k = split_heads(self.w_k(key)), scores = q @
+    k.transpose(-2, -1).
+[scale_by_d_model] the scores are scaled by sqrt(d_model) instead of sqrt(d_head): each head
+    works with d_head = d_model // n_heads features.
+  hint: divide by math.sqrt(self.d_model // self.n_heads) (the size of one head's queries,
+    q.shape[-1] after split_heads).
+[softmax_over_queries_heads] softmax over the wrong axis: the weights are normalised over the
+    queries.
+  hint: softmax along the last axis (the keys).
+[values_from_key] the values are projected from `key` instead of `value`.
+  hint: v = self.w_v(value): keys and values are separate inputs.
+[mask_inverted_heads] the mask is inverted: True must mean 'may attend'.
+  hint: fill the scores where the mask is False (~mask). (nn.MultiheadAttention's
+    key_padding_mask and boolean attn_mask mean the opposite: True = blocked.)
+[mask_ignored_heads] the mask is ignored.
+  hint: apply the mask to the scores of every head before the softmax.
+[fully_masked_row_uniform_heads] a fully masked row gets uniform weights: filling with a large
+    negative number (-1e9) makes every masked score equal, so softmax spreads the weight evenly
+    instead of giving zeros.
+  hint: give rows with no allowed key zero weights (e.g. reuse masked_softmax from notebook 02).
+[mask_repeat_wrong_order] the mask is repeated for the heads in the wrong order: mask.repeat(H,
+    1, 1) puts the copies head-major, so .view(B, H, ...) gives batch element b the masks of
+    other batch elements.
+  hint: mask.unsqueeze(1) broadcasts over the heads with no copy; if you repeat, use
+    mask.repeat_interleave(H, dim=0).
+[split_view_without_transpose] `view` without `transpose`: x.view(B, H, T, D/H) (or reshape)
+    keeps the memory order (B, T, H, D/H), so each 'head' gets a jumble of several tokens'
+    features.
+  hint: split the last dimension first, then move the heads forward: x.view(B, T, H, D //
+    H).transpose(1, 2).
+[split_interleaved] the features are interleaved: head h gets every H-th feature (x.view(B, T,
+    D/H, H)) instead of the contiguous block h*D/H .. (h+1)*D/H - 1.
+  hint: view the last dimension as (H, D // H), heads first: x.view(B, T, H, D // H).
+[merge_without_transpose] the heads are merged without moving them back next to the features:
+    x.reshape(B, T, H*d_head) straight from (B, H, T, d_head) mixes tokens.
+  hint: x.transpose(1, 2).reshape(B, T, H * d_head).
+[merge_wrong_order] the heads are merged in the wrong order: the features come out interleaved
+    (feature i of every head, then feature i+1 ...) instead of head 0's block, then head 1's
+    block, ...
+  hint: put the head axis right before the feature axis, (B, T, H, d_head), then flatten the
+    last two: x.transpose(1, 2).reshape(B, T, H * d_head).
+[mask_no_head_axis] the (B, n_q, n_k) mask is not given a head axis, so it broadcasts against
+    (B, H, n_q, n_k) with its batch axis lined up with the heads.
+  hint: mask = mask.unsqueeze(1): (B, n_q, n_k) -> (B, 1, n_q, n_k), the same mask for every
+    head.
+[heads_not_merged] the heads are not merged: use merge_heads, then W_O.
+[tokens_mixed_in_heads] tokens are mixed up when splitting or merging heads (a view without a
+    transpose), or the keys and values are paired wrongly.
+[weights_averaged_over_heads] the weights are averaged over the heads (or there is only one
+    map).
+  hint: return the weights of every head, (B, H, n_q, n_k); (nn.MultiheadAttention averages them
+    unless average_attn_weights=False).
+[batch_heads_folded] batch and heads are folded into one axis (B*H, n_q, n_k).
+  hint: keep them separate: (B, H, n_q, n_k).
+[keys_from_query] the keys are projected from `query` instead of `key`.
+  hint: k = self.w_k(key), v = self.w_v(value).
+
+# --- 05 positional encoding
+[rope_not_rotated] the pairs are not rotated: each pair (x[2i], x[2i+1]) must be multiplied by
+    the rotation [[cos, -sin], [sin, cos]] of its own angle.
+  hint: rotations compose: R(m)^T R(n) = R(n - m), which is what makes the score relative.
+[pe_swapped] sin and cos are swapped: the even columns hold cosines and the odd columns sines.
+  hint: PE[p, 2i] = sin(...) and PE[p, 2i+1] = cos(...); row 0 must be (0, 1, 0, 1, ...).
+[pe_half_exponent] the frequency exponent is i/d instead of 2i/d (i counts the pairs, so the
+    exponent must use 2i, the even column index).
+  hint: with i = 0 .. d/2 - 1 the exponent is 2*i/d; or loop over the even columns 0, 2, 4, ...
+    and use column/d.
+[pe_column_exponent] the exponent uses each column's own index j (j/d), so the cos of a pair
+    gets a different frequency from its sin; both columns 2i and 2i+1 must use 2i/d.
+  hint: compute one frequency per pair, from the even column index 2i, and use it for both the
+    sin and the cos.
+[pe_from_one] positions are counted from 1: the first row must be position 0 (sin 0 = 0, cos 0 =
+    1).
+  hint: use torch.arange(n_positions) for the positions.
+[pe_concat] the sines and cosines are concatenated as two halves [sin | cos] instead of
+    interleaved (sin in the even columns, cos in the odd ones).
+  hint: write pe[:, 0::2] = sin and pe[:, 1::2] = cos, or torch.stack([sin, cos], -1) and then
+    flatten the last two dimensions.
+[pe_half_layout_t2t] the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then
+    all cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a
+    valid encoding, but not this exercise's (nor the paper's).
+  hint: interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p *
+    10000^(-2i/d) for pair i = 0 .. d/2 - 1.
+[pe_multiplied] the position is multiplied by 10000^(2i/d) instead of divided by it, so the
+    frequencies grow instead of shrinking.
+  hint: the angle is p / 10000^(2i/d) = p * 10000^(-2i/d).
+[pe_int_division] integer division: the exponent 2i/d was computed with // (or on integers), so
+    it is 0 and every frequency is 1.
+  hint: use true division on floats, e.g. torch.arange(0, d_model, 2) / d_model.
+[rope_reversed] the rotation goes the opposite direction: the sign of sin is flipped.
+  hint: out[2i] = x[2i] cos - x[2i+1] sin and out[2i+1] = x[2i] sin + x[2i+1] cos.
+[rope_swapped] sin and cos are swapped in the rotation.
+  hint: out[2i] = x[2i] * cos(theta) - x[2i+1] * sin(theta); cos multiplies the feature itself.
+[rope_rotate_half] the features are paired as (i, i + d/2) (the 'rotate_half' layout of
+    GPT-NeoX/LLaMA code) instead of consecutive pairs (2i, 2i+1).
+  hint: take x[..., 0::2] and x[..., 1::2] as the two members of each pair, and write the
+    results back to the same places.
+[rope_concat] the rotated pairs are concatenated as two halves [even | odd] instead of being
+    written back in place (interleaved).
+  hint: torch.stack([out_even, out_odd], dim=-1).flatten(-2) puts each pair back at 2i, 2i+1.
+[rope_overwritten] the even features are overwritten before the odd ones are computed, so
+    out[2i+1] uses the rotated out[2i] instead of the original x[2i].
+  hint: compute both outputs from the original x[2i] and x[2i+1] (keep copies, or build new
+    tensors).
+[rope_half_exponent] the frequency exponent is i/d instead of 2i/d.
+  hint: the angle of pair i is p * base^(-2i/d), i = 0 .. d/2 - 1.
+[rope_half_layout_t2t] the [sin | cos] half layout of tensor2tensor and fairseq: all sines, then
+    all cosines, with the frequencies 10000^(-i/(d/2 - 1)) instead of 10000^(-2i/d). It is a
+    valid encoding, but not this exercise's (nor the paper's).
+  hint: interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p *
+    10000^(-2i/d) for pair i = 0 .. d/2 - 1.
+[rope_multiplied] the position is multiplied by base^(2i/d) instead of divided by it.
+  hint: the angle of pair i is p / base^(2i/d) = p * base^(-2i/d).
+[rope_ignores_positions] the positions argument is ignored: the angles always use 0 .. T-1.
+  hint: use torch.arange(T) only when positions is None; otherwise use the positions you were
+    given.
+[rope_from_one] positions are counted from 1: by default the first vector is at position 0,
+    where the rotation is the identity.
+  hint: default to torch.arange(T).
+[rope_added] the sinusoidal encoding is added to x instead of rotating each pair.
+  hint: RoPE multiplies: each pair (x[2i], x[2i+1]) is rotated by the angle p * w_i.
+[pe_sin_cos_half] the [sin | cos] half layout: the first d/2 columns hold sines and the last d/2
+    their cosines (as some codebases lay it out), and the frequencies are not 10000^(-2i/d)
+    either.
+  hint: interleave the pairs, pe[:, 0::2] = sin and pe[:, 1::2] = cos, with the angle p *
+    10000^(-2i/d) for pair i = 0 .. d/2 - 1.
+
+# --- 06 the encoder block
+[built_without_bias] the layer is built with bias=False.
+[residual_missing_attention] there is no residual connection around the self-attention sublayer.
+  hint: add the sublayer's input back: x + dropout1(attention output){then}
+[residual_missing_ff] there is no residual connection around the feed-forward sublayer.
+  hint: add the sublayer's input back: x + dropout2(ff(...)){then}
+[residual_missing] there are no residual connections: each sublayer's input must be added back
+    to its output.
+  hint: x + sublayer(x) around both the attention and the feed-forward network.
+[norms_swapped] norm1 and norm2 are swapped: norm1 belongs to the attention sublayer, norm2 to
+    the feed-forward sublayer.
+  hint: use norm1 with self_attn and norm2 with ff.
+[norms_never_applied] the layer norms are never applied.
+  hint: each sublayer has its LayerNorm: norm1 around self_attn, norm2 around ff.
+[ff_given_layer_input] the feed-forward network is given the layer's input x instead of the
+    output of the attention sublayer.
+  hint: the two sublayers run one after the other: update x after attention, then feed that x to
+    the feed-forward sublayer.
+[norm_first_ignored] norm_first=True is ignored: this is the post-norm layer (norm after the
+    residual add). Pre-norm normalises the input of each sublayer instead.
+  hint: if self.norm_first: x = x + dropout1(attn(norm1(x))); x = x + dropout2(ff(norm2(x))).
+[pre_norm_on_sublayer_output] pre-norm with the norm in the wrong place: the LayerNorm is
+    applied to the sublayer's output (x + norm(f(x))) instead of its input (x + f(norm(x))).
+  hint: normalise what goes into the sublayer: h = self.norm1(x); x = x + dropout1(self_attn(h,
+    h, h, mask)).
+[pre_norm_residual_normalised] pre-norm with the residual taken from the normalised x: h =
+    norm(x); h + f(h). The residual path must carry the un-normalised x.
+  hint: x = x + dropout1(attn(norm1(x))): add the sublayer output to x itself.
+[pre_norm_although_post] the layer is pre-norm although norm_first=False: the original
+    (post-norm) layer normalises after the residual add.
+  hint: if not self.norm_first: x = norm1(x + dropout1(attn(x))); x = norm2(x +
+    dropout2(ff(x))).
+[post_norm_before_residual] post-norm with the norm in the wrong place: the LayerNorm is applied
+    to the sublayer's output before the residual add (x + norm(f(x))).
+  hint: normalise the sum: x = norm1(x + dropout1(attn(x))).
+[encoder_layer_mask_ignored] the mask is ignored: it must be passed on to the self-attention.
+  hint: self.self_attn(x, x, x, mask) (or with the normalised h for pre-norm).
+[relu_missing] the ReLU is missing: without it the two linear layers collapse into one.
+  hint: linear2(dropout(relu(linear1(x)))): the ReLU sits between the two layers.
+[relu_after_linear2] the ReLU is applied after linear2: the output of the network must be able
+    to be negative, and the nonlinearity belongs between the two layers.
+  hint: linear2(dropout(relu(linear1(x)))), with nothing after linear2.
+[activation_gelu] the activation is GELU (or another one); this network uses ReLU.
+  hint: use torch.relu (or nn.ReLU()) between linear1 and linear2.
+[activation_gelu_tanh] the activation is the tanh-approximate GELU (nn.GELU(approximate='tanh'),
+    as in GPT-2 and BERT code); this network uses ReLU, as in the paper and
+    nn.TransformerEncoderLayer.
+  hint: use torch.relu (or nn.ReLU()) between linear1 and linear2.
+[tokens_mixed] the tokens are mixed (e.g. a reshape that flattens the sequence into the
+    features).
+  hint: nn.Linear acts on the last dimension; apply it to x directly.
+[ff_dropout_ignored] the dropout argument is ignored, or self.dropout is never used in forward.
+  hint: self.dropout = nn.Dropout(dropout) in __init__, and apply it to the hidden activations
+    in forward.
+[dropout_after_linear2] dropout is applied to the output of linear2 instead of the hidden
+    activations between the layers.
+[dropout_misplaced] dropout is not applied (only) to the hidden activations: it belongs between
+    relu(linear1(x)) and linear2, once.
+[encoder_dropout_hard_coded] dropout is active although dropout=0.0: the dropout argument is
+    ignored (e.g. nn.Dropout(0.1) hard-coded).
+  hint: self.dropout1 = nn.Dropout(dropout), and pass dropout on to FeedForward(d_model, d_ff,
+    dropout).
+[encoder_mask_ignored] the mask is ignored, or not passed to the self-attention.
+  hint: self.self_attn(h, h, h, mask) with the mask given to forward.
+[encoder_dropout_ignored] the dropout argument is ignored (or the dropout modules are never used
+    in forward).
+  hint: self.dropout1 = nn.Dropout(dropout), self.dropout2 = nn.Dropout(dropout) applied to each
+    sublayer's output before the residual add, and FeedForward(d_model, d_ff, dropout).
+[attention_dropout_not_passed] the dropout is not passed on to the self-attention.
+  hint: self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout) (as a keyword:
+    the third positional argument is bias).
+[ff_dropout_hard_coded] dropout is active although dropout=0.0: the dropout argument is ignored
+    (e.g. nn.Dropout(0.1) hard-coded).
+  hint: self.dropout = nn.Dropout(dropout), with the constructor's argument.
+
+# --- 07 the decoder
+[dropout_not_passed_on] the dropout is not passed on to {name}.
+[decoder_norm_order] wrong norm order: the layer computes {computed} although
+    norm_first={norm_first}.
+  hint: norm_first=True: y = y + sublayer(norm(y)); norm_first=False: y = norm(y + sublayer(y)).
+    Store norm_first in __init__ and branch on it in forward.
+[decoder_cross_kv_from_decoder] the cross-attention takes its keys and values from the decoder
+    instead of the encoder output (memory).
+  hint: queries come from the decoder, keys and values from memory: self.cross_attn(y, memory,
+    memory, memory_mask).
+[decoder_residual_missing] a residual connection is missing: each sub-layer's output must be
+    ADDED to its input.
+  hint: post-norm: y = norm(y + sublayer(y)); pre-norm: y = y + sublayer(norm(y)).
+[transformer_no_causal_mask] no causal mask in the decoder's self-attention: each target
+    position sees the tokens after it (which, with teacher forcing, include the answer).
+  hint: self_mask = causal (T, T) AND target padding (B, 1, 1, T) -> (B, 1, T, T).
+[transformer_memory_mask_not_passed] the source padding mask is not passed to the
+    cross-attention (memory_mask).
+  hint: decode(tgt_in, memory, src_mask) must hand src_mask to every decoder layer as
+    memory_mask.
+[transformer_causal_encoder] a causal mask is put on the encoder: the encoder may look at the
+    whole source sentence, in both directions.
+  hint: the encoder gets only the source padding mask (B, 1, 1, S); only the decoder's
+    self-attention is causal.
+[tgt_embed_not_scaled] the target embeddings are not scaled by sqrt(d_model).
+  hint: y = self.tgt_embed(tgt_in) * math.sqrt(d_model) + PE[:T].
+[tgt_no_positional_encoding] no positional encoding is added to the target embeddings.
+  hint: add sinusoidal_encoding(max_len, d_model)[:T] to the scaled target embeddings.
+[decoder_self_mask_ignored] the self-attention mask (self_mask, the causal mask) is ignored:
+    every target position sees the future.
+  hint: pass self_mask to self.self_attn(y, y, y, self_mask).
+[decoder_memory_mask_ignored] the memory mask (source padding) is ignored in the
+    cross-attention.
+  hint: pass memory_mask to self.cross_attn(y, memory, memory, memory_mask).
+[transformer_final_norm_missing] the final LayerNorm after the last decoder layer is missing
+    (pre-norm needs it: its residual stream is never normalised otherwise).
+  hint: logits = self.out_proj(self.final_norm(y)).
+[out_proj_missing] the output projection to the target vocabulary (out_proj) is missing.
+[src_mask_not_used] the source padding mask is not used in the encoder or in the
+    cross-attention.
+[decoder_dropout_ignored] the dropout argument is ignored (or the dropout modules are never used
+    in forward).
+  hint: self.dropout1..3 = nn.Dropout(dropout) on each sub-layer's output, and
+    FeedForward(d_model, d_ff, dropout).
+[cross_kv_from_decoder] the cross-attention takes its keys and values from the decoder instead
+    of the encoder output (memory).
+[self_mask_not_applied] the causal self_mask is not applied in the self-attention.
+[tgt_embed_init] tgt_embed keeps nn.Embedding's N(0, 1) initialisation; multiplied by
+    sqrt(d_model), the tokens would drown the positional encoding.
+[decoder_no_causal_mask] no causal mask in the decoder's self-attention.
+  hint: self_mask = causal (T, T) AND target padding -> (B, 1, T, T).
+[cross_q_from_memory] the cross-attention takes its queries from memory and keys from y.
+
+# --- 08 translation
+[target_not_shifted] {name} keeps the whole target: teacher forcing needs the target shifted by
+    one (tgt_in drops the last position, tgt_out drops <bos>).
+[beam_greedy] beam_size is ignored: only the single best hypothesis is kept (greedy decoding).
+  hint: keep the beam_size best candidates of ALL hypotheses x ALL tokens at each step.
+[beam_last_only] the score is not accumulated: hypotheses are ranked by their last token's
+    log-probability only.
+  hint: a candidate's score is its parent's score PLUS the new token's log-probability.
+[beam_probabilities] probabilities are added instead of log-probabilities.
+  hint: the probability of a sequence is a product; in logs it is the SUM of the
+    log-probabilities step_fn returns (use them as they are).
+[beam_first_finished] the search stops at the first finished hypothesis instead of returning the
+    best finished one.
+  hint: collect finished hypotheses and keep searching while an unfinished one could still score
+    higher; return the highest-scoring finished hypothesis.
+[beam_length_normalised] the scores are divided by the length (length normalisation), which this
+    exercise does not use.
+  hint: compare raw sums of log-probabilities.
+[beam_past_eos] hypotheses are extended past <eos> instead of being finished.
+  hint: a kept candidate whose last token is eos_id goes to the finished list and is not
+    extended further.
+[beam_eos_not_scored] the score leaves out the log-probability of <eos>.
+  hint: <eos> is a token like any other: add its log-probability when the hypothesis ends.
+[masked_targets_as_indices] the targets at masked positions are used as indices: there they are
+    arbitrary (here -100, PyTorch's ignore_index, or an id outside the vocabulary), so gather,
+    indexing or F.cross_entropy without ignore_index fails on them.
+  hint: replace them by a valid id before indexing, e.g. torch.where(mask, targets, 0), or use
+    F.cross_entropy(..., ignore_index=-100) on targets.masked_fill(~mask, -100).
+[padded_on_left] the sequences are padded on the left; pad on the right, after the last token
+    (positions must start at 0 for every sentence).
+  hint: write each sequence at the start of its row: ids[b, :len(s)] = s.
+[pad_with_zero] the padding uses 0 instead of the pad_id argument.
+  hint: fill with pad_id, e.g. torch.full((B, T), pad_id, dtype=torch.long).
+[tgt_in_out_swapped] tgt_in and tgt_out are swapped: the decoder must READ tgt[:, :-1] (starting
+    with <bos>) and PREDICT tgt[:, 1:] (ending with <eos>).
+  hint: tgt_in = tgt[:, :-1]; tgt_out = tgt[:, 1:].
+[loss_padding_averaged] the padding is averaged in: the mean runs over every position, padding
+    included.
+  hint: multiply by the mask (or select the real positions) before summing, and divide by the
+    number of real tokens.
+[loss_per_padded_length] a sequence loss divided by the padded length: the masked sum is divided
+    by every position of the padded batch (B * T, or each sentence's sum by the padded length T
+    and then averaged), not by the number of real tokens, so the loss shrinks as padding grows.
+  hint: divide the masked sum by mask.sum(), the number of real tokens.
+[loss_per_batch] divides by the batch size, not by the number of real tokens.
+  hint: the loss is an average per real token: divide by mask.sum().
+[loss_summed] sums the losses instead of averaging them.
+  hint: divide the masked sum by the number of real tokens, mask.sum().
+[loss_per_sentence] averages each sentence first, then the sentences: short sentences get more
+    weight per token.
+  hint: sum over all real tokens of the batch and divide once, by mask.sum().
+[loss_mask_inverted] the mask is inverted: the loss averages over the padding, not the real
+    tokens.
+  hint: keep the positions where mask is True.
+[loss_no_log_softmax] no log-softmax: the raw logits are used as log-probabilities.
+  hint: apply torch.log_softmax(logits, dim=-1) before picking the target entries.
+[loss_probabilities] probabilities are used instead of log-probabilities.
+  hint: the cross-entropy is -log p(target): use log_softmax, not softmax.
+[output_includes_bos] the returned tokens include <bos>.
+  hint: return the hypothesis without its leading bos_id (and without the final eos_id).
+[output_includes_eos] the returned tokens include <eos>.
+  hint: return the hypothesis without its final eos_id.
+[loss_item] the loss was turned into a Python number (.item() or float()), which cuts it off
+    from the gradient.
+  hint: return the tensor itself; call .item() only to print it.
+[loss_left_autograd] the computation left autograd (.detach(), .item(), NumPy).
+  hint: use torch operations on logits all the way to the result.
+[loss_log_underflow] the log of a softmax probability that underflowed to 0, or NaN from the
+    padding (0 * inf).
+  hint: use torch.log_softmax (stable) and select the real positions with the mask rather than
+    multiplying garbage by 0.
+[tgt_mask_whole_target] tgt_mask covers the whole target; it must line up with tgt_out (drop the
+    first position).
+[tgt_mask_inverted] tgt_mask is inverted: it is True at the padding, but True must mark the real
+    tokens of tgt_out (the positions the loss counts).
+  hint: tgt_mask = tgt_out != pad_id.
+[tgt_mask_from_tgt_in] tgt_mask is taken from tgt_in, not tgt_out: it counts the <bos> position
+    and misses the final <eos>, which the model must learn to predict.
+  hint: the mask belongs to what is predicted: tgt_mask = tgt_out != pad_id.
+[tgt_mask_no_eos] tgt_mask leaves out <eos>: the model never learns to stop.
+  hint: <eos> is a real target token; only padding is masked.
+
+# --- 09 question answering
+[span_end_before_start] the end may come before the start: start and end are chosen
+    independently (two argmaxes, or every pair scored without requiring s <= e).
+  hint: score every pair: scores[s, e] = start_logits[s] + end_logits[e], keep only the pairs
+    with s <= e (an upper-triangular mask), and take the best pair.
+[span_mask_ignored] the mask is ignored: the span uses question or padding positions.
+  hint: only pairs with mask[s] and mask[e] True are allowed.
+[span_mask_ignored_unordered] the mask is ignored and the end may come before the start.
+  hint: allow only pairs inside the mask with s <= e.
+[span_no_single_token] off by one: one-token answers (s == e) are not allowed (s < e instead of
+    s <= e).
+  hint: the diagonal s == e is a valid span of one token.
+[span_max_len_ignored] max_len is ignored: spans longer than max_len tokens are allowed.
+  hint: also require e - s + 1 <= max_len when max_len is not None.
+[span_max_len_off_by_one] off by one in max_len: spans of max_len + 1 tokens are allowed (e - s
+    <= max_len).
+  hint: a span from s to e has e - s + 1 tokens.
+[span_start_end_swapped] start and end are swapped (e.g. flat index decoded as (flat % T, flat
+    // T)).
+  hint: for a flattened (T_start, T_end) grid, start = flat // T and end = flat % T.
+[span_loss_not_averaged] the loss is not averaged over the batch.
+  hint: average the per-example losses with .mean().
+[span_loss_mask_not_applied] the mask is not applied: the softmax runs over every position,
+    question and padding included, so padding is not ignored.
+  hint: set the logits outside the mask to -inf (masked_fill(~mask, float('-inf'))) before the
+    log-softmax.
+[span_loss_summed_ends] the start and end losses are summed; the loss is their average.
+  hint: return (loss_start + loss_end) / 2.
+[span_loss_summed_batch] the loss is summed over the batch instead of averaged.
+  hint: average over the examples (.mean(), or reduction='mean').
+[span_loss_one_end] only the start (or only the end) is in the loss.
+  hint: the loss is the average of the start and the end cross-entropies.
+[span_loss_probabilities] probabilities are used where log-probabilities belong (softmax, not
+    log_softmax).
+  hint: the cross-entropy is -log p(true position): use torch.log_softmax.
+[span_loss_start_end_swapped] start and end are swapped: the start logits are scored against the
+    true end.
+  hint: pair start_logits with start and end_logits with end.
+
+# --- 10 summarization
+[pool_summed] the token vectors are summed, not averaged.
+  hint: divide each sentence's sum by its number of tokens.
+[pool_divided_by_length] each sum is divided by the sequence length T (or by all real tokens),
+    not by the number of tokens in that sentence.
+  hint: count the tokens of each sentence: onehot.sum(-1), clamped to at least 1.
+[pool_header_in_sentence_0] tokens with sentence id -1 (header, padding) are counted in sentence
+    0 (the ids were clamped, or -1 wrapped around when used as an index).
+  hint: tokens with id -1 belong to no sentence: compare ids with each slot s, so -1 never
+    matches.
+[pool_off_by_one] off by one: sentence s gets the tokens of sentence s - 1.
+  hint: slot s averages the tokens whose id equals s (ids start at 0).
+[select_returns_indices] the indices of the chosen sentences are returned (e.g.
+    topk(...).indices)
+[select_padding] padding is selected: the mask is not applied before ranking.
+  hint: give padding slots a score of -inf before ranking, and AND the result with the mask.
+[select_lowest] the lowest scores are selected, not the highest.
+  hint: rank in descending order (topk picks the largest by default).
+[select_threshold] k is ignored: sentences are selected by a threshold (score > 0).
+  hint: select exactly the k best real sentences of each document.
+
+# --- 11 GPT
+[greedy_last_tie] greedy picks the last of the tied maxima; the spec asks for the lowest index.
+  hint: logits.argmax(-1) returns the first maximum.
+[greedy_after_top_k] with temperature 0, top_k/top_p are applied before the greedy choice, and
+    they reorder the tied maxima: temperature 0 ignores top_k and top_p and returns the lowest
+    index among ties.
+  hint: check temperature == 0 first: return logits.argmax(-1).
+[greedy_other_tie] greedy returns one of the tied maxima, but not the lowest index, which the
+    spec asks for.
+  hint: logits.argmax(-1) returns the first maximum.
+[greedy_not_argmax] temperature 0 does not return the argmax (greedy).
+  hint: logits.argmax(-1) returns the first maximum.
+[temperature_zero_not_handled] temperature 0 is not handled separately (dividing by 0 gives
+    inf/nan logits).
+  hint: if temperature == 0: return logits.argmax(-1).
+[block_no_mask] no causal mask: every position attends to the future tokens too.
+  hint: pass mask = torch.ones(T, T, dtype=torch.bool).tril() (True where key j <= query i).
+[block_strict] the causal mask excludes the diagonal (j < i): a position cannot attend to
+    itself.
+  hint: use .tril() (diagonal included), not .tril(-1).
+[block_upper] the causal mask is inverted (upper triangle): positions see the future, not the
+    past.
+  hint: True must mean 'may attend': key j <= query i is torch.ones(T, T).tril().
+[block_post_norm] post-norm instead of pre-norm: LayerNorm is applied after the residual
+    addition (x = ln(x + attn(x))).
+  hint: pre-norm normalises the input of each sub-layer and adds to the raw stream: x = x +
+    attn(ln1(x)); x = x + ff(ln2(x)).
+[block_normed_residual] the residual adds the normalised x (h = ln1(x); x = h + attn(h)) instead
+    of the raw stream.
+  hint: keep x untouched: h = self.ln1(x); x = x + attn(h, h, h, mask).
+[block_no_residual] the residual connection around the attention is missing (x = attn(ln1(x))).
+  hint: x = x + attn_out.
+[block_ff_no_norm] ln2 is not applied before the feed-forward network (x + ff(x)).
+  hint: x = x + ff(ln2(x)).
+[block_gelu] the feed-forward network uses GELU (as GPT-2 does) where the spec asks for notebook
+    06's FeedForward, whose activation is ReLU.
+  hint: self.ff = FeedForward(d_model, d_ff, dropout) from attention_ref.encoder, imported at
+    the top of the notebook.
+[sampler_p_exclusive] top-p excludes the token that crosses p: the kept set must be the smallest
+    set whose probability reaches top_p, so the token that takes the total over top_p is
+    included.
+  hint: keep token i when the probability of the tokens strictly more probable than i is < top_p
+    (the sum before i, not including it).
+[sampler_after_softmax] temperature applied after the softmax (or not at all): dividing
+    probabilities by T and renormalising changes nothing.
+  hint: divide the logits by the temperature before the softmax: softmax(logits / T).
+[sampler_times] the logits are multiplied by the temperature instead of divided by it.
+  hint: scores = logits / temperature (T > 1 flattens, T < 1 sharpens).
+[sampler_k_exact] top-k keeps exactly k tokens: a token tied with the k-th largest score is
+    dropped.
+  hint: keep every token whose score is >= the k-th largest: kth = scores.topk(k).values[...,
+    -1:]; scores.masked_fill(scores < kth, -inf).
+[sampler_k_exact_high] top-k keeps exactly k tokens, and of the tokens tied with the k-th it
+    keeps the highest indices: every token tied with the k-th largest score must be kept.
+  hint: keep every token whose score is >= the k-th largest: kth = scores.topk(k).values[...,
+    -1:]; scores.masked_fill(scores < kth, -inf).
+[sampler_p_before_k] top-p is applied before top-k (on the full distribution): top-k comes
+    first, then top-p on the renormalised distribution of the tokens top-k kept.
+  hint: apply top-k to the scores, then softmax, then top-p.
+[sampler_p_sorted_ties] top-p breaks ties by sort order: tokens as probable as a kept token must
+    be kept too (the spec counts only the tokens *strictly* more probable).
+  hint: for each token compute the total probability of the strictly more probable tokens, e.g.
+    (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it when that is <
+    top_p.
+[sampler_p_sorted_ties_high] top-p breaks ties by sort order, keeping the higher index of tied
+    tokens (as sorting in ascending order and cutting from the bottom does): tokens as probable
+    as a kept token must be kept too (the spec counts only the tokens *strictly* more probable).
+  hint: for each token compute the total probability of the strictly more probable tokens, e.g.
+    (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1), and keep it when that is <
+    top_p.
+[sampler_p_le] top-p keeps a token while the mass before it is <= top_p; the spec keeps it only
+    while that mass is < top_p (when the tokens before it already reach top_p exactly, it is not
+    needed).
+  hint: keep token i when the probability of the tokens strictly more probable than i is
+    strictly less than top_p.
+[gqa_repeat] K/V heads repeated in the wrong order: repeat() tiles the key/value heads (0, 1, 0,
+    1), so query head h uses kv head h % n_kv_heads; consecutive query heads must share (0, 0,
+    1, 1): kv head h // (n_heads // n_kv_heads).
+  hint: k.repeat_interleave(n_heads // n_kv_heads, dim=1), not k.repeat(1, group, 1, 1).
+[gqa_no_scale] the scores are not scaled by 1/sqrt(d_head).
+  hint: use the course's sdpa, or divide q @ k^T by math.sqrt(d_head).
+[gqa_no_mask] the mask is ignored.
+  hint: pass the mask on to the attention (sdpa(q, k, v, mask)).
+[gqa_no_w_o] the output projection w_o is missing.
+  hint: return self.w_o(merge_heads(out)), weights.
+[gqa_uniform_masked] a query row whose mask allows no key gets uniform weights (a large negative
+    number in place of -inf, or such a row patched to 1/n_k): the course's convention (notebook
+    02) is all-zero weights, so the row's attention output is zero.
+  hint: use the course's sdpa, which gives fully masked rows zero weights, or set their weights
+    to 0 after the softmax (e.g. weights * mask.any(-1, keepdim=True)).
+[block_no_causal_mask] no causal mask (or an inverted one).
+  hint: mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().
+[block_dropout_never_applied] dropout is never applied to the sub-layer outputs.
+  hint: x = x + self.dropout(attn_out); x = x + self.dropout(ff_out).
+[generator_ignored] the generator argument is ignored (the global random state is used).
+  hint: pass it on: torch.multinomial(probs, 1, generator=generator).
+[gqa_full_projections_reduced] the keys and values are projected to all n_heads heads (d_model
+    features) and then reduced: the point of grouped-query attention is that only n_kv_heads
+    heads are computed and cached.
+  hint: nn.Linear(d_model, n_kv_heads * d_head).
+[gqa_full_projections] the keys and values are projected to all n_heads heads (d_model
+    features): grouped-query attention computes and caches only n_kv_heads key/value heads.
+
+# --- 12 efficient attention
+[flash_causal_ignored] causal=True is ignored: queries attend to future keys.
+  hint: with causal=True, mask each tile with key_position <= query_position and skip key blocks
+    that start after the query block ends.
+[kv_appended_twice] the new keys and values are appended twice.
+  hint: call cache.append(k, v) once per call, with the t new positions.
+[kv_appended_wrong_count] the wrong number of positions is appended.
+  hint: call cache.append(k, v) once per call, with the t new positions.
+[online_sum_not_rescaled] the running sum is not rescaled when the maximum grows: l must become
+    l * exp(m_old - m_new) + sum(exp(block - m_new)).
+  hint: multiply the sum so far by exp(m - m_new) before adding the new block's terms.
+[online_last_block_dropped] the last partial block is dropped: when n is not a multiple of
+    block_size the last n % block_size entries are never read.
+  hint: loop with range(0, n, block_size) and slice x[start:start + block_size]; the last slice
+    is simply shorter.
+[online_max_starts_at_0] the running maximum starts at 0 instead of -inf, so when every entry is
+    far below 0 all exponentials underflow to 0 and the result is 0/0.
+  hint: start with m = -inf (float('-inf')) and l = 0.
+[online_no_max] no maximum is subtracted: exp(x) overflows for large entries.
+  hint: keep a running maximum m and exponentiate x - m.
+[online_block_max_only] no running maximum: m is set to each block's own maximum instead of
+    max(m, block max).
+  hint: m_new = max(m, block.max()); exponentials are then never above 1.
+[flash_running_sum_l] the running sum l is not rescaled when the maximum grows (l must become l
+    * exp(m_old - m_new) + the new block's sum).
+  hint: rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).
+[flash_accumulator_rescaled_when] the accumulator is not rescaled when the maximum grows: acc
+    must become acc * exp(m_old - m_new) + p @ v_block.
+  hint: rescale both running quantities, l and the accumulator, by alpha = exp(m - m_new).
+[flash_running_maximum] no running maximum: each block is exponentiated with its own maximum and
+    the running sums are not rescaled (m_new must be max(m, block max)).
+  hint: keep m per query; m_new = torch.maximum(m, s.amax(-1, keepdim=True)); rescale by exp(m -
+    m_new).
+[flash_last_partial_block] the last partial block is dropped: when n_k is not a multiple of
+    block_size the last keys are never read.
+  hint: loop with range(0, n_k, block_size) and slice k[..., j0:j0 + block_size, :].
+[flash_causal_block_skip] the causal block skip is off by one: the key block on the diagonal is
+    skipped, so queries never see the keys of their own block.
+  hint: for the query block [i0, i1) read key blocks starting at j0 < i1 (not j0 < i0); mask
+    inside the diagonal block with key j <= query i.
+[flash_causal_mask_strict] the causal mask is strict (j < i): a query may not attend to itself.
+  hint: allowed = key_position <= query_position.
+[flash_scores_scaled_1] the scores are not scaled by 1/sqrt(d_k).
+  hint: multiply q (or each tile of scores) by 1 / math.sqrt(d_k).
+[kv_no_mask] the new positions attend to later new positions: with several new tokens at once (t
+    > 1) the causal mask inside the new chunk is missing.
+  hint: when t > 1 pass a mask (t, T) with True where key j <= len_before + i.
+[kv_unshifted] the causal mask is not shifted by the number of cached positions: new position i
+    is at absolute position len_before + i, so it sees keys j <= len_before + i.
+  hint: build the mask as torch.ones(t, T, dtype=torch.bool).tril(T - t).
+[kv_only_new] the new queries attend only to the new keys, not to the cached ones.
+  hint: attend to all keys and values that cache.append(k, v) returns.
+[kv_no_w_o] the output projection w_o is missing.
+  hint: return mha.w_o(merge_heads(out)).
+[flash_future_blocks_not_skipped] the key blocks entirely in the future are not skipped (they
+    are only masked), or the causal block skip is off by one and reads one block too many.
+  hint: process queries in blocks of block_size too; for the query block [i0, i1) loop over key
+    blocks j0 in range(0, i1, block_size) only.
+[flash_full_score_matrix] the whole score matrix (or a full n_q x n_k mask) is built, e.g. q @
+    k.transpose(-2, -1) over all keys at once.
+  hint: work on one tile of keys at a time: s = q @ k[..., j0:j1, :].mT; build each tile's
+    causal mask from its positions, never an n x n mask.
+[online_two_passes] two passes over the blocks: every block's maximum first, then the sum of
+    exponentials with the global maximum. The exercise asks for one pass, in which the sum is
+    rescaled whenever the maximum grows.
+  hint: in the same loop: m_new = max(m, block max); l = l * exp(m - m_new) + sum(exp(block -
+    m_new)); m = m_new.
+[online_global_max_first] the maximum (or the sum) is computed over the whole vector first,
+    which is the ordinary two-pass softmax.
+  hint: keep a running maximum and a running sum, updated block by block.
+[cache_not_appended] cache.append(k, v) is never called with the new keys and values (the next
+    step would not see these tokens).
+  hint: k_all, v_all = cache.append(k, v) with k, v of shape (B, H, t, d_head), then attend to
+    k_all, v_all.
+"""
+
+
+def _rows(table: str) -> list[tuple[str, str, str]]:
+    """``(id, message, hint)`` of each row of ``table``."""
+    rows: list[list[str]] = []
+    field = 1
+    for line in table.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            mistake_id, _, message = line[1:].partition("]")
+            rows.append([mistake_id, message.strip(), ""])
+            field = 1
+        elif line.startswith("  hint: "):
+            rows[-1][2] = line[len("  hint: ") :].strip()
+            field = 2
+        else:
+            rows[-1][field] += " " + line.strip()
+    return [(r[0], r[1], r[2]) for r in rows]
+
 
 MISTAKES: dict[str, Named] = {}
-for _id, _message, _hint in _TABLE:
+for _id, _message, _hint in _rows(_TABLE):
     if _id in MISTAKES:
         raise RuntimeError(f"mistake id {_id!r} is defined twice")
     MISTAKES[_id] = Named(_id, _message, _hint)
