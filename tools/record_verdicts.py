@@ -116,6 +116,13 @@ def diff(before_path: str, after_path: str, listing: bool = True) -> int:
     def unnumbered(k: str, d: dict) -> str:
         return re.sub(r"Your code raised it at line \d+", "", _strip_id(d[k]["message"]))
 
+    def named(d: dict, k: str) -> str:
+        found = re.search(r"\n  \[mistake: ([a-z0-9_]+)\]$", d[k]["message"])
+        return found.group(1) if found else ""
+
+    renamed = [
+        k for k in before if k in after and named(before, k) and named(before, k) != named(after, k)
+    ]
     moved = [k for k in messages if unnumbered(k, before) == unnumbered(k, after)]
     messages = [k for k in messages if k not in moved]
     same = sum(1 for k in before if k in after and before[k]["verdict"] == after[k]["verdict"])
@@ -123,17 +130,20 @@ def diff(before_path: str, after_path: str, listing: bool = True) -> int:
         f"compared {len(before)} recorded verdicts: {same} identical verdicts, "
         f"{len(verdicts)} changed verdicts, {len(missing)} missing, {len(added)} new; "
         f"{len(messages)} changed messages (ignoring the [mistake: id] line; {len(moved)} more "
-        "differ only in the line number of the candidate's own code)"
+        "differ only in the line number of the candidate's own code); "
+        f"{len(renamed)} mistakes named by another id"
     )
     for k in verdicts:
         was, now = before[k]["verdict"], after[k]["verdict"]
         print(f"VERDICT {k}: {was} -> {now}\n{after[k]['message']}")
     for k in missing:
         print(f"MISSING {k}")
+    for k in renamed:
+        print(f"MISTAKE ID {k}: {named(before, k)} -> {named(after, k) or 'none'}")
     if listing:
         for k in messages:
             print(f"--- {k}\n{before[k]['message']}\n+++\n{after[k]['message']}\n")
-    return 1 if verdicts or missing else 0
+    return 1 if verdicts or missing or renamed else 0
 
 
 def main() -> int:

@@ -224,6 +224,8 @@ _TABLE = """
     the order of the tokens.
 
 # --- 04 multi-head attention
+[mask_not_applied_heads] the mask is not applied to every head before the softmax.
+  hint: fill masked scores with -inf before the softmax.
 [split_heads_not_moved] the last dimension is split into heads, but the heads are not moved in
     front of the tokens.
   hint: add .transpose(1, 2): (B, T, H, D/H) -> (B, H, T, D/H).

@@ -13,7 +13,7 @@ from .. import attention as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .toolkit import TOL
+from .toolkit import TOL, as_float64, expect_masked_weights_zero
 
 BUILTIN_ATTENTION = [
     (
@@ -187,7 +187,7 @@ def attention_cases(ctx: Context, dtype=np.float64) -> list[AttnCase]:
 
 def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
     """The catalogued attention mistakes; ``which`` 0 = out, 1 = weights."""
-    q, k, v = (_np(a) for a in (c.q, c.k, c.v))
+    q, k, v = (as_float64(a) for a in (c.q, c.k, c.v))
     mask = c.mask
     d_k, d_v, n_k = q.shape[-1], v.shape[-1], k.shape[-2]
 
@@ -314,7 +314,7 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
         got = ctx.call(candidate, *call_args, case=case)
         got = ctx.expect_tuple(got, ("out", "weights"), case=case)
         # Reference in float64 from exactly the values the candidate received.
-        out64, w64 = M.attention(*(_np(a) for a in args), c.mask)
+        out64, w64 = M.attention(*(as_float64(a) for a in args), c.mask)
         like = (
             (args[0].new_zeros(out64.shape), args[0].new_zeros(w64.shape))
             if (torch_dtype is not None)
@@ -345,25 +345,21 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
         ctx.expect_array(got[0], like[0], what="out", case=case)
         if (
             w64.shape == out64.shape
-            and np.allclose(_np(got[0]), w64, atol=1e-5)
+            and np.allclose(as_float64(got[0]), w64, atol=1e-5)
             and not np.allclose(w64, out64, atol=1e-5)
         ):
             ctx.fail("out holds the attention weights.", case=case, likely=swap_msg)
         tol = TOL[torch_dtype] if torch_dtype is not None else TOL[np.float64]
         if c.mask is not None:
-            w = _np(got[1])
-            masked = ~np.broadcast_to(c.mask, w.shape)
-            if np.any(w[masked] != 0):
-                idx = tuple(int(i) for i in np.argwhere(masked & (w != 0))[0])
-                mistakes = [inverted_mask_mistake(c.mask), *attention_mistakes(c, 1)]
-                likely, hint = ctx.diagnose(got[1], w64, mistakes, (), {})
-                ctx.fail(
-                    f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
-                    "(masked weights must be exactly 0).",
-                    case=case,
-                    likely=likely or named("mask_not_applied_before_softmax"),
-                    hint=hint or named("mask_not_applied_before_softmax").hint,
-                )
+            expect_masked_weights_zero(
+                ctx,
+                got[1],
+                w64,
+                c.mask,
+                case=case,
+                mistakes=[inverted_mask_mistake(c.mask), *attention_mistakes(c, 1)],
+                otherwise=named("mask_not_applied_before_softmax"),
+            )
         ctx.expect_close(
             got[1], w64, what="weights", case=case, mistakes=attention_mistakes(c, 1), **tol
         )
@@ -385,19 +381,13 @@ def _nan_rows_where_mask_is_full(weights, mask: np.ndarray) -> bool:
     filled with -inf."""
     if not isinstance(weights, np.ndarray | torch.Tensor) or weights.ndim < 2:
         return False
-    w = _np(weights)
+    w = as_float64(weights)
     try:
         full = np.broadcast_to(mask.all(axis=-1), w.shape[:-1])
     except ValueError:
         return False
     nan_rows = np.isnan(w).any(axis=-1)
     return bool(nan_rows.any() and np.array_equal(nan_rows, full))
-
-
-def _np(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def _check_causal_leak(candidate, ctx: Context, dtype) -> None:

@@ -30,7 +30,14 @@ from . import _models as M
 from ._core import ERROR_PATTERNS, Context, Mistake, exercise
 from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION, AttnCase, attention_mistakes, inverted_mask_mistake
-from .toolkit import TOL, build_module, dtype_name, load_linear_weights
+from .toolkit import (
+    TOL,
+    as_float64,
+    build_module,
+    dtype_name,
+    expect_masked_weights_zero,
+    load_linear_weights,
+)
 
 # A learner's shape error on a line that multiplies by an nn.Linear's raw weight.
 _LINEAR_WEIGHT_PATTERN = (
@@ -48,10 +55,6 @@ def _forbidden():
         (ref_mha.MultiHeadAttention.forward, "the reference attention_ref.MultiHeadAttention"),
         *BUILTIN_ATTENTION,
     ]
-
-
-def _np(x) -> np.ndarray:
-    return x.detach().cpu().double().numpy()
 
 
 # ----------------------------------------------------------------------------- weights
@@ -228,7 +231,7 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
     mod = _prepare(cls, ctx, c.d_in, c.d_k, c.d_v, W, dtype, case)
     # The reference, in float64, from exactly the weights and inputs the candidate has.
     W64 = {k: torch.from_numpy(v.T).to(dtype).double().numpy().T for k, v in W.items()}
-    x64 = _np(x)
+    x64 = as_float64(x)
     Q, K, V = x64 @ W64["w_q"], x64 @ W64["w_k"], x64 @ W64["w_v"]
     out64, w64 = M.attention(Q, K, V, c.mask)
 
@@ -271,19 +274,15 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
     ctx.expect_array(out, like_out, what="out", case=case)
     tol = TOL[dtype]
     if c.mask is not None:
-        w = _np(weights)
-        masked = ~np.broadcast_to(c.mask, w.shape)
-        if np.any(w[masked] != 0):
-            idx = tuple(int(i) for i in np.argwhere(masked & (w != 0))[0])
-            mistakes = [inverted_mask_mistake(c.mask), *_sa_mistakes(c, x64, W64, 1)]
-            likely, hint = ctx.diagnose(weights, w64, mistakes, (), {})
-            ctx.fail(
-                f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
-                "(masked weights must be exactly 0).",
-                case=case,
-                likely=likely or named("mask_not_applied_before_softmax"),
-                hint=hint or named("mask_not_applied_before_softmax").hint,
-            )
+        expect_masked_weights_zero(
+            ctx,
+            weights,
+            w64,
+            c.mask,
+            case=case,
+            mistakes=[inverted_mask_mistake(c.mask), *_sa_mistakes(c, x64, W64, 1)],
+            otherwise=named("mask_not_applied_before_softmax"),
+        )
     ctx.expect_close(
         weights, w64, what="weights", case=case, mistakes=_sa_mistakes(c, x64, W64, 1), **tol
     )
@@ -323,7 +322,7 @@ def _check_permutation_equivariance(cls, ctx: Context) -> None:
             ("out of the permuted input", out_p, out[:, p]),
             ("weights of the permuted input", w_p, w[:, p][:, :, p]),
         ):
-            g, e = _np(got), _np(want)
+            g, e = as_float64(got), as_float64(want)
             if g.shape != e.shape or not np.allclose(g, e, **tol):
                 ctx.fail(
                     f"self-attention without a mask must be permutation-equivariant, but the "

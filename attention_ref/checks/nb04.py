@@ -24,12 +24,14 @@ from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION
-from .toolkit import TOL, build_module, dtype_name, load_linear_weights
-
-
-def _np(x) -> np.ndarray:
-    return x.detach().cpu().double().numpy()
-
+from .toolkit import (
+    TOL,
+    as_float64,
+    build_module,
+    dtype_name,
+    expect_masked_weights_zero,
+    load_linear_weights,
+)
 
 # ----------------------------------------------------------------------------- split_heads
 SPLIT_VIEW = named("split_view_without_transpose")
@@ -565,7 +567,7 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
     )
     mod = _prepare_mha(cls, ctx, c.d_model, c.n_heads, c.bias, P, dtype, case)
     P64 = _rounded(P, dtype)
-    args64 = (_np(q), _np(k), _np(v), c.mask)
+    args64 = (as_float64(q), as_float64(k), as_float64(v), c.mask)
     out64, w64 = mha_model(*args64, P64, c.n_heads)
 
     call_args = (q, k, v) if mask is None else (q, k, v, mask)
@@ -619,18 +621,16 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
     ctx.expect_array(out, q.new_zeros(out64.shape), what="out", case=case)
     tol = TOL[dtype]
     if c.mask is not None:
-        w = _np(weights)
-        allowed = np.broadcast_to(c.mask if c.mask.ndim != 3 else c.mask[:, None], w.shape)
-        if np.any(w[~allowed] != 0):
-            idx = tuple(int(i) for i in np.argwhere(~allowed & (w != 0))[0])
-            likely, hint = ctx.diagnose(weights, w64, _mha_mistakes(c, args64, P64, 1), (), {})
-            ctx.fail(
-                f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
-                "(batch, head, query, key); masked weights must be exactly 0.",
-                case=case,
-                likely=likely or "the mask is not applied to every head before the softmax.",
-                hint=hint or "fill masked scores with -inf before the softmax.",
-            )
+        expect_masked_weights_zero(
+            ctx,
+            weights,
+            w64,
+            c.mask if c.mask.ndim != 3 else c.mask[:, None],
+            case=case,
+            mistakes=_mha_mistakes(c, args64, P64, 1),
+            otherwise=named("mask_not_applied_heads"),
+            axes="batch, head, query, key",
+        )
     ctx.expect_close(
         weights,
         w64,
@@ -672,9 +672,9 @@ def _check_key_permutation(cls, ctx: Context) -> None:
         ctx.call(mod, q, k[:, p], v[:, p], case=case), ("out", "weights"), case=case
     )
     ok = tuple(out_p.shape) == tuple(out.shape) and np.allclose(
-        _np(out_p), _np(out), **TOL[torch.float64]
+        as_float64(out_p), as_float64(out), **TOL[torch.float64]
     )
-    ok = ok and np.allclose(_np(w_p), _np(w)[..., perm], **TOL[torch.float64])
+    ok = ok and np.allclose(as_float64(w_p), as_float64(w)[..., perm], **TOL[torch.float64])
     if not ok:
         ctx.fail(
             "shuffling the keys and values together changed the output (or the weights did "

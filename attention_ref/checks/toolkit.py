@@ -21,7 +21,7 @@ from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 
 from ._core import Context
-from .mistakes import named
+from .mistakes import Named, named
 
 
 def dtype_name(dtype) -> str:
@@ -449,3 +449,42 @@ def load_reference_weights(
             + ", ".join(specs)
             + "); anything else is left at a random value and changes the output.",
         )
+
+
+# ----------------------------------------------------------------------------- properties
+def as_float64(x) -> np.ndarray:
+    """A tensor or array as a float64 NumPy array (detached, on the CPU)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def expect_masked_weights_zero(
+    ctx: Context,
+    weights,
+    expected,
+    allowed: np.ndarray,
+    *,
+    case: str,
+    mistakes: list,
+    otherwise: Named,
+    axes: str = "",
+) -> None:
+    """The property of every masked attention: where ``allowed`` (broadcast to the weights)
+    is False the weight is exactly 0. On a violation the feedback names the mistake among
+    ``mistakes`` that explains the weights (``Context.diagnose``), else ``otherwise``;
+    ``axes`` names the weights' axes in the message (``"batch, head, query, key"``)."""
+    w = as_float64(weights)
+    masked = ~np.broadcast_to(allowed, w.shape)
+    if not np.any(w[masked] != 0):
+        return
+    idx = tuple(int(i) for i in np.argwhere(masked & (w != 0))[0])
+    likely, hint = ctx.diagnose(weights, expected, mistakes, (), {})
+    rule = f"({axes}); masked weights must be exactly 0." if axes else "(masked weights must be "
+    ctx.fail(
+        f"a masked position has nonzero weight {w[idx]:.3g} at index {idx} "
+        + (rule if axes else rule + "exactly 0)."),
+        case=case,
+        likely=likely or otherwise,
+        hint=hint or otherwise.hint,
+    )
