@@ -30,6 +30,7 @@ from .toolkit import (
     build_module,
     dtype_name,
     expect_masked_weights_zero,
+    expect_tensor,
     load_linear_weights,
 )
 
@@ -48,15 +49,6 @@ def _split_interleaved(x: torch.Tensor, H: int) -> torch.Tensor:
     return x.reshape(B, T, D // H, H).permute(0, 3, 1, 2)
 
 
-def _expect_tensor(ctx: Context, got, what: str, case: str) -> None:
-    if not isinstance(got, torch.Tensor):
-        ctx.fail(
-            f"{what} must be a torch.Tensor; got {type(got).__name__}.",
-            case=case,
-            mistake="wrong_type",
-        )
-
-
 def _check_rearrangement(
     ctx: Context,
     candidate,
@@ -73,7 +65,7 @@ def _check_rearrangement(
     """The shared body of the split_heads and merge_heads checks: call, then the type, the
     shape (naming a known wrong shape), dtype and device, then every value exactly."""
     got = ctx.call(candidate, x, *args, case=case)
-    _expect_tensor(ctx, got, "the result", case)
+    expect_tensor(ctx, got, "the result", case)
     shape, want = tuple(got.shape), tuple(expected.shape)
     if shape != want:
         likely, shape_hint = wrong_shapes.get(shape, ("", ""))

@@ -28,7 +28,7 @@ from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import Context, Mistake, exercise
 from .mistakes import pair
 from .nb01 import BUILTIN_ATTENTION
-from .toolkit import TOL, dtype_name
+from .toolkit import TOL, dtype_name, expect_tensor
 
 _SOFTMAXES = [
     (torch.softmax, "torch.softmax"),
@@ -37,22 +37,6 @@ _SOFTMAXES = [
     (torch.logsumexp, "torch.logsumexp"),
 ]
 _REDUCTIONS = ("max", "amax", "sum", "logsumexp", "_softmax", "_log_softmax", "mean", "cumsum")
-
-
-def _expect_tensor_like(ctx: Context, got, like: torch.Tensor, what: str, case: str) -> None:
-    """Type and shape first (so a NaN check below can name a mistake)."""
-    if not isinstance(got, torch.Tensor):
-        ctx.fail(
-            f"{what} must be a torch.Tensor; got {type(got).__name__}.",
-            case=case,
-            mistake="wrong_type",
-        )
-    if tuple(got.shape) != tuple(like.shape):
-        ctx.fail(
-            f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.",
-            case=case,
-            mistake="wrong_shape",
-        )
 
 
 def _name_nonfinite(ctx: Context, got, expected, mistakes, case: str, what: str) -> None:
@@ -177,7 +161,7 @@ def check_online_softmax(candidate, ctx: Context) -> None:
             with OpRecorder(keep_args=True) as rec:
                 got = ctx.call(candidate, x, bs, case=case)
             expected = torch.softmax(x.double(), 0)
-            _expect_tensor_like(ctx, got, x, "the result", case)
+            expect_tensor(ctx, got, "the result", case, like=x)
             x64 = x.double().numpy()
             mistakes = [
                 Mistake(name, hint, model=lambda kw=kw: _softmax_model(x64, bs, **kw))
@@ -371,7 +355,7 @@ def _compare_attention(ctx, candidate, q, k, v, bs, causal, label, tol) -> None:
     got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
     expected = _expected_attention(q, k, v, causal)
     like = expected.to(q.dtype)
-    _expect_tensor_like(ctx, got, like, "the output", case)
+    expect_tensor(ctx, got, "the output", case, like=like)
     mistakes = [
         Mistake(name, hint, model=lambda kw=kw: _attn_model(q, k, v, bs, causal, **kw))
         for name, hint, kw in ATTN_MISTAKES
@@ -396,7 +380,7 @@ def _check_memory_and_skipping(ctx: Context, candidate, g) -> None:
         with OpRecorder() as rec:
             got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
         expected = _expected_attention(q, k, v, causal)
-        _expect_tensor_like(ctx, got, expected, "the output", case)
+        expect_tensor(ctx, got, "the output", case, like=expected)
         ctx.expect_close(got, expected, what="the output", case=case, **TOL[torch.float32])
         numel, shape, op = rec.largest()
         if numel >= n * n:

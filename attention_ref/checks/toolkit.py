@@ -488,3 +488,20 @@ def expect_masked_weights_zero(
         likely=likely or otherwise,
         hint=hint or otherwise.hint,
     )
+
+
+def expect_tensor(ctx: Context, got, what: str, case: str, like: torch.Tensor | None = None):
+    """``got`` is a tensor (and, given ``like``, of its shape): checked first, so that the
+    checks after it can name a mistake from the values."""
+    if not isinstance(got, torch.Tensor):
+        ctx.fail(
+            f"{what} must be a torch.Tensor; got {type(got).__name__}.",
+            case=case,
+            mistake="wrong_type",
+        )
+    if like is not None and tuple(got.shape) != tuple(like.shape):
+        ctx.fail(
+            f"{what} has shape {tuple(got.shape)}, expected {tuple(like.shape)}.",
+            case=case,
+            mistake="wrong_shape",
+        )
