@@ -28,7 +28,7 @@ from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION
-from .toolkit import TOL, dtype_name
+from .toolkit import TOL, dtype_name, earlier_position_changed
 
 
 def random_state_dict(module: nn.Module, g: torch.Generator, scale: float = 0.4) -> dict:
@@ -245,9 +245,8 @@ def _check_block_causal(cls, ctx: Context, g) -> None:
     with torch.no_grad():
         a = ctx.call(mod, x, case=case)[0]
         b = ctx.call(mod, x2, case=case)[0]
-    changed = (a[0, :-1] - b[0, :-1]).abs().amax(-1) > 1e-9
-    if bool(changed.any()):
-        i = int(changed.nonzero()[0])
+    i = earlier_position_changed(a, b, atol=1e-9)
+    if i is not None:
         ctx.fail(
             f"future tokens change earlier outputs: changing token {T - 1} changed the "
             f"output at position {i}.",

@@ -505,3 +505,11 @@ def expect_tensor(ctx: Context, got, what: str, case: str, like: torch.Tensor | 
             case=case,
             mistake="wrong_shape",
         )
+
+
+def earlier_position_changed(before, after, atol: float) -> int | None:
+    """The causality property: ``before`` and ``after`` are outputs ``(1, T, ...)`` for
+    inputs that differ only in the last token; the first earlier position whose output
+    moved by more than ``atol`` (None: causal)."""
+    changed = (before[0, :-1] - after[0, :-1]).abs().amax(-1) > atol
+    return int(changed.nonzero()[0]) if bool(changed.any()) else None
