@@ -28,7 +28,7 @@ from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION
-from .toolkit import TOL, dtype_name, earlier_position_changed
+from .toolkit import TOL, build_module, dtype_name, earlier_position_changed
 
 
 def random_state_dict(module: nn.Module, g: torch.Generator, scale: float = 0.4) -> dict:
@@ -38,18 +38,6 @@ def random_state_dict(module: nn.Module, g: torch.Generator, scale: float = 0.4)
         r = torch.randn(p.shape, generator=g, dtype=torch.float64)
         sd[name] = 1.0 + 0.3 * r if name.endswith("weight") and p.dim() == 1 else scale * r
     return sd
-
-
-def _build(ctx: Context, cls, args: tuple, kwargs: dict, case: str) -> nn.Module:
-    mod = ctx.call(cls, *args, case=case, **kwargs)
-    if not isinstance(mod, nn.Module):
-        ctx.fail(
-            f"{getattr(cls, '__name__', cls)}(...) did not build an nn.Module; got "
-            f"{type(mod).__name__}.",
-            case=case,
-            hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
-        )
-    return mod
 
 
 def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str) -> None:
@@ -209,7 +197,7 @@ def check_gpt_block(cls, ctx: Context) -> None:
         x64 = torch.randn(B, T, D, generator=g, dtype=torch.float64)
         for dtype in (torch.float64, torch.float32):
             case = f"GPTBlock({D}, {H}, {F}) in eval mode, {dtype_name(dtype)}; {label}"
-            mod = _build(ctx, cls, (D, H, F), {}, case)
+            mod = build_module(ctx, cls, (D, H, F), {}, case)
             _load(ctx, mod, P, dtype, case, BLOCK_LAYOUT)
             x = x64.to(dtype)
             with torch.no_grad():
@@ -237,7 +225,7 @@ def check_gpt_block(cls, ctx: Context) -> None:
 def _check_block_causal(cls, ctx: Context, g) -> None:
     D, H, F, T = 8, 2, 16, 6
     case = f"GPTBlock({D}, {H}, {F}), x (1, {T}, {D}) float64: the last token changed"
-    mod = _build(ctx, cls, (D, H, F), {}, case)
+    mod = build_module(ctx, cls, (D, H, F), {}, case)
     _load(ctx, mod, random_state_dict(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
     x = torch.randn(1, T, D, generator=g, dtype=torch.float64)
     x2 = x.clone()
@@ -258,7 +246,7 @@ def _check_block_causal(cls, ctx: Context, g) -> None:
 def _check_block_dropout(cls, ctx: Context, g) -> None:
     D, H, F = 8, 2, 16
     case = f"GPTBlock({D}, {H}, {F}, dropout=0.5), x (2, 5, {D}) float64, train mode"
-    mod = _build(ctx, cls, (D, H, F), {"dropout": 0.5}, case)
+    mod = build_module(ctx, cls, (D, H, F), {"dropout": 0.5}, case)
     _load(ctx, mod, random_state_dict(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
     x = torch.randn(2, 5, D, generator=g, dtype=torch.float64)
     with torch.no_grad():
@@ -731,7 +719,7 @@ def check_grouped_query_attention(cls, ctx: Context) -> None:
                 f"key/value ({B}, {n_k}, "
                 f"{D}), mask {None if mask is None else tuple(mask.shape)}"
             )
-            mod = _build(ctx, cls, (D, H, G), {"bias": bias}, case)
+            mod = build_module(ctx, cls, (D, H, G), {"bias": bias}, case)
             _load(ctx, mod, P, dtype, case, GQA_LAYOUT)
             args = (query.to(dtype), kv.to(dtype), kv.to(dtype), mask)
             with torch.no_grad():
@@ -760,7 +748,7 @@ def check_grouped_query_attention(cls, ctx: Context) -> None:
 
 def _check_gqa_memory(cls, ctx: Context) -> None:
     case = "GroupedQueryAttention(d_model=16, n_heads=4, n_kv_heads=2)"
-    mod = _build(ctx, cls, (16, 4, 2), {}, case)
+    mod = build_module(ctx, cls, (16, 4, 2), {}, case)
     n = sum(p.numel() for name, p in mod.named_parameters() if name.startswith(("w_k", "w_v")))
     if n != 2 * (16 * 8 + 8):
         ctx.fail(
