@@ -5,6 +5,8 @@
 #   make grade     autograde new submissions under submitted/ and export grades.csv
 #                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it;
 #                  JOBS=N grades N submissions at a time, default: one per core)
+#   make report    the class report (report/report.html, report.csv; NAMES=1 names the
+#                  students) and the grades for Canvas and Moodle (report/*_grades.csv)
 #   make bench     print the benchmark figures
 #   make student-edition  build the bytecode-only package for students' environments
 #                  into $(EDITION) (default build/student-edition; see the instructor guide)
@@ -25,14 +27,14 @@ PYTEST_ARGS ?=
 # browser, student-edition and check time-limit tests run in the grading lane too, to
 # balance the two lanes (the hub, every notebook and the unit tests are the other).
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
-	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py
+	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py tests/test_report.py
 ASSIGNMENTS ?=
 JOBS ?=
 
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: lab test test-class-lane test-other-lane release grade bench lint format lock venv clean \
+.PHONY: lab test test-class-lane test-other-lane release grade report bench lint format lock venv clean \
 	student-edition
 
 venv: $(STAMP)
@@ -64,6 +66,9 @@ release: $(STAMP)
 grade: $(STAMP)
 	$(BIN)/python -m attention_ref.course grade $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),) $(ASSIGNMENTS)
 
+report: $(STAMP)
+	$(BIN)/python -m attention_ref.course report $(if $(NAMES),--names,) $(ASSIGNMENTS)
+
 bench: $(STAMP)
 	$(BIN)/python -m attention_ref.bench all
 
@@ -87,4 +92,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache gradebook.db autograded feedback grades.csv
+	rm -rf $(VENV) .pytest_cache .ruff_cache gradebook.db autograded feedback grades.csv report

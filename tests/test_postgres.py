@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_report import expected_counts, read_counts
 
+from course_tools import run_course
 from test_class_grading import HOSTILE_AID, grade_class, sqlite_graded_class
 
 pytestmark = pytest.mark.grading
@@ -264,3 +266,22 @@ def test_postgresql_exports_exactly_the_grades_of_sqlite(graded_on_postgres, tmp
     assert {(r["student_id"], r["assignment"]) for r in pg_rows} == set(expected)
     assert len(pg_rows) == len(PG_STUDENTS)
     assert pg_rows == sqlite_rows
+
+
+def test_the_class_report_reads_a_postgresql_gradebook(graded_on_postgres, postgres):
+    """`make report` on the PostgreSQL gradebook: exactly the counts of what these
+    students submitted (as tests/test_report.py computes them), and their grades in the
+    Canvas file equal nbgrader's export."""
+    course, expected, _ = graded_on_postgres
+    proc = run_course(course, "report", env_extra={"NBGRADER_DB_URL": postgres.url})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (course / "gradebook.db").exists(), "the report opened a sqlite gradebook"
+    assert read_counts(course / "report" / "report.csv") == expected_counts(expected)
+    grades = {(r["student_id"], r["assignment"]): r["score"] for r in export_rows(course)}
+    with open(course / "report" / "canvas_grades.csv", newline="") as f:
+        canvas = {
+            (r["SIS Login ID"], HOSTILE_AID): f"{float(r[HOSTILE_AID]):g}"
+            for r in csv.DictReader(f)
+        }
+    assert canvas == {k: f"{float(v):g}" for k, v in grades.items()}
+    assert set(canvas) == set(expected)

@@ -6,12 +6,18 @@
         autograde every submission under submitted/ into the gradebook, each in its own
         sandbox, N at a time (default: the number of cores); report any submission whose
         kernel crashed, that hit a time limit or a resource cap; export grades.csv.
+    python -m attention_ref.course report [--out DIR] [--names] [ASSIGNMENT ...]
+        the class report: per exercise, who passed, failed, hit a limit or did not
+        attempt it, the named mistakes and the scores (DIR/report.html, report.csv, no
+        student named unless --names), and the grades for Canvas and Moodle
+        (DIR/canvas_grades.csv, moodle_grades.csv).
 
 Run them from the course root (the folder with nbgrader_config.py). The modules:
 
 - ``plumbing``: the course root, its assignments, nbgrader's command line and API;
 - ``release``: ``make release``;
 - ``grading``: ``make grade`` (parallel workers, the report, the salvage of a dead kernel);
+- ``report``: ``make report`` (the class report, the Canvas and Moodle grade files);
 - ``sandbox``: the bubblewrap sandbox every graded notebook runs in, and its caps;
 - ``cell_limits``: the per-cell time limits of grading;
 - ``feedback``: what a student's feedback shows (hidden tests' code never);

@@ -1,5 +1,5 @@
-"""``python -m attention_ref.course``: the command line behind ``make release`` and
-``make grade`` (see :mod:`attention_ref.course`)."""
+"""``python -m attention_ref.course``: the command line behind ``make release``,
+``make grade`` and ``make report`` (see :mod:`attention_ref.course`)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,26 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="submissions graded at a time (default: the number of cores)",
     )
+    p_rep = sub.add_parser(
+        "report",
+        help="the class report (HTML and CSV) and the grades for Canvas and Moodle",
+    )
+    p_rep.add_argument("assignments", nargs="*")
+    p_rep.add_argument("--out", default="report", help="the folder to write (default: report)")
+    p_rep.add_argument(
+        "--names", action="store_true", help="name the students (by default none is named)"
+    )
     args = parser.parse_args(argv)
     root = course_root()
     if args.command == "release":
         from .release import release  # noqa: PLC0415 - each command imports what it needs
 
         release(root, args.assignments)
+        return 0
+    if args.command == "report":
+        from .report import report  # noqa: PLC0415
+
+        report(root, args.assignments, out_dir=args.out, names=args.names)
         return 0
     from .grading import grade  # noqa: PLC0415
 

@@ -35,7 +35,6 @@ import csv
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -49,7 +48,7 @@ import nbformat
 from . import sandbox
 from .cell_limits import KERNEL_RESTARTED, CellLimits, timeout_message
 from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
-from .plumbing import assignments, nbgrader, nbgrader_api
+from .plumbing import assignments, nbgrader, nbgrader_api, stop_reason
 
 CRASHED_CELL = (
     'raise RuntimeError("Grading: this cell stopped the Python kernel ({why}). It was not '
@@ -80,20 +79,6 @@ def find_submissions(root: Path) -> dict[str, list[str]]:
     return found
 
 
-#: What an error output says when a cap of the sandbox stopped the cell: (the cap, the
-#: words that show it in ``ename: evalue``).
-CAP_SIGNS = {
-    "memory": re.compile(
-        r"^MemoryError|can't allocate memory|Cannot allocate memory|Unable to allocate|"
-        r"std::bad_alloc"
-    ),
-    "processes and threads": re.compile(
-        r"Resource temporarily unavailable|can't start new thread|can't create new thread"
-    ),
-    "bytes written": re.compile(r"No space left on device|File too large"),
-}
-
-
 def _cell_name(i: int, cell) -> str:
     gid = cell.metadata.get("nbgrader", {}).get("grade_id")
     return f"cell {i + 1}" + (f" ({gid})" if gid else "")
@@ -105,17 +90,9 @@ def _stopped_cells(nb_path: Path) -> dict[str, list[str]]:
     nb = nbformat.read(nb_path, as_version=4)
     out: dict[str, list[str]] = {}
     for i, cell in enumerate(nb.cells):
-        for o in cell.get("outputs", []):
-            if o.get("output_type") != "error":
-                continue
-            text = f"{o.get('ename', '')}: {o.get('evalue', '')}"
-            if "Timeout" in o.get("ename", ""):
-                out.setdefault("time", []).append(_cell_name(i, cell))
-                break
-            hit = [cap for cap, sign in CAP_SIGNS.items() if sign.search(text)]
-            if hit:
-                out.setdefault(hit[0], []).append(_cell_name(i, cell))
-                break
+        why = stop_reason(cell)
+        if why:
+            out.setdefault(why, []).append(_cell_name(i, cell))
     return out
 
 

@@ -1,5 +1,6 @@
 """nbgrader's plumbing, shared by every course command: the course root, its
-assignments, and nbgrader itself (its command line and its Python API).
+assignments, nbgrader itself (its command line and its Python API), and how to read what
+stopped a graded cell (a time limit, a cap of the sandbox).
 
 Nothing here imports another module of :mod:`attention_ref.course`, so every command
 (release, grading, the report) builds on this module and none on another command.
@@ -8,6 +9,7 @@ Nothing here imports another module of :mod:`attention_ref.course`, so every com
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +78,33 @@ def nbgrader_api(root: Path):
             app.coursedir.db_url = url + "?timeout=120"
         _APIS[key] = NbGraderAPI(coursedir=app.coursedir, parent=app)
     return _APIS[key]
+
+
+#: What an error output says when a cap of the sandbox stopped the cell: (the cap, the
+#: words that show it in ``ename: evalue``).
+CAP_SIGNS = {
+    "memory": re.compile(
+        r"^MemoryError|can't allocate memory|Cannot allocate memory|Unable to allocate|"
+        r"std::bad_alloc"
+    ),
+    "processes and threads": re.compile(
+        r"Resource temporarily unavailable|can't start new thread|can't create new thread"
+    ),
+    "bytes written": re.compile(r"No space left on device|File too large"),
+}
+
+
+def stop_reason(cell) -> str | None:
+    """What stopped a graded cell, read from its error output: "time" (its time limit),
+    a cap of the sandbox (a key of :data:`CAP_SIGNS`), or None. ``make grade``'s report
+    and the class report both read cells with it."""
+    for o in cell.get("outputs", []):
+        if o.get("output_type") != "error":
+            continue
+        if "Timeout" in o.get("ename", ""):
+            return "time"
+        text = f"{o.get('ename', '')}: {o.get('evalue', '')}"
+        hit = [cap for cap, sign in CAP_SIGNS.items() if sign.search(text)]
+        if hit:
+            return hit[0]
+    return None

@@ -1,0 +1,237 @@
+"""The class report and the Canvas and Moodle grade files (instructor guide section 10).
+
+The class of tests/test_class_grading.py, graded once per session into sqlite (no grading
+here), is reported with `make report`'s code path. What each student submitted is known
+(the roster and the catalog: a solution, a blank, a partial one, catalogued mistakes, loops,
+attacks), so the report's counts must equal it exactly: per exercise, who passed, failed
+(by the mistake id the catalog declares), hit a time limit, or did not attempt it; the
+score distribution; the submissions a cap stopped. The page renders in Chromium (a
+screenshot in test-artifacts/report/), names no student unless asked, and the Canvas and
+Moodle files have the columns those systems' import documents.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_browser import browser  # noqa: F401 - the headless Chromium fixture
+
+import catalog
+from course_tools import ROOT, run_course
+from test_class_grading import (
+    AIDS,
+    HOSTILE_AID,
+    packed_mistakes,
+    points_by_exercise,
+    sqlite_graded_class,
+)
+
+pytestmark = pytest.mark.grading
+
+ARTIFACTS = ROOT / "test-artifacts" / "report"
+#: What `from attention_ref import sdpa` in place of the exercise is named.
+REFERENCE_USED = "reference_used"
+#: Students whose first exercise holds the first catalogued mistake of it.
+FIRST_WRONG = ("hostile-edited-test", "hostile-deleted-test", "hostile-patched-checker")
+OUTCOMES = ("passed", "failed", "time limit", "resource cap", "not attempted")
+
+
+def expected_outcome(student: str, aid: str, exercise: str) -> tuple[str, str]:
+    """(outcome, mistake id) of ``exercise`` in what ``student`` submitted for ``aid``,
+    from how tests/test_class_grading.py's roster built the submission."""
+    exercises = list(points_by_exercise(aid))
+    first, last = exercises[0], exercises[-1]
+    if student == "blank":
+        return "not attempted", ""
+    if student == "partial":
+        return ("passed", "") if exercise == first else ("not attempted", "")
+    m = re.fullmatch(r"mistakes-(\d+)", student)
+    if m:
+        wrong = {e.exercise: e for e in packed_mistakes(exercises)[int(m.group(1)) - 1]}
+        return ("failed", wrong[exercise].mistake_id) if exercise in wrong else ("passed", "")
+    if student == "hostile-grading-loop" and exercise == last:
+        return "time limit", "infinite_loop"  # the check's own limit on each call
+    if student == "hostile-calls-reference" and exercise == last:
+        return "failed", REFERENCE_USED
+    if student in FIRST_WRONG and exercise == first:
+        return "failed", next(e for e in catalog.MISTAKES if e.exercise == first).mistake_id
+    return "passed", ""  # full, and every attack on the grader (a solution otherwise)
+
+
+def expected_counts(expected: dict) -> dict[tuple[str, str, str, str], int]:
+    """{(assignment, exercise, kind, name): count}, as report.csv says it, for the
+    students of ``expected`` ({(student, assignment): score})."""
+    counts: Counter = Counter()
+    for (student, aid), score in expected.items():
+        counts[(aid, "", "submissions", "submitted")] += 1
+        counts[(aid, "", "score", f"{score:g}")] += 1
+        for ex in points_by_exercise(aid):
+            outcome, mistake = expected_outcome(student, aid, ex)
+            counts[(aid, ex, "outcome", outcome)] += 1
+            if mistake:
+                counts[(aid, ex, "mistake", mistake)] += 1
+    return dict(counts)
+
+
+def read_counts(path: Path, kinds=("submissions", "score", "outcome", "mistake")) -> dict:
+    with open(path, newline="") as f:
+        return {
+            (r["assignment"], r["exercise"], r["kind"], r["name"]): int(r["count"])
+            for r in csv.DictReader(f)
+            if r["kind"] in kinds and (r["kind"] != "submissions" or r["name"] == "submitted")
+            and int(r["count"])
+        }  # fmt: skip
+
+
+def make_report(course: Path, *args: str):
+    t0 = time.perf_counter()
+    proc = run_course(course, "report", *args)
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(f"report {' '.join(args)}: {seconds:.1f} s")
+    return proc, seconds
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    course, expected, first, _ = sqlite_graded_class(tmp_path_factory)
+    assert first.returncode == 0, first.stdout + first.stderr
+    make_report(course)
+    make_report(course, "--names", "--out", "named")
+    return course, expected
+
+
+def test_the_report_counts_exactly_what_the_class_submitted(reported):
+    course, expected = reported
+    got = read_counts(course / "report" / "report.csv")
+    want = expected_counts(expected)
+    assert got == want, {
+        k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)
+    }
+    # The counts are not vacuous: a time limit, several named mistakes, all five kinds
+    # of outcome but a cap (no exercise cell hits one: the attack has its own cells).
+    assert want[(HOSTILE_AID, list(points_by_exercise(HOSTILE_AID))[-1], "outcome", "time limit")]
+    assert sum(1 for k in want if k[2] == "mistake") >= 4
+    assert {k[3] for k in want if k[2] == "outcome"} == set(OUTCOMES) - {"resource cap"}
+
+
+def test_the_report_counts_the_submissions_a_cap_or_a_time_limit_stopped(reported):
+    course, _ = reported
+    stopped = read_counts(course / "report" / "report.csv", kinds=("submissions stopped",))
+    # hostile-caps hits all three caps of the sandbox; hostile-loop and the loop under
+    # grading hit the per-cell time limit in 01 (in 02 the check's own limit stops the
+    # loop under grading first: its exercise counts as a time limit, not its cells).
+    assert stopped == {
+        (HOSTILE_AID, "", "submissions stopped", "bytes written"): 1,
+        (HOSTILE_AID, "", "submissions stopped", "memory"): 1,
+        (HOSTILE_AID, "", "submissions stopped", "processes and threads"): 1,
+        (HOSTILE_AID, "", "submissions stopped", "time limit"): 2,
+    }
+
+
+def test_mistakes_are_listed_most_common_first_with_an_example(reported):
+    course, _ = reported
+    page = (course / "report" / "report.html").read_text()
+    with open(course / "report" / "report.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["kind"] == "mistake"]
+    by_exercise: dict[str, list[int]] = {}
+    for r in rows:
+        by_exercise.setdefault((r["assignment"], r["exercise"]), []).append(int(r["count"]))
+        assert f"feedback for {r['name']}" in page  # one example per mistake
+    assert all(c == sorted(c, reverse=True) for c in by_exercise.values())
+    assert "[mistake: " not in page  # the example is the feedback, not the tag
+
+
+def students_of(expected: dict) -> set[str]:
+    return {s for s, _ in expected}
+
+
+def test_nothing_names_a_student_without_names(reported):
+    course, expected = reported
+    students = students_of(expected)
+    page = (course / "report" / "report.html").read_text()
+    named_page = (course / "named" / "report.html").read_text()
+    # Ids such as "full" or "partial" are words; the hyphenated ones are not.
+    distinctive = {s for s in students if "-" in s}
+    assert len(distinctive) >= 10
+    assert not [s for s in distinctive if s in page]
+    assert all(f"<td>{s}</td>" in named_page for s in students)
+    for folder, named in (("report", False), ("named", True)):
+        with open(course / folder / "report.csv", newline="") as f:
+            cells = {c for row in csv.reader(f) for c in row}
+        assert (students <= cells) if named else not (students & cells), folder
+
+
+def test_anonymise_removes_what_identifies_a_student():
+    from attention_ref.course.report import anonymise
+
+    text = (
+        "sdpa is wrong on Q (2, 3, 4)\n"
+        '  File "/home/jdoe42/01_dot_product_attention.ipynb", line 3: return jdoe42\n'
+        "  Jane Doe (jane.doe@uni.example) wrote it\n"
+        "  [mistake: scale_missing]"
+    )
+    out = anonymise(text, ["jdoe42", "Jane", "Doe", "jane.doe@uni.example"])
+    for leak in ("jdoe42", "Jane", "Doe", "jane.doe", "/home", "[mistake:"):
+        assert leak not in out, (leak, out)
+    assert "sdpa is wrong on Q (2, 3, 4)" in out
+
+
+def test_the_report_renders_in_chromium_with_its_figures(reported, browser):  # noqa: F811
+    course, _ = reported
+    page_path = course / "report" / "report.html"
+    n_mistake_charts = page_path.read_text().count("alt='mistakes in ")
+    page = browser.new_page()
+    page.goto(page_path.as_uri())
+    images = page.eval_on_selector_all(
+        "img", "els => els.map(e => [e.alt, e.complete && e.naturalWidth > 0])"
+    )
+    assert len(images) == len(AIDS) + n_mistake_charts and n_mistake_charts >= 3, images
+    assert all(ok for _, ok in images), images
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    assert shot.stat().st_size > 10_000
+    assert "http" not in re.sub(r"data:image/png;base64,[^']*", "", page_path.read_text())
+
+
+# Canvas's gradebook import reads these student columns (a row is matched by ID, SIS
+# User ID or SIS Login ID; Section is required); every other column is an assignment.
+CANVAS_STUDENT_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+# Moodle's CSV grade import maps a user by Username, ID number or Email address.
+MOODLE_USER_COLUMNS = {"Username", "ID number", "Email address"}
+
+
+def read_table(path: Path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_the_canvas_file_has_canvas_columns_and_the_grades(reported):
+    course, _ = reported
+    grades = nbgrader_scores(course)
+    header, rows = read_table(course / "report" / "canvas_grades.csv")
+    assert header == CANVAS_STUDENT_COLUMNS + sorted(AIDS)
+    assert {(r["SIS Login ID"], a): float(r[a]) for r in rows for a in AIDS} == grades
+    assert all(r["Student"] and r["SIS User ID"] == r["SIS Login ID"] for r in rows)
+
+
+def test_the_moodle_file_has_moodle_columns_and_the_grades(reported):
+    course, _ = reported
+    grades = nbgrader_scores(course)
+    header, rows = read_table(course / "report" / "moodle_grades.csv")
+    assert set(header[:5]) >= MOODLE_USER_COLUMNS
+    assert header[5:] == sorted(AIDS)
+    assert {(r["Username"], a): float(r[a]) for r in rows for a in AIDS} == grades
+
+
+def nbgrader_scores(course: Path) -> dict[tuple[str, str], float]:
+    with open(course / "grades.csv", newline="") as f:
+        return {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
