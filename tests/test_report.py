@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -235,3 +236,34 @@ def test_the_moodle_file_has_moodle_columns_and_the_grades(reported):
 def nbgrader_scores(course: Path) -> dict[tuple[str, str], float]:
     with open(course / "grades.csv", newline="") as f:
         return {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
+
+
+def test_names_in_the_gradebook_reach_the_grade_files_only(reported, tmp_path):
+    """Students with names and email addresses in the gradebook (a copy of the graded
+    class): the Canvas and Moodle files carry them; the report, without --names, does
+    not, nor their ids."""
+    from nbgrader.api import Gradebook
+
+    course, expected = reported
+    copy = tmp_path / "course"
+    shutil.copytree(course, copy, ignore=shutil.ignore_patterns("report", "named"))
+    people = {
+        s: (f"Ada{i}x", f"Lovelace{i}y", f"ada{i}@uni.example")
+        for i, s in enumerate(sorted(students_of(expected)))
+    }
+    with Gradebook(f"sqlite:///{copy / 'gradebook.db'}") as gb:
+        for s, (first, last, email) in people.items():
+            gb.update_or_create_student(s, first_name=first, last_name=last, email=email)
+    make_report(copy)
+    for name in ("report.html", "report.csv"):
+        text = (copy / "report" / name).read_text()
+        leaks = [w for p in people.values() for w in p if w in text]
+        assert not leaks, (name, leaks[:5])
+    _, canvas = read_table(copy / "report" / "canvas_grades.csv")
+    assert {r["SIS Login ID"]: r["Student"] for r in canvas} == {
+        s: f"{last}, {first}" for s, (first, last, _) in people.items()
+    }
+    _, moodle = read_table(copy / "report" / "moodle_grades.csv")
+    assert {
+        r["Username"]: (r["First name"], r["Last name"], r["Email address"]) for r in moodle
+    } == people
