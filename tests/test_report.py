@@ -23,7 +23,7 @@ import pytest
 from test_browser import browser  # noqa: F401 - the headless Chromium fixture
 
 import catalog
-from course_tools import ROOT, run_course
+from course_tools import ROOT, make_course, run_course
 from test_class_grading import (
     AIDS,
     HOSTILE_AID,
@@ -267,3 +267,12 @@ def test_names_in_the_gradebook_reach_the_grade_files_only(reported, tmp_path):
     assert {
         r["Username"]: (r["First name"], r["Last name"], r["Email address"]) for r in moodle
     } == people
+
+
+def test_a_course_never_graded_gets_an_error_not_an_empty_gradebook(tmp_path):
+    course = make_course(tmp_path / "course", [HOSTILE_AID])
+    proc = run_course(course, "report")
+    assert proc.returncode != 0
+    assert "no gradebook" in proc.stderr and "make grade" in proc.stderr, proc.stderr
+    assert not (course / "gradebook.db").exists()
+    assert not (course / "report").exists()

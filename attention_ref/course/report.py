@@ -110,11 +110,24 @@ def _cells_by_id(nb) -> dict[str, object]:
     }
 
 
+def _require_gradebook(db_url: str) -> None:
+    """Refuse a sqlite gradebook that does not exist (opening it would create an empty
+    one): nothing was graded here yet."""
+    if db_url.startswith("sqlite:///"):
+        path = Path(db_url[len("sqlite:///") :].split("?")[0])
+        if not path.is_file():
+            raise SystemExit(
+                f"error: no gradebook at {path}: grade first (`make grade`), or set "
+                "NBGRADER_DB_URL to the course's gradebook"
+            )
+
+
 def collect(root: Path, requested: list[str] | None = None) -> list[Assignment]:
     """Read the gradebook and every graded notebook of ``requested`` (default: all)."""
     from nbgrader.api import Gradebook, MissingEntry  # noqa: PLC0415
 
     api = nbgrader_api(root)
+    _require_gradebook(api.coursedir.db_url)
     report = []
     with Gradebook(api.coursedir.db_url) as gb:
         students = {s.id: [s.id, s.first_name, s.last_name, s.email] for s in gb.students}
@@ -363,6 +376,7 @@ def _grade_table(root: Path):
     from nbgrader.api import Gradebook, MissingEntry  # noqa: PLC0415
 
     api = nbgrader_api(root)
+    _require_gradebook(api.coursedir.db_url)
     with Gradebook(api.coursedir.db_url) as gb:
         aids = sorted(a.name for a in gb.assignments)
         rows = []
@@ -414,13 +428,13 @@ def report(
     out = Path(out_dir)
     if not out.is_absolute():
         out = root / out
-    out.mkdir(parents=True, exist_ok=True)
     data = collect(root, requested)
     unknown = sorted(set(requested or []) - {a.name for a in data})
     if unknown:
         raise SystemExit(
             f"error: no grades for assignment(s) {', '.join(unknown)} in the gradebook"
         )
+    out.mkdir(parents=True, exist_ok=True)
     (out / "report.html").write_text(render_html(data, names), encoding="utf-8")
     with open(out / "report.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
