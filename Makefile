@@ -24,10 +24,11 @@ PYTEST_ARGS ?=
 # `make test` runs two pytest processes side by side, one per core: the grading tests (a
 # class graded into sqlite and PostgreSQL, every solution graded; they grade with two
 # workers themselves) and everything else. Each one's report appears when it ends. The
-# browser, student-edition and check time-limit tests run in the grading lane too, to
-# balance the two lanes (the hub, every notebook and the unit tests are the other).
+# browser, student-edition, check time-limit and exchange tests run in the grading lane
+# too, to balance the two lanes (the hub, every notebook and the unit tests are the other).
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
-	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py tests/test_report.py
+	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py tests/test_report.py \
+	tests/test_exchange.py
 ASSIGNMENTS ?=
 JOBS ?=
 

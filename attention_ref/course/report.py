@@ -237,35 +237,37 @@ def _ranked(c: Counter) -> list[tuple[str, int]]:
     return sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _mistake_chart(ex: Exercise, top: int = 8) -> str:
+def _pyplot():
+    """matplotlib's pyplot on the file-only backend (imported when a figure is drawn)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
+    return plt
+
+
+def _png(fig) -> str:
+    """The figure as base64 PNG for the page; the figure is closed."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _mistake_chart(ex: Exercise, top: int = 8) -> str:
+    plt = _pyplot()
     ranked = _ranked(ex.mistakes)[:top][::-1]
     fig, ax = plt.subplots(figsize=(6, 0.32 * len(ranked) + 0.9))
     ax.barh([m for m, _ in ranked], [n for _, n in ranked], height=0.6, color="#c0504d")
     ax.set_xlabel("students")
     ax.set_title(f"{ex.name}: most common mistakes")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _png(fig)
 
 
 def _score_histogram(a: Assignment) -> str:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 2.6))
     top = math.ceil(max(a.max_score, max(a.scores.values(), default=0.0), 1.0))
     step = max(1, math.ceil(top / 20))
@@ -275,9 +277,7 @@ def _score_histogram(a: Assignment) -> str:
     ax.set_ylabel("submissions")
     ax.set_title(f"{a.name}: scores of {len(a.scores)} submission(s)")
     ax.yaxis.get_major_locator().set_params(integer=True)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _png(fig)
 
 
 STYLE = """

@@ -106,7 +106,8 @@ def plot_subject_head(
         )
     ax1.add_patch(plt.Rectangle((best[1] - 0.5, best[0] - 0.5), 1, 1, fill=False, ec="red", lw=2))
     ax1.set_title(
-        "Mean weight: word before the verb -> subject\n(held-out attractor sentences)", fontsize=10
+        "Mean weight from the word before\nthe verb to the subject\n(held-out attractor sentences)",
+        fontsize=10,
     )
     fig.colorbar(im, ax=ax1, fraction=0.046)
     im2 = ax2.imshow(weights, cmap="Greys", vmin=0, vmax=1)
