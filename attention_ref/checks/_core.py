@@ -433,15 +433,23 @@ class Context:
 
     # -- failure
     def fail(
-        self, what: str, *, case: str = "", likely: str = "", hint: str = "", mistake: str = ""
+        self,
+        what: str,
+        *,
+        case: str = "",
+        likely: str = "",
+        hint: str = "",
+        mistake: str | Named = "",
     ) -> None:
         """Raise the feedback. ``mistake`` names the likely mistake by its id (its message
-        and hint come from ``mistakes.py``); ``likely`` may also be a named mistake
-        (``named(id)``), or, for a mistake without an id, plain text."""
-        if mistake:
-            m = MISTAKES[mistake]
+        and hint come from ``mistakes.py``), or is the named mistake itself, its
+        placeholders filled (``named(id, condition=...)``); ``likely`` may also be a named
+        mistake, or, for a mistake without an id, plain text."""
+        if isinstance(mistake, Named) or mistake:
+            m = mistake if isinstance(mistake, Named) else MISTAKES[mistake]
             likely = likely or m
             hint = hint or m.hint
+            mistake = m.id
         msg = f"{self.exercise.id}: {what}"
         if case:
             msg += f"\n  Input: {case}"
@@ -489,24 +497,18 @@ class Context:
             self.fail(
                 f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
                 case=case,
-                mistake="infinite_loop",
-                hint=f"on these small inputs a correct answer takes well under a second; "
-                f"each call of your code in a check may take at most {_seconds(limit)} (set "
-                f"{TIME_LIMIT_ENV} to change it).",
+                mistake=named("infinite_loop", limit=_seconds(limit), env=TIME_LIMIT_ENV),
             )
         except ReferenceUsed as used:
             self.fail(
                 f"your code calls {used.name} instead of implementing the exercise.",
                 mistake="reference_used",
                 case=case,
-                hint="write the computation yourself; the point of the exercise is to see "
-                "every step. (Calling your own earlier functions is fine.)",
             )
         except NotImplementedError:
             self.fail(
                 "not implemented yet: the function still raises NotImplementedError.",
                 mistake="not_implemented",
-                hint="replace `raise NotImplementedError()` with your code.",
             )
         except CheckFailure:
             raise
@@ -527,8 +529,6 @@ class Context:
                     f"your code modified its input argument #{i + 1} in place.",
                     mistake="input_modified",
                     case=case,
-                    hint="use out-of-place operations (x = x - m, masked_fill rather than "
-                    "masked_fill_) so the caller's tensors are left untouched.",
                 )
         self.doing = f"checking what your {name} returned{on}"
         return result

@@ -39,22 +39,36 @@ _TABLE = """
 # --- every exercise: failures the first line of the feedback already describes
 [wrong_values]
 [parametrization_not_settable]
+  hint: use a parametrization with a right_inverse (e.g. weight_norm), or a plain
+    nn.Linear for the check.
 [lazy_not_initialised]
+  hint: declare the layers with their sizes (nn.Linear(in_features, out_features)) or
+    make sure forward uses every layer.
 [mask_not_boolean]
+  hint: a comparison such as `{comparison}` already gives a bool tensor; or pass
+    dtype=torch.bool.
 [parameter_names]
 [raw_parameter]
 [no_value_error]
+  hint: start with: if {condition}: raise ValueError(f"{message}")
 [value_error_vague]
+  hint: e.g. ValueError(f"d_model must be even; got d_model={d_model}")
 [pad_id_not_stored]
+  hint: self.pad_id = pad_id in __init__.
 [wrong_type]
 [wrong_shape]
 [wrong_dtype]
 [wrong_device]
 [not_a_tuple]
 [input_modified]
+  hint: use out-of-place operations (x = x - m, masked_fill rather than masked_fill_) so
+    the caller's tensors are left untouched.
 [code_raised]
 [not_implemented]
+  hint: replace `raise NotImplementedError()` with your code.
 [reference_used]
+  hint: write the computation yourself; the point of the exercise is to see every step.
+    (Calling your own earlier functions is fine.)
 [not_a_module_class]
 [not_a_function]
 [check_timed_out]
@@ -91,6 +105,8 @@ _TABLE = """
   hint: subtract the row maximum before exp; give fully masked rows zero weights explicitly.
 [infinite_loop] a loop whose condition never becomes false (a while loop whose variable is never
     updated, an index that is never advanced), or recursion that never reaches its base case.
+  hint: on these small inputs a correct answer takes well under a second; each call of
+    your code in a check may take at most {limit} (set {env} to change it).
 
 # --- 01 softmax and dot-product attention
 [mask_not_applied_before_softmax] the mask is not applied before the softmax.
@@ -214,6 +230,8 @@ _TABLE = """
   hint: apply a mask only when mask is not None.
 [parametrization_changes_weight] the parametrization constrains or changes the weight (or has a
     right_inverse that does not invert it); this exercise's weights are free.
+  hint: remove the parametrization from {name}, or give it a right_inverse that
+    inverts it exactly.
 [linear_in_out_swapped] the in and out sizes of the nn.Linear are swapped: nn.Linear(in, out)
     maps `in` features to `out` features.
 [bias_by_default] nn.Linear adds a bias by default; pass bias=False.
@@ -244,6 +262,7 @@ _TABLE = """
     the heads.
 [assert_instead_of_value_error] an assert (AssertionError) or an error from a later line instead
     of an explicit check.
+  hint: check d_model % n_heads first and raise ValueError with a clear message.
 [mha_split_view] split_heads: `view` without `transpose`: x.view(B, H, T, D/H) (or reshape)
     keeps the memory order (B, T, H, D/H), so each 'head' gets a jumble of several tokens'
     features.

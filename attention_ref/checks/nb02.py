@@ -28,9 +28,7 @@ def _expect_bool_mask(ctx: Context, got, shape: tuple[int, ...], case: str) -> N
         ctx.fail(
             f"the mask must be boolean (True = may attend); got dtype {got.dtype}.",
             case=case,
-            mistake="mask_not_boolean",
-            hint="a comparison such as `a < b` already gives a bool tensor; or pass "
-            "dtype=torch.bool.",
+            mistake=named("mask_not_boolean", comparison="a < b"),
         )
     if tuple(got.shape) != shape:
         likely = ""

@@ -705,12 +705,15 @@ def _check_indivisible(cls, ctx: Context) -> None:
                 f"must raise ValueError, but raised {type(err).__name__}: {err}.",
                 case=case,
                 mistake="assert_instead_of_value_error" if isinstance(err, AssertionError) else "",
-                hint="check d_model % n_heads first and raise ValueError with a clear message.",
+                hint=named("assert_instead_of_value_error").hint,
             )
         ctx.fail(
             f"MultiHeadAttention({D}, {H}) must raise ValueError ({D} features cannot be split "
             f"evenly into {H} heads), but it built a module.",
             case=case,
-            mistake="no_value_error",
-            hint="check d_model % n_heads != 0 in __init__ and raise ValueError naming both.",
+            mistake=named(
+                "no_value_error",
+                condition="d_model % n_heads",
+                message="d_model={d_model} is not divisible by n_heads={n_heads}",
+            ),
         )

@@ -213,9 +213,11 @@ def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
                 "an odd d_model must raise ValueError (the features come in (sin, cos) "
                 "pairs), but your function returned.",
                 case=case,
-                mistake="no_value_error",
-                hint='start with: if d_model % 2: raise ValueError(f"d_model must be '
-                'even; got d_model={d_model}")',
+                mistake=named(
+                    "no_value_error",
+                    condition="d_model % 2",
+                    message="d_model must be even; got d_model={d_model}",
+                ),
             )
         if not isinstance(err, ValueError):
             ctx.fail(
@@ -230,7 +232,6 @@ def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
                 f"was {str(err)!r}.",
                 case=case,
                 mistake="value_error_vague",
-                hint='e.g. ValueError(f"d_model must be even; got d_model={d_model}")',
             )
 
 

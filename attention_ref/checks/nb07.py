@@ -490,7 +490,6 @@ def _tf_prepare(ctx, mod, c: TfCase, case) -> None:
             "asks for it, and greedy_decode reads model.pad_id.",
             case=case,
             mistake="pad_id_not_stored",
-            hint="self.pad_id = pad_id in __init__.",
         )
     emb = getattr(mod, "tgt_embed", None)
     w = getattr(emb, "weight", None)

@@ -79,8 +79,7 @@ def check_make_batch(candidate, ctx: Context) -> None:
                 ctx.fail(
                     f"tgt_mask must be boolean (True = a real token); got dtype {g.dtype}.",
                     case=case,
-                    mistake="mask_not_boolean",
-                    hint="a comparison such as `tgt_out != pad_id` already gives a bool tensor.",
+                    mistake=named("mask_not_boolean", comparison="tgt_out != pad_id"),
                 )
             if name != "tgt_mask" and g.dtype != torch.long:
                 ctx.fail(

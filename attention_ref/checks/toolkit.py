@@ -268,9 +268,7 @@ def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: st
             f"{name}.weight is parametrized, and after loading the check's weight into it, "
             f"{name}.weight reads back as something else.",
             case=case,
-            mistake="parametrization_changes_weight",
-            hint=f"remove the parametrization from {name}, or give it a right_inverse that "
-            "inverts it exactly.",
+            mistake=named("parametrization_changes_weight", name=name),
         )
     prefix = f"{name}.parametrizations.weight."
     return {prefix + n for n, _ in plist.named_parameters()}
@@ -298,8 +296,6 @@ def materialize_with(ctx: Context, mod: nn.Module, dry_run, case: str) -> None:
             f"the lazy parameters {', '.join(still)} were still uninitialised after a first "
             "forward pass, so the check cannot load known weights into them.",
             case=case,
-            hint="declare the layers with their sizes (nn.Linear(in_features, out_features)) "
-            "or make sure forward uses every layer.",
             mistake="lazy_not_initialised",
         )
 
@@ -332,8 +328,6 @@ def assign_tensor(
                 f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
                 "the check cannot set it to known values.",
                 case=case,
-                hint="use a parametrization with a right_inverse (e.g. weight_norm), or a "
-                "plain nn.Linear for the check.",
                 mistake="parametrization_not_settable",
             )
         if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
