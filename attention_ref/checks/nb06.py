@@ -24,6 +24,7 @@ from torch import nn
 
 from .. import encoder as ref
 from .. import multihead as ref_mha
+from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION
@@ -440,34 +441,10 @@ def layer_model(
     def ff(h):
         return ff_model(h, P, act)
 
-    x0 = x
-
-    def ff_in(h):
-        return x0 if ff_input == "layer_input" else h
-
-    def add(res, y, on):
-        return res + y if on else y
-
+    x0 = x if ff_input == "layer_input" else None
     with torch.no_grad():
-        if order == "post":
-            x = n1(add(x, attn(x), res_attn))
-            x = n2(add(x, ff(ff_in(x)), res_ff))
-        elif order == "pre":
-            x = add(x, attn(n1(x)), res_attn)
-            x = add(x, ff(n2(ff_in(x))), res_ff)
-        elif order == "sublayer_norm":
-            x = add(x, n1(attn(x)), res_attn)
-            x = add(x, n2(ff(ff_in(x))), res_ff)
-        elif order == "residual_normed":
-            h = n1(x)
-            x = add(h, attn(h), res_attn)
-            h = n2(ff_in(x))
-            x = add(h, ff(h), res_ff)
-        elif order == "no_norm":
-            x = add(x, attn(x), res_attn)
-            x = add(x, ff(ff_in(x)), res_ff)
-        else:  # pragma: no cover - programming error in a check
-            raise ValueError(order)
+        x = M.sublayer(x, attn, n1, order, residual=res_attn)
+        x = M.sublayer(x, ff, n2, order, residual=res_ff, f_input=x0)
     return x, weights[0]
 
 

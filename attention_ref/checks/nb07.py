@@ -35,6 +35,7 @@ from .. import decoder as ref_dec
 from .. import encoder as ref_enc
 from .. import multihead as ref_mha
 from .. import transformer as ref_tf
+from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION
@@ -115,14 +116,18 @@ def decoder_model(
         return r.ff(h), None
 
     x, ws = y, []
+
+    def keeping_weights(fn):
+        def f(h):
+            a, w = fn(h)
+            ws.append(w)
+            return a
+
+        return f
+
+    order = "pre" if norm_first else "post"
     for fn, norm in ((self_block, r.norm1), (cross_block, r.norm2), (ff_block, r.norm3)):
-        if norm_first:
-            a, w = fn(norm(x))
-            x = x + a if residual else a
-        else:
-            a, w = fn(x)
-            x = norm(x + a if residual else a)
-        ws.append(w)
+        x = M.sublayer(x, keeping_weights(fn), norm, order, residual=residual)
     return x, ws[0], ws[1]
 
 

@@ -25,6 +25,7 @@ from .. import sampling
 from ..attention import sdpa
 from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
+from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION
@@ -119,22 +120,19 @@ def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
         act = nn.functional.gelu if mode == "gelu" else torch.relu
         return lin("ff.linear2", act(lin("ff.linear1", t)))
 
-    if mode == "post_norm":
-        a, w = attn(x)
-        x = ln("ln1", x + a)
-        return ln("ln2", x + ff(x)), w
-    if mode == "normed_residual":
-        h = ln("ln1", x)
-        a, w = attn(h)
-        x = h + a
-        h = ln("ln2", x)
-        return h + ff(h), w
-    h = ln("ln1", x)
-    a, w = attn(h)
-    x = a if mode == "no_residual" else x + a
-    if mode == "ff_no_norm":
-        return x + ff(x), w
-    return x + ff(ln("ln2", x)), w
+    weights = []
+
+    def attn_keeping_weights(t):
+        a, w = attn(t)
+        weights.append(w)
+        return a
+
+    order = {"post_norm": "post", "normed_residual": "residual_normed"}.get(mode, "pre")
+    x = M.sublayer(
+        x, attn_keeping_weights, lambda t: ln("ln1", t), order, residual=mode != "no_residual"
+    )
+    order = "no_norm" if mode == "ff_no_norm" else order
+    return M.sublayer(x, ff, lambda t: ln("ln2", t), order), weights[0]
 
 
 BLOCK_MISTAKES = [
