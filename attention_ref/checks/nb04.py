@@ -28,27 +28,18 @@ from .toolkit import (
     TOL,
     as_float64,
     build_module,
+    causal_mask,
     dtype_name,
     expect_masked_weights_zero,
     expect_tensor,
     load_linear_weights,
+    normal,
+    padding_mask,
+    random_mask,
 )
 
+
 # ----------------------------------------------------------------------------- split_heads
-SPLIT_VIEW = named("split_view_without_transpose")
-SPLIT_INTERLEAVED = named("split_interleaved")
-
-
-def _split_view(x: torch.Tensor, H: int) -> torch.Tensor:
-    B, T, D = x.shape
-    return x.reshape(B, H, T, D // H)
-
-
-def _split_interleaved(x: torch.Tensor, H: int) -> torch.Tensor:
-    B, T, D = x.shape
-    return x.reshape(B, T, D // H, H).permute(0, 3, 1, 2)
-
-
 def _check_rearrangement(
     ctx: Context,
     candidate,
@@ -122,11 +113,11 @@ def check_split_heads(candidate, ctx: Context) -> None:
                 (B, H, dh, T): pair("split_heads_last_axes_swapped"),
             },
             mistakes=[
-                Mistake(SPLIT_VIEW, SPLIT_VIEW.hint, model=lambda x=x, H=H: _split_view(x, H)),
-                Mistake(
-                    SPLIT_INTERLEAVED,
-                    SPLIT_INTERLEAVED.hint,
-                    model=lambda x=x, H=H: _split_interleaved(x, H),
+                Mistake.of(
+                    "split_view_without_transpose", model=lambda: _split(as_float64(x), H, "view")
+                ),
+                Mistake.of(
+                    "split_interleaved", model=lambda: _split(as_float64(x), H, "interleave")
                 ),
             ],
             hint="head h must hold features h*D/H .. (h+1)*D/H - 1 of every token: "
@@ -135,10 +126,6 @@ def check_split_heads(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- merge_heads
-MERGE_NO_TRANSPOSE = named("merge_without_transpose")
-MERGE_WRONG_ORDER = named("merge_wrong_order")
-
-
 @exercise(
     "merge_heads",
     forbidden=lambda: [(ref.merge_heads, "the reference attention_ref.merge_heads")],
@@ -183,15 +170,9 @@ def check_merge_heads(candidate, ctx: Context) -> None:
                 (B, H, T * dh): flattened_wrong,
             },
             mistakes=[
-                Mistake(
-                    MERGE_NO_TRANSPOSE,
-                    MERGE_NO_TRANSPOSE.hint,
-                    model=lambda x=x, s=(B, T, H * dh): x.reshape(s),
-                ),
-                Mistake(
-                    MERGE_WRONG_ORDER,
-                    MERGE_WRONG_ORDER.hint,
-                    model=lambda x=x, s=(B, T, H * dh): x.permute(0, 2, 3, 1).reshape(s),
+                Mistake.of("merge_without_transpose", model=lambda: x.reshape(B, T, H * dh)),
+                Mistake.of(
+                    "merge_wrong_order", model=lambda: x.permute(0, 2, 3, 1).reshape(B, T, H * dh)
                 ),
             ],
             hint="merge_heads must undo split_heads exactly: result[b, t, h*d_head:(h+1)*d_head]"
@@ -211,50 +192,67 @@ def mha_model(
     split: str = "correct",
     merge: str = "correct",
     w_o: bool = True,
-    scale: float | None = None,
+    scale: str = "correct",
     axis: int = -1,
     mask_mode: str = "correct",
     swap_qk: bool = False,
     kv_from: str = "correct",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-head attention in float64 NumPy, with one knob per catalogued mistake.
+    """Multi-head attention ``(out (B, n_q, D), weights (B, H, n_q, n_k))`` in float64, one
+    knob per catalogued mistake (each knob's right value is its default).
 
     ``P`` holds ``w_q.weight (D, D)``, ``w_q.bias (D,)`` or None, and the same for w_k,
-    w_v, w_o (nn.Linear layout: ``y = x W^T + b``).
-    Every knob's default, "correct", is the right computation (the option vocabulary of
-    every mistake model). split: "view" (no transpose), "interleave"; merge: "view",
-    "interleave"; mask_mode: "no_head_axis" (3-D mask not unsqueezed), "repeat" (mask.repeat(H, 1,
-    1).view(B, H, ...)), "inverted", "fill" (-1e9), "ignored"; kv_from: "query" (keys and
-    values projected from the query), "key" (values projected from the key).
+    w_v, w_o (nn.Linear layout). split, merge: "view" (no transpose), "interleave";
+    scale: "d_model" (sqrt(d_model) for sqrt(d_head)), "none"; mask_mode: "no_head_axis"
+    (a 3-D mask not unsqueezed), "repeat" (mask.repeat(H, 1, 1).view(B, H, ...)), or one of
+    :func:`_models.attention_weights`; kv_from: "query" (keys and values projected from the
+    query), "key" (values projected from the key).
     """
-
-    def lin(x, name):
-        b = P[f"{name}.bias"]
-        return x @ P[f"{name}.weight"].T + (0.0 if b is None else b)
-
     if kv_from == "query":
         key = value = query
     elif kv_from == "key":
         value = key
-    Q, K, V = lin(query, "w_q"), lin(key, "w_k"), lin(value, "w_v")
+    Q, K, V = M.linear(query, P, "w_q"), M.linear(key, P, "w_k"), M.linear(value, P, "w_v")
     if swap_qk:
-        Q, K = lin(key, "w_k"), lin(query, "w_q")
-
-    def sp(x):
-        B, T, D = x.shape
-        dh = D // H
-        if split == "view":
-            return x.reshape(B, H, T, dh)
-        if split == "interleave":
-            return x.reshape(B, T, dh, H).transpose(0, 3, 1, 2)
-        return x.reshape(B, T, H, dh).transpose(0, 2, 1, 3)
-
-    q, k, v = sp(Q), sp(K), sp(V)
+        Q, K = K, Q
+    q, k, v = (_split(x, H, split) for x in (Q, K, V))
     B, _, n_q, dh = q.shape
-    n_k = k.shape[2]
-    s = q @ np.swapaxes(k, -1, -2) / (math.sqrt(dh) if scale is None else scale)
-    m = None if mask is None else np.asarray(mask, dtype=bool)
-    if m is not None and m.ndim == 3:
+    D = H * dh
+    s = M.scores(q, k, {"correct": None, "d_model": math.sqrt(D), "none": 1.0}[scale])
+    m = _mask_with_head_axis(mask, mask_mode, H, (B, n_q, k.shape[2]))
+    w = M.attention_weights(s, m, axis, "correct" if mask_mode in HEAD_AXIS_MODES else mask_mode)
+    o = w @ v  # (B, H, n_q, dh)
+    if merge == "view":
+        o = o.reshape(B, n_q, D)
+    elif merge == "interleave":
+        o = o.transpose(0, 2, 3, 1).reshape(B, n_q, D)
+    else:
+        o = o.transpose(0, 2, 1, 3).reshape(B, n_q, D)
+    return (M.linear(o, P, "w_o") if w_o else o), w
+
+
+HEAD_AXIS_MODES = ("no_head_axis", "repeat")
+
+
+def _split(x: np.ndarray, H: int, split: str) -> np.ndarray:
+    """(B, T, D) -> (B, H, T, D/H), as ``split`` says ("correct", "view", "interleave")."""
+    B, T, D = x.shape
+    if split == "view":
+        return x.reshape(B, H, T, D // H)
+    if split == "interleave":
+        return x.reshape(B, T, D // H, H).transpose(0, 3, 1, 2)
+    return x.reshape(B, T, H, D // H).transpose(0, 2, 1, 3)
+
+
+def _mask_with_head_axis(mask, mask_mode: str, H: int, bqk: tuple[int, int, int]):
+    """The mask as the code under ``mask_mode`` broadcasts it to (B, H, n_q, n_k): a 3-D
+    mask (B, n_q, n_k) gets its head axis (or, mistaken, none, or a repeat in the wrong
+    order); a 2-D or 4-D mask broadcasts as it is."""
+    if mask is None:
+        return None
+    m = np.asarray(mask, dtype=bool)
+    B, n_q, n_k = bqk
+    if m.ndim == 3:
         if mask_mode == "no_head_axis":
             if m.shape[0] not in (1, H):
                 raise ValueError("does not broadcast")
@@ -262,26 +260,42 @@ def mha_model(
             m = np.tile(np.broadcast_to(m, (B, n_q, n_k)), (H, 1, 1)).reshape(B, H, n_q, n_k)
         else:
             m = m[:, None]
-    if m is not None:
-        m = np.broadcast_to(m, s.shape)
-    if m is None or mask_mode == "ignored":
-        w = M.softmax(s, axis)
-    elif mask_mode == "inverted":
-        w = M.masked_softmax(s, ~m, axis)
-    elif mask_mode == "fill":
-        w = M.fill_softmax(s, m, -1e9, axis)
-    else:
-        w = M.masked_softmax(s, m, axis)
-    o = w @ v  # (B, H, n_q, dh)
-    if merge == "view":
-        o = o.reshape(B, n_q, H * dh)
-    elif merge == "interleave":
-        o = o.transpose(0, 2, 3, 1).reshape(B, n_q, H * dh)
-    else:
-        o = o.transpose(0, 2, 1, 3).reshape(B, n_q, H * dh)
-    if w_o:
-        o = lin(o, "w_o")
-    return o, w
+    return np.broadcast_to(m, (B, H, n_q, n_k))
+
+
+#: The mistake models: (id, the model's options, on which cases the mistake shows), tried
+#: in this order (the first model that reproduces what came back names the mistake).
+def _heads(c: MHACase) -> bool:
+    return c.n_heads > 1
+
+
+MHA_MISTAKES = [
+    ("mha_split_view", dict(split="view"), _heads),
+    ("mha_split_view", dict(split="view", merge="view"), _heads),
+    ("mha_merge_without_transpose", dict(merge="view"), _heads),
+    ("mha_split_interleaved", dict(split="interleave"), _heads),
+    ("mha_merge_wrong_order", dict(merge="interleave"), _heads),
+    ("scale_by_d_model", dict(scale="d_model"), _heads),
+    ("w_o_not_applied", dict(w_o=False), lambda c: True),
+    ("scale_missing_head", dict(scale="none"), lambda c: True),
+    ("queries_keys_swapped_heads", dict(swap_qk=True), lambda c: True),
+    ("softmax_over_queries_heads", dict(axis=-2), lambda c: c.query.shape[1] > 1),
+    ("values_from_key", dict(kv_from="key"), lambda c: not c.self_attn),
+    ("mask_no_head_axis", dict(mask_mode="no_head_axis"), lambda c: c.mask_3d and _heads(c)),
+    ("mask_repeat_wrong_order", dict(mask_mode="repeat"), lambda c: c.mask_3d and _heads(c)),
+    ("mask_inverted_heads", dict(mask_mode="inverted"), lambda c: c.mask is not None),
+    ("mask_ignored_heads", dict(mask_mode="ignored"), lambda c: c.mask is not None),
+    ("fully_masked_row_uniform_heads", dict(mask_mode="fill"), lambda c: c.mask is not None),
+]
+
+
+def _mha_mistakes(c: MHACase, args: tuple, P, which: int) -> list[Mistake]:
+    """The mistake models that apply to case ``c``; ``which`` 0 = out, 1 = weights."""
+    return [
+        Mistake.of(mistake_id, model=lambda kw=kw: mha_model(*args, P, c.n_heads, **kw)[which])
+        for mistake_id, kw, shows in MHA_MISTAKES
+        if shows(c)
+    ]
 
 
 @dataclass
@@ -296,100 +310,69 @@ class MHACase:
     mask: np.ndarray | None = None
     self_attn: bool = False
 
+    @property
+    def mask_3d(self) -> bool:
+        return self.mask is not None and self.mask.ndim == 3
+
+
+#: label, d_model, n_heads, bias (None: the default), (B, n_q, n_k) with n_k None for
+#: self-attention, the mask (named in _mha_masks), the inputs' scale.
+MHA_CASES = [
+    ("self-attention, 2 heads, the default bias", 8, 2, None, (2, 5, None), None, 1.0),
+    ("cross-attention: n_q=3, n_k=6, 3 heads, bias=False", 12, 3, False, (2, 3, 6), None, 1.0),
+    ("one head", 6, 1, True, (1, 4, None), None, 1.0),
+    ("d_head = 1 (4 heads of one feature)", 4, 4, True, (2, 3, None), None, 1.0),
+    ("a causal mask (6, 6), 4 heads", 16, 4, True, (2, 6, None), "causal", 1.0),
+    ("a padding mask (3, 1, 5): sequence lengths 5, 2 and 0", 8, 2, True, (3, 4, 5), "pad", 1.0),
+    (
+        "a mask (2, 4, 5), one per batch element, with a fully masked row",
+        *(8, 2, True, (2, 4, 5), "per_batch", 1.0),
+    ),
+    (
+        "a padding mask (3, 1, 1, 5), as later notebooks pass it: lengths 5, 2 and 0",
+        *(8, 2, True, (3, 4, 5), "pad_4d", 1.0),
+    ),
+    ("a per-head mask (2, 2, 4, 4)", 6, 2, False, (2, 4, None), "per_head", 1.0),
+    ("large inputs (scores in the tens)", 8, 2, True, (2, 5, None), None, 4.0),
+]
+MHA_THOROUGH_CASES = [
+    ("a batch of 3, T=9, d_model=32, 8 heads", 32, 8, True, (3, 9, None), None, 1.0),
+    ("a mask (3, 7, 7) with 4 heads (B != H)", 16, 4, False, (3, 7, None), "random", 1.0),
+    (
+        "a mask (3, 1, 7, 7), one per batch element with its head axis",
+        *(16, 4, True, (3, 7, None), "random_4d", 1.0),
+    ),
+    ("cross-attention, one query, 2 heads", 10, 2, True, (2, 1, 7), None, 1.0),
+    ("one token", 8, 4, True, (2, 1, None), None, 1.0),
+]
+
 
 def _mha_cases(ctx: Context) -> list[MHACase]:
     rng = ctx.rng(43)
-
-    def r(*shape, scale=1.0):
-        return scale * rng.normal(size=shape)
-
-    def self_case(label, D, H, bias, B, T, mask=None, scale=1.0):
-        x = r(B, T, D, scale=scale)
-        return MHACase(label, D, H, bias, x, x, x, mask, self_attn=True)
-
-    causal = np.tril(np.ones((6, 6), dtype=bool))
-    pad = np.ones((3, 1, 5), dtype=bool)
-    pad[1, :, 2:] = False
-    pad[2] = False  # an empty sequence: every query of it has nothing to attend to
-    per_batch = rng.random((2, 4, 5)) < 0.6
-    per_batch[:, :, 0] = True
-    per_batch[1, 2, :] = False  # a fully masked row
-    per_head = rng.random((2, 2, 4, 4)) < 0.5
-    per_head[..., 1] = True
-    cases = [
-        self_case("self-attention, 2 heads, the default bias", 8, 2, None, 2, 5),
-        MHACase(
-            "cross-attention: n_q=3, n_k=6, 3 heads, bias=False",
-            12,
-            3,
-            False,
-            r(2, 3, 12),
-            r(2, 6, 12),
-            r(2, 6, 12),
-        ),
-        self_case("one head", 6, 1, True, 1, 4),
-        self_case("d_head = 1 (4 heads of one feature)", 4, 4, True, 2, 3),
-        self_case("a causal mask (6, 6), 4 heads", 16, 4, True, 2, 6, causal),
-        MHACase(
-            "a padding mask (3, 1, 5): sequence lengths 5, 2 and 0",
-            8,
-            2,
-            True,
-            r(3, 4, 8),
-            r(3, 5, 8),
-            r(3, 5, 8),
-            pad,
-        ),
-        MHACase(
-            "a mask (2, 4, 5), one per batch element, with a fully masked row",
-            8,
-            2,
-            True,
-            r(2, 4, 8),
-            r(2, 5, 8),
-            r(2, 5, 8),
-            per_batch,
-        ),
-        MHACase(
-            "a padding mask (3, 1, 1, 5), as later notebooks pass it: lengths 5, 2 and 0",
-            8,
-            2,
-            True,
-            r(3, 4, 8),
-            r(3, 5, 8),
-            r(3, 5, 8),
-            pad[:, None],
-        ),
-        self_case("a per-head mask (2, 2, 4, 4)", 6, 2, False, 2, 4, per_head),
-        self_case("large inputs (scores in the tens)", 8, 2, True, 2, 5, scale=4.0),
-    ]
+    masks = {
+        "causal": causal_mask(6),
+        "pad": padding_mask([5, 2, 0], 5),
+        "per_batch": random_mask(rng, (2, 4, 5), 0.6, attend=0, fully_masked=((1, 2),)),
+        "per_head": random_mask(rng, (2, 2, 4, 4), 0.5, attend=1),
+    }
+    masks["pad_4d"] = masks["pad"][:, None]
+    cases = [_mha_case(rng, masks, *row) for row in MHA_CASES]
     if ctx.thorough:
-        m3 = rng.random((3, 7, 7)) < 0.5
-        m3[:, :, 3] = True
-        cases += [
-            self_case("a batch of 3, T=9, d_model=32, 8 heads", 32, 8, True, 3, 9),
-            self_case("a mask (3, 7, 7) with 4 heads (B != H)", 16, 4, False, 3, 7, m3),
-            self_case(
-                "a mask (3, 1, 7, 7), one per batch element with its head axis",
-                16,
-                4,
-                True,
-                3,
-                7,
-                m3[:, None],
-            ),
-            MHACase(
-                "cross-attention, one query, 2 heads",
-                10,
-                2,
-                True,
-                r(2, 1, 10),
-                r(2, 7, 10),
-                r(2, 7, 10),
-            ),
-            self_case("one token", 8, 4, True, 2, 1),
-        ]
+        masks["random"] = random_mask(rng, (3, 7, 7), 0.5, attend=3)
+        masks["random_4d"] = masks["random"][:, None]
+        cases += [_mha_case(rng, masks, *row) for row in MHA_THOROUGH_CASES]
     return cases
+
+
+def _mha_case(rng, masks, label, D, H, bias, shape, mask, scale) -> MHACase:
+    """Draw the inputs of one row of the case table: ``x (B, n_q, D)`` for self-attention,
+    else query, key and value."""
+    B, n_q, n_k = shape
+    if n_k is None:
+        x = normal(rng, B, n_q, D, scale=scale)
+        return MHACase(label, D, H, bias, x, x, x, masks.get(mask), self_attn=True)
+    q, k, v = (normal(rng, B, n, D, scale=scale) for n in (n_q, n_k, n_k))
+    return MHACase(label, D, H, bias, q, k, v, masks.get(mask))
 
 
 def _mha_params(ctx: Context, salt: int, D: int, bias: bool) -> dict[str, np.ndarray | None]:
@@ -401,84 +384,6 @@ def _mha_params(ctx: Context, salt: int, D: int, bias: bool) -> dict[str, np.nda
     return P
 
 
-MASK_NO_HEAD_AXIS = named("mask_no_head_axis")
-
-
-def _mha_mistakes(c: MHACase, args, P, which: int) -> list[Mistake]:
-    q, k, v, mask = args
-    H, D = c.n_heads, c.d_model
-    n_q = q.shape[1]
-
-    def m(mistake_id, **kw):
-        return Mistake.of(mistake_id, model=lambda: mha_model(q, k, v, mask, P, H, **kw)[which])
-
-    out = []
-    if H > 1:
-        out += [
-            m("mha_split_view", split="view"),
-            m("mha_split_view", split="view", merge="view"),
-            m("mha_merge_without_transpose", merge="view"),
-            m("mha_split_interleaved", split="interleave"),
-            m("mha_merge_wrong_order", merge="interleave"),
-            m(
-                "scale_by_d_model",
-                scale=math.sqrt(D),
-            ),
-        ]
-    out += [
-        m(
-            "w_o_not_applied",
-            w_o=False,
-        ),
-        m(
-            "scale_missing_head",
-            scale=1.0,
-        ),
-        m(
-            "queries_keys_swapped_heads",
-            swap_qk=True,
-        ),
-    ]
-    if n_q > 1:
-        out.append(
-            m(
-                "softmax_over_queries_heads",
-                axis=-2,
-            )
-        )
-    if not c.self_attn:
-        out.append(
-            m(
-                "values_from_key",
-                kv_from="key",
-            )
-        )
-    if mask is not None:
-        if mask.ndim == 3 and H > 1:
-            out += [
-                m("mask_no_head_axis", mask_mode="no_head_axis"),
-                m(
-                    "mask_repeat_wrong_order",
-                    mask_mode="repeat",
-                ),
-            ]
-        out += [
-            m(
-                "mask_inverted_heads",
-                mask_mode="inverted",
-            ),
-            m(
-                "mask_ignored_heads",
-                mask_mode="ignored",
-            ),
-            m(
-                "fully_masked_row_uniform_heads",
-                mask_mode="fill",
-            ),
-        ]
-    return out
-
-
 def _mha_forbidden():
     return [
         (ref.MultiHeadAttention.forward, "the reference attention_ref.MultiHeadAttention"),
@@ -487,6 +392,7 @@ def _mha_forbidden():
 
 
 def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.Module:
+    """The learner's MultiHeadAttention(D, H[, bias]) in ``dtype`` with the weights ``P``."""
     kwargs = {} if bias is None else {"bias": bias}
     x = torch.zeros(1, 2, D, dtype=dtype)  # (B, T, D): one call sets up lazy layers
     mod = build_module(ctx, cls, (D, H), kwargs, case, sample=(x, x, x))
@@ -494,37 +400,24 @@ def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.
     b = bias is not False
     spec = f"nn.Linear(d_model, d_model, bias=bias), here nn.Linear({D}, {D}, bias={b})"
     layers = {
-        name: (
-            torch.from_numpy(P[f"{name}.weight"]).to(dtype),
-            None if P[f"{name}.bias"] is None else torch.from_numpy(P[f"{name}.bias"]).to(dtype),
-            spec,
-        )
+        name: (_tensor(P[f"{name}.weight"], dtype), _tensor(P[f"{name}.bias"], dtype), spec)
         for name in ("w_q", "w_k", "w_v", "w_o")
     }
-    dh = D // H
-    shared = named("mha_shared_head_projection", D=D, dh=dh)
-    load_linear_weights(
-        ctx,
-        mod,
-        layers,
-        case,
-        raw_ok=False,
-        likely={
-            "missing w_o": named("mha_w_o_missing"),
-            "shape w_q": shared,
-            "shape w_k": shared,
-            "shape w_v": shared,
-        },
-    )
+    shared = named("mha_shared_head_projection", D=D, dh=D // H)
+    likely = {"missing w_o": named("mha_w_o_missing")} | {
+        f"shape {n}": shared for n in ("w_q", "w_k", "w_v")
+    }
+    load_linear_weights(ctx, mod, layers, case, raw_ok=False, likely=likely)
     return mod
+
+
+def _tensor(a: np.ndarray | None, dtype) -> torch.Tensor | None:
+    return None if a is None else torch.from_numpy(a).to(dtype)
 
 
 def _rounded(P, dtype) -> dict[str, np.ndarray | None]:
     """The float64 values of the parameters as the candidate holds them in ``dtype``."""
-    return {
-        k: None if v is None else torch.from_numpy(v).to(dtype).double().numpy()
-        for k, v in P.items()
-    }
+    return {k: None if v is None else as_float64(_tensor(v, dtype)) for k, v in P.items()}
 
 
 @exercise(
@@ -543,75 +436,21 @@ def check_multi_head_attention(cls, ctx: Context) -> None:
 
 
 def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
+    """One case: the shapes, then the property (masked weights are 0), then the weights and
+    the output against the model, naming the mistake model that explains a difference."""
     q = torch.from_numpy(c.query).to(dtype)
     k = q if c.self_attn else torch.from_numpy(c.key).to(dtype)
     v = q if c.self_attn else torch.from_numpy(c.value).to(dtype)
     mask = None if c.mask is None else torch.from_numpy(c.mask)
-    bias = "" if c.bias is None else f", bias={c.bias}"
-    inputs = (
-        f"x {tuple(q.shape)}"
-        if c.self_attn
-        else f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}"
-    )
-    case = (
-        f"{c.label}: MultiHeadAttention({c.d_model}, {c.n_heads}{bias}), {inputs} "
-        f"{dtype_name(dtype)}" + ("" if mask is None else f", mask {tuple(mask.shape)}")
-    )
+    case = _describe(c, q, k, v, mask)
     mod = _prepare_mha(cls, ctx, c.d_model, c.n_heads, c.bias, P, dtype, case)
     P64 = _rounded(P, dtype)
     args64 = (as_float64(q), as_float64(k), as_float64(v), c.mask)
     out64, w64 = mha_model(*args64, P64, c.n_heads)
-
-    call_args = (q, k, v) if mask is None else (q, k, v, mask)
-    try:
-        got = ctx.call(mod, *call_args, case=case)
-    except CheckFailure as err:
-        text = str(err)
-        if (
-            c.mask is not None
-            and c.mask.ndim == 3
-            and "Likely mistake" not in text
-            and re.search(r"size of tensor|broadcast|match", text)
-        ):
-            raise naming(err, MASK_NO_HEAD_AXIS) from None
-        raise
-    out, weights = ctx.expect_tuple(got, ("out", "weights"), case=case)
-    B, n_q, n_k, H = q.shape[0], q.shape[1], k.shape[1], c.n_heads
-    if isinstance(weights, torch.Tensor) and tuple(weights.shape) != w64.shape:
-        shape = tuple(weights.shape)
-        likely, hint = "", ""
-        if isinstance(out, torch.Tensor) and tuple(out.shape) == w64.shape:
-            likely, hint = "returned (weights, out) instead of (out, weights).", ""
-        elif shape == (B, n_q, n_k):
-            likely = named("weights_averaged_over_heads")
-            hint = likely.hint
-        elif shape == (B * H, n_q, n_k):
-            likely = named("batch_heads_folded")
-            hint = likely.hint
-        elif n_q != n_k and shape == (B, H, n_q, n_q):
-            likely = named("keys_from_query")
-            hint = likely.hint
-        ctx.fail(
-            f"weights has shape {shape}, expected (B, H, n_q, n_k) = {w64.shape}.",
-            case=case,
-            likely=likely,
-            hint=hint,
-            mistake="wrong_shape",
-        )
-    if isinstance(out, torch.Tensor) and tuple(out.shape) != out64.shape:
-        shape = tuple(out.shape)
-        likely = ""
-        if shape == (B, H, n_q, c.d_model // H):
-            likely = named("heads_not_merged")
-        ctx.fail(
-            f"out has shape {shape}, expected (B, n_q, d_model) = {out64.shape}.",
-            case=case,
-            likely=likely,
-            mistake="wrong_shape",
-        )
+    out, weights = _call_mha(ctx, mod, c, (q, k, v) if mask is None else (q, k, v, mask), case)
+    _expect_mha_shapes(ctx, c, out, weights, out64.shape, w64.shape, case)
     ctx.expect_array(weights, q.new_zeros(w64.shape), what="weights", case=case)
     ctx.expect_array(out, q.new_zeros(out64.shape), what="out", case=case)
-    tol = TOL[dtype]
     if c.mask is not None:
         expect_masked_weights_zero(
             ctx,
@@ -623,23 +462,78 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
             otherwise=named("mask_not_applied_heads"),
             axes="batch, head, query, key",
         )
+    weights_mistakes = _mha_mistakes(c, args64, P64, 1)
     ctx.expect_close(
-        weights,
-        w64,
-        what="weights",
-        case=case,
-        mistakes=_mha_mistakes(c, args64, P64, 1),
-        **tol,
+        weights, w64, what="weights", case=case, mistakes=weights_mistakes, **TOL[dtype]
     )
+    hint = "the weights are right: out = W_O(merge_heads(weights @ v))."
+    out_mistakes = _mha_mistakes(c, args64, P64, 0)
     ctx.expect_close(
-        out,
-        out64,
-        what="out",
-        case=case,
-        mistakes=_mha_mistakes(c, args64, P64, 0),
-        hint="the weights are right: out = W_O(merge_heads(weights @ v)).",
-        **tol,
+        out, out64, what="out", case=case, mistakes=out_mistakes, hint=hint, **TOL[dtype]
     )
+
+
+def _describe(c: MHACase, q, k, v, mask) -> str:
+    """The case as feedback names it: the label, the module and the inputs."""
+    bias = "" if c.bias is None else f", bias={c.bias}"
+    inputs = (
+        f"x {tuple(q.shape)}"
+        if c.self_attn
+        else f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}"
+    )
+    return (
+        f"{c.label}: MultiHeadAttention({c.d_model}, {c.n_heads}{bias}), {inputs} "
+        f"{dtype_name(q.dtype)}" + ("" if mask is None else f", mask {tuple(mask.shape)}")
+    )
+
+
+def _call_mha(ctx: Context, mod, c: MHACase, args: tuple, case: str) -> tuple:
+    """``(out, weights)`` of the learner's forward; a broadcasting error with a 3-D mask
+    names the mask that was given no head axis."""
+    try:
+        got = ctx.call(mod, *args, case=case)
+    except CheckFailure as err:
+        text = str(err)
+        if (
+            c.mask_3d
+            and "Likely mistake" not in text
+            and re.search(r"size of tensor|broadcast|match", text)
+        ):
+            raise naming(err, named("mask_no_head_axis")) from None
+        raise
+    return ctx.expect_tuple(got, ("out", "weights"), case=case)
+
+
+def _expect_mha_shapes(ctx: Context, c: MHACase, out, weights, out_shape, w_shape, case):
+    """The shapes of out (B, n_q, d_model) and weights (B, H, n_q, n_k); a wrong shape that
+    a mistake explains (weights averaged over the heads, heads not merged, ...) names it."""
+    B, n_q, n_k, H = c.query.shape[0], c.query.shape[1], c.key.shape[1], c.n_heads
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) != w_shape:
+        shape = tuple(weights.shape)
+        explained_by = {
+            (B, n_q, n_k): "weights_averaged_over_heads",
+            (B * H, n_q, n_k): "batch_heads_folded",
+        }
+        if n_q != n_k:
+            explained_by[(B, H, n_q, n_q)] = "keys_from_query"
+        likely = named(explained_by[shape]) if shape in explained_by else ""
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == w_shape:
+            likely = "returned (weights, out) instead of (out, weights)."
+        ctx.fail(
+            f"weights has shape {shape}, expected (B, H, n_q, n_k) = {w_shape}.",
+            case=case,
+            likely=likely,
+            hint=getattr(likely, "hint", ""),
+            mistake="wrong_shape",
+        )
+    if isinstance(out, torch.Tensor) and tuple(out.shape) != out_shape:
+        unmerged = tuple(out.shape) == (B, H, n_q, c.d_model // H)
+        ctx.fail(
+            f"out has shape {tuple(out.shape)}, expected (B, n_q, d_model) = {out_shape}.",
+            case=case,
+            likely=named("heads_not_merged") if unmerged else "",
+            mistake="wrong_shape",
+        )
 
 
 def _check_key_permutation(cls, ctx: Context) -> None:

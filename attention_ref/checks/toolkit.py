@@ -507,3 +507,73 @@ def earlier_position_changed(before, after, atol: float) -> int | None:
     moved by more than ``atol`` (None: causal)."""
     changed = (before[0, :-1] - after[0, :-1]).abs().amax(-1) > atol
     return int(changed.nonzero()[0]) if bool(changed.any()) else None
+
+
+# ----------------------------------------------------------------------------- cases
+# The building blocks of every attention exercise's cases (COURSE_DESIGN §5: one token, a
+# batch of one, extra batch dims, d_k != d_v, n_q != n_k, large logits, masks with fully
+# masked rows). A check lists its cases as a table and draws them with these, from its own
+# seeded ``ctx.rng(salt)``, in the order of the table.
+def normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    """Seeded float64 inputs of ``shape``, N(0, scale**2): ``scale`` of 4 or more gives
+    scores in the tens or hundreds (large logits, where an unstable softmax overflows)."""
+    return scale * rng.normal(size=shape)
+
+
+def causal_mask(n: int) -> np.ndarray:
+    """The causal mask ``(n, n)``: query i may attend to keys 0..i."""
+    return np.tril(np.ones((n, n), dtype=bool))
+
+
+def padding_mask(lengths: list[int], n_k: int) -> np.ndarray:
+    """A padding mask ``(B, 1, n_k)`` (broadcast over the queries): sequence b has
+    ``lengths[b]`` real keys; a length of 0 is a sequence whose every query has nothing to
+    attend to (fully masked rows)."""
+    mask = np.ones((len(lengths), 1, n_k), dtype=bool)
+    for b, length in enumerate(lengths):
+        mask[b, :, length:] = False
+    return mask
+
+
+def random_mask(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    p: float,
+    *,
+    attend: int,
+    fully_masked: tuple[tuple[int, ...], ...] = (),
+) -> np.ndarray:
+    """A random mask ``(..., n_q, n_k)``, True (may attend) with probability ``p``, in which
+    every query may attend to key ``attend`` except the rows ``fully_masked`` (indices of the
+    leading axes and the query), which may attend to nothing."""
+    mask = rng.random(shape) < p
+    mask[..., attend] = True
+    for row in fully_masked:
+        mask[row] = False
+    return mask
+
+
+# ----------------------------------------------------------------------------- more properties
+def rows_not_summing_to_one(allowed: np.ndarray | None = None):
+    """The property that every row of attention weights sums to 1 (to 0 for a query that
+    ``allowed``, broadcast to the weights, lets attend to nothing), as the ``fallback`` of
+    ``Context.expect_close``: when no mistake model explains the weights, the feedback says
+    which row breaks it (``""`` when none does)."""
+
+    def explain(got: np.ndarray, expected: np.ndarray) -> str:
+        if got.shape != expected.shape or not np.all(np.isfinite(got)):
+            return ""
+        want = np.ones(got.shape[:-1])
+        if allowed is not None:
+            want = np.broadcast_to(allowed, got.shape).any(axis=-1).astype(np.float64)
+        sums = got.sum(axis=-1)
+        bad = np.argwhere(~np.isclose(sums, want, rtol=0, atol=1e-4))
+        if not bad.size:
+            return ""
+        idx = tuple(int(i) for i in bad[0])
+        return (
+            f"the weights of row {idx} sum to {sums[idx]:.6g}, not {want[idx]:g}: each row of "
+            "weights is a softmax over the keys the query may attend to."
+        )
+
+    return explain
