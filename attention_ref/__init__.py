@@ -17,6 +17,7 @@ from .encoder import Encoder, EncoderLayer, FeedForward
 from .gpt import GPT, GPTBlock, GroupedQueryAttention
 from .kv_cache import KVCache, cached_self_attention
 from .masking import causal_mask, masked_softmax, padding_mask
+from .modern import ModernBlock, ModernGPT, RMSNorm, RotaryAttention, SwiGLU
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .positional import offset_rotation, rope, sinusoidal_encoding
 from .sampling import generate, sample_next_token
@@ -55,6 +56,11 @@ __all__ = [
     "GPT",
     "GPTBlock",
     "GroupedQueryAttention",
+    "RMSNorm",
+    "SwiGLU",
+    "RotaryAttention",
+    "ModernBlock",
+    "ModernGPT",
     "sample_next_token",
     "generate",
     "FeedForward",

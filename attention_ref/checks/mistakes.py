@@ -858,6 +858,67 @@ _TABLE = """
     step would not see these tokens).
   hint: k_all, v_all = cache.append(k, v) with k, v of shape (B, H, t, d_head), then attend to
     k_all, v_all.
+
+# --- 13 the modern decoder
+[rms_eps_outside_root] epsilon is added outside the square root: x / (sqrt(mean(x^2)) + eps).
+    The spec (like Llama) adds it inside: x / sqrt(mean(x^2) + eps).
+  hint: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.
+[rms_sum_not_mean] the sum of squares (or the vector's norm) is used instead of their mean:
+    the result is smaller by a factor sqrt(d_model).
+  hint: x.pow(2).mean(-1, keepdim=True), not .sum(...) or x.norm(...).
+[rms_centred] the mean is subtracted first, as LayerNorm does: RMSNorm divides x itself by its
+    root mean square, without centring it.
+  hint: mean_square = x.pow(2).mean(-1, keepdim=True); no x - x.mean(...).
+[rms_std] the standard deviation (x.std(), centred and with n - 1) is used instead of the root
+    mean square.
+  hint: sqrt(mean(x^2) + eps) over the last axis: x.pow(2).mean(-1, keepdim=True).
+[rms_mean_all_axes] the mean of squares is taken over the whole tensor, not over each vector's
+    last axis.
+  hint: x.pow(2).mean(dim=-1, keepdim=True): one statistic per position.
+[rms_no_weight] the learned scale weight is not applied.
+  hint: multiply the normalised x by self.weight.
+[rms_eps_ignored] the eps argument is ignored (a fixed epsilon is used instead).
+  hint: store eps in __init__ (self.eps = eps) and use self.eps in forward.
+[rms_default_eps] the default epsilon is not 1e-6 as the spec asks.
+  hint: def __init__(self, d_model, eps=1e-6).
+[swiglu_silu_on_up] SiLU is applied to the wrong branch: silu(w_up(x)) * w_gate(x). The gate
+    goes through SiLU: silu(w_gate(x)) * w_up(x).
+  hint: self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)).
+[swiglu_silu_after_product] SiLU is applied after the product (silu(w_gate(x) * w_up(x))),
+    not to the gate alone.
+  hint: self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)).
+[swiglu_sigmoid_gate] the gate uses sigmoid (the original GLU) instead of SiLU (x * sigmoid(x)).
+  hint: F.silu(z) = z * torch.sigmoid(z).
+[swiglu_gelu] the gate uses GELU (GEGLU) instead of SiLU.
+  hint: F.silu, not F.gelu.
+[swiglu_up_unused] the up projection is not used: w_down(silu(w_gate(x))) is the ungated
+    feed-forward.
+  hint: multiply the activated gate by w_up(x) elementwise before w_down.
+[swiglu_default_hidden] without d_ff the hidden size must be 8 * d_model // 3 (2/3 of 4 *
+    d_model, so the three matrices hold as many weights as a 4 * d_model ReLU feed-forward).
+  hint: if d_ff is None: d_ff = 8 * d_model // 3.
+[rope_not_applied] no rotary positions: the queries and keys are not rotated.
+  hint: q = rope(q); k = rope(k) on the heads (B, H, T, d_head), before the scores.
+[rope_on_values] the values are rotated too: rotary positions apply to queries and keys only
+    (their dot product is what must depend on the relative position).
+  hint: rotate q and k; leave v as it is.
+[rope_queries_only] only the queries (or only the keys) are rotated: the score then depends
+    on the absolute position, not on the offset m - n.
+  hint: apply rope to both q and k.
+[rope_before_split] rope is applied to the whole d_model vector before the heads are split:
+    the frequencies run over d_model, not over each head's d_head features.
+  hint: split the heads first, (B, H, T, d_head), then rotate q and k.
+[rope_heads_as_positions] rope is applied in the layout (B, T, H, d_head), where the
+    second-to-last axis is the head, not the position: each head is rotated by its head index.
+  hint: transpose to (B, H, T, d_head) before rope: rope rotates by the index of axis -2.
+[rotary_rotate_half] the two halves of each head are rotated together (feature i with i +
+    d_head/2, Hugging Face's "rotate_half"); the spec rotates adjacent pairs (2i, 2i + 1), as
+    notebook 05's rope does.
+  hint: use attention_ref.rope on (B, H, T, d_head), or pair x[..., 0::2] with x[..., 1::2].
+[rope_base_ignored] the base argument is ignored (10000 is used whatever was passed).
+  hint: store base in __init__ and pass it on: rope(q, base=self.base).
+[rotary_no_causal_mask] no causal mask: a position attends to the positions after it.
+  hint: mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), passed to sdpa.
 """
 
 

@@ -1,0 +1,121 @@
+"""The converter of notebook 13: Hugging Face GPT-2 and Llama-family models, built from
+small configurations with random weights (no download), loaded into the course's modules
+give the same logits and the same greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from attention_ref import convert  # noqa: E402
+from attention_ref.convert import (  # noqa: E402
+    float64_internals,
+    from_hf,
+    from_llama,
+    max_logit_difference,
+    rotate_half_permutation,
+    tiny_hf_model,
+)
+from attention_ref.positional import frequencies, rope  # noqa: E402
+from attention_ref.sampling import generate  # noqa: E402
+
+from catalog.nb13 import RMSRsqrt, SwiGLUEinsum  # noqa: E402
+
+V = 97
+
+
+def _batches(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    out = [(torch.randint(0, V, (3, T), generator=g), None) for T in (1, 7, 33)]
+    ids = torch.randint(0, V, (3, 12), generator=g)
+    right = torch.ones(3, 12, dtype=torch.long)
+    right[0, 8:] = 0
+    right[2, 3:] = 0
+    out += [(ids, right), (ids, right.flip(1))]  # right- and left-padded
+    return out
+
+
+def _worst(ours, theirs, g) -> float:
+    return max(max_logit_difference(ours, theirs, ids, mask) for ids, mask in _batches(g))
+
+
+@pytest.fixture(scope="module", params=convert.TINY_KINDS)
+def hf(request):
+    return request.param, tiny_hf_model(request.param, seed=1, vocab_size=V)
+
+
+def test_float32_logits_equal(hf):
+    kind, model = hf
+    ours = from_hf(model)
+    assert _worst(ours, model, torch.Generator().manual_seed(2)) <= 1e-5
+
+
+def test_float64_logits_equal(hf):
+    kind, model = hf
+    model = tiny_hf_model(kind, seed=1, vocab_size=V).double()
+    if kind != "gpt2":
+        float64_internals(model)
+    ours = from_hf(model)
+    assert next(ours.parameters()).dtype == torch.float64
+    assert _worst(ours, model, torch.Generator().manual_seed(3)) <= 1e-10
+
+
+def test_greedy_generation_with_the_cache_equals_generate(hf):
+    kind, model = hf
+    prompt = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        theirs = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=32,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        ours = generate(from_hf(model), prompt, 32, temperature=0)
+    assert theirs.shape == (2, 37)
+    assert torch.equal(ours, theirs)
+
+
+def test_float64_llama_differs_by_float32_rounding_without_the_patch():
+    """transformers' Llama computes the norm and the rotary angles in float32 even in
+    float64: the difference is at float32 precision, not float64."""
+    model = tiny_hf_model("llama", seed=1, vocab_size=V).double()
+    diff = _worst(from_hf(model), model, torch.Generator().manual_seed(5))
+    assert 1e-10 < diff < 1e-5
+
+
+def test_without_the_permutation_the_logits_differ(monkeypatch):
+    model = tiny_hf_model("llama", seed=1, vocab_size=V)
+    monkeypatch.setattr(convert, "rotate_half_permutation", lambda d: torch.arange(d))
+    assert _worst(from_hf(model), model, torch.Generator().manual_seed(6)) > 1e-3
+
+
+def test_the_permutation_turns_rotate_half_into_adjacent_pairs():
+    d, T = 8, 5
+    x = torch.randn(2, T, d, dtype=torch.float64)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * frequencies(d)  # (T, d/2)
+    cos, sin = angles.cos(), angles.sin()
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    halves = torch.cat([a * cos - b * sin, a * sin + b * cos], -1)  # feature i with i + d/2
+    perm = rotate_half_permutation(d)
+    assert perm.tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    torch.testing.assert_close(rope(x[..., perm]), halves[..., perm])
+
+
+def test_the_learners_parts_run_the_architecture():
+    model = tiny_hf_model("qwen2", seed=1, vocab_size=V)
+    ours = from_llama(model, norm=RMSRsqrt, ff=SwiGLUEinsum)
+    assert isinstance(ours.blocks[0].norm1, RMSRsqrt)
+    assert _worst(ours, model, torch.Generator().manual_seed(7)) <= 1e-5
+
+
+def test_unknown_architectures_are_refused():
+    class Config:
+        model_type = "bert"
+
+    class Model(torch.nn.Module):
+        config = Config()
+
+    with pytest.raises(NotImplementedError, match="bert"):
+        from_hf(Model())

@@ -1,0 +1,167 @@
+"""The modern decoder of notebook 13: RMSNorm, SwiGLU, rotary grouped-query attention, the
+block and the model with its key-value cache."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from attention_ref import GroupedQueryAttention, rope
+from attention_ref.encoder import FeedForward
+from attention_ref.gpt import GPTBlock
+from attention_ref.kv_cache import KVCache
+from attention_ref.modern import (
+    ModernBlock,
+    ModernGPT,
+    RMSNorm,
+    RotaryAttention,
+    SwiGLU,
+    count_parameters,
+    swiglu_hidden,
+)
+from attention_ref.sampling import generate
+
+
+def test_rms_norm_equals_pytorchs_with_the_same_epsilon():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 16, generator=g, dtype=torch.float64) * 1e-3  # eps matters here
+    ours = RMSNorm(16, eps=1e-6).double()
+    theirs = nn.RMSNorm(16, eps=1e-6).double()
+    with torch.no_grad():
+        w = torch.randn(16, generator=g, dtype=torch.float64)
+        ours.weight.copy_(w)
+        theirs.weight.copy_(w)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-12, atol=1e-15)
+    # ... and the epsilon is inside the root: outside it, the result differs at this scale.
+    outside = x / (x.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * w
+    assert (ours(x) - outside).abs().max() > 1e-4
+
+
+def test_rms_norm_keeps_a_low_precision_dtype_and_normalises_in_float32():
+    x = torch.randn(2, 8, dtype=torch.float64) * 100
+    y = RMSNorm(8).to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.double().pow(2).mean(-1), torch.ones(2, dtype=torch.float64),
+                               rtol=2e-2, atol=0)  # fmt: skip
+
+
+def test_swiglu_hidden_size_gives_the_parameters_of_a_4d_relu_network():
+    for d in (12, 64, 96):
+        assert swiglu_hidden(d) == 8 * d // 3
+        swiglu = count_parameters(SwiGLU(d))
+        relu = 2 * d * 4 * d  # the two matrices of FeedForward(d, 4d) without biases
+        assert abs(swiglu - relu) / relu < 0.02
+
+
+def test_swiglu_computes_the_gated_product():
+    torch.manual_seed(0)
+    f = SwiGLU(8, 12).double()
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    gate, up = x @ f.w_gate.weight.T, x @ f.w_up.weight.T
+    expected = (gate * torch.sigmoid(gate) * up) @ f.w_down.weight.T
+    torch.testing.assert_close(f(x), expected)
+    assert all(m.bias is None for m in (f.w_gate, f.w_up, f.w_down))
+
+
+def _copy_projections(src: nn.Module, dst: nn.Module) -> None:
+    with torch.no_grad():
+        for name in ("w_q", "w_k", "w_v", "w_o"):
+            getattr(dst, name).weight.copy_(getattr(src, name).weight)
+
+
+def test_rotary_attention_at_position_zero_is_grouped_query_attention():
+    """With every position 0 nothing is rotated: notebook 11's grouped-query attention."""
+    torch.manual_seed(0)
+    ours = RotaryAttention(16, 4, 2).double()
+    gqa = GroupedQueryAttention(16, 4, 2, bias=False).double()
+    _copy_projections(ours, gqa)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    out, w = ours(x, positions=torch.zeros(6))
+    out_g, w_g = gqa(x, x, x, causal)
+    torch.testing.assert_close(out, out_g)
+    torch.testing.assert_close(w, w_g)
+    # ... and with positions 0..T-1 the rotation changes the weights.
+    assert (ours(x)[1] - w_g).abs().max() > 1e-3
+
+
+def test_rotary_attention_depends_only_on_relative_positions():
+    torch.manual_seed(1)
+    attn = RotaryAttention(16, 4, 1, base=100.0).double()
+    x = torch.randn(1, 7, 16, dtype=torch.float64)
+    out0, w0 = attn(x)
+    out5, w5 = attn(x, positions=torch.arange(5, 12))
+    torch.testing.assert_close(w0, w5)
+    torch.testing.assert_close(out0, out5)
+
+
+def test_rotary_attention_rotates_queries_and_keys_per_head_with_the_course_rope():
+    torch.manual_seed(2)
+    attn = RotaryAttention(12, 3, 3).double()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    q, k, v = attn.project(x, None)
+    heads = attn.w_q(x).view(2, 5, 3, 4).transpose(1, 2)  # (B, H, T, d_head)
+    torch.testing.assert_close(q, rope(heads))
+    torch.testing.assert_close(v, attn.w_v(x).view(2, 5, 3, 4).transpose(1, 2))
+
+
+def test_modern_block_is_causal_and_its_step_matches_forward():
+    torch.manual_seed(3)
+    block = ModernBlock(16, 4, 2).double().eval()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    y, _ = block(x)
+    x2 = x.clone()
+    x2[:, -1] += 1
+    assert torch.allclose(block(x2)[0][:, :-1], y[:, :-1])
+    cache = KVCache(6)
+    steps = [block.step(x[:, :4], cache), block.step(x[:, 4:5], cache), block.step(x[:, 5:], cache)]
+    torch.testing.assert_close(torch.cat(steps, 1), y)
+
+
+def test_modern_gpt_cached_generation_equals_uncached_and_padding_is_masked():
+    torch.manual_seed(4)
+    model = ModernGPT(30, 16, 4, 2, 2, max_len=32).double().eval()
+    prompt = torch.randint(0, 30, (3, 4))
+    with torch.no_grad():
+        a = generate(model, prompt, 10, temperature=0)
+        b = generate(model, prompt, 10, temperature=0, use_cache=False)
+        assert torch.equal(a, b)
+        # A right-padded row gives the logits of its unpadded tokens.
+        ids = torch.randint(1, 30, (2, 7))
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, 4:] = 0
+        padded = model(ids, attention_mask=mask)
+        torch.testing.assert_close(padded[1, :4], model(ids[1:, :4])[0])
+        # A left-padded row: same positions 0..T-1, the pads masked as keys.
+        left = mask.flip(1)
+        logits = model(ids, attention_mask=left)
+        assert torch.isfinite(logits[left.bool()]).all()
+
+
+def test_modern_block_has_about_the_parameters_of_notebook_11s_block():
+    d = 64
+    modern = count_parameters(ModernBlock(d, 4, 4))
+    gpt = count_parameters(GPTBlock(d, 4, 4 * d))
+    assert abs(modern - gpt) / gpt < 0.03
+    assert count_parameters(FeedForward(d, 4 * d)) > count_parameters(SwiGLU(d))
+
+
+def test_modern_gpt_can_be_built_from_other_parts():
+    class MyNorm(RMSNorm):
+        pass
+
+    model = ModernGPT(10, 8, 2, 1, norm=MyNorm, ff=lambda d, f: SwiGLU(d, 16))
+    assert isinstance(model.blocks[0].norm1, MyNorm) and isinstance(model.norm_f, MyNorm)
+    assert model.blocks[0].ff.w_up.out_features == 16
+    assert model.embed_scale == pytest.approx(math.sqrt(8))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_bad_sizes_are_value_errors(bad):
+    with pytest.raises(ValueError, match="d_model"):
+        RMSNorm(bad)
+    with pytest.raises(ValueError):
+        RotaryAttention(16, 4, bad)
