@@ -195,62 +195,24 @@ def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
         return Mistake.of(mistake_id, model=lambda: M.attention(q, k, v, mask, **kw)[which])
 
     out = [
-        m(
-            "scale_missing",
-            scale=1.0,
-        ),
-        m(
-            "scale_by_d_k",
-            scale=float(d_k),
-        ),
+        m("scale_missing", scale=1.0),
+        m("scale_by_d_k", scale=float(d_k)),
     ]
     if d_v != d_k:
-        out.append(
-            m(
-                "scale_by_d_v",
-                scale=math.sqrt(d_v),
-            )
-        )
+        out.append(m("scale_by_d_v", scale=math.sqrt(d_v)))
     if n_k != d_k:
-        out.append(
-            m(
-                "scale_by_n_k",
-                scale=math.sqrt(n_k),
-            )
-        )
+        out.append(m("scale_by_n_k", scale=math.sqrt(n_k)))
     if q.shape[-2] > 1:
-        out.append(
-            m(
-                "softmax_over_queries",
-                axis=-2,
-            )
-        )
+        out.append(m("softmax_over_queries", axis=-2))
     if mask is not None:
         out += [
-            m(
-                "mask_inverted",
-                mask_mode="inverted",
-            ),
-            m(
-                "mask_after_softmax_weights",
-                mask_mode="after_softmax",
-            ),
-            m(
-                "mask_multiplied_weights",
-                mask_mode="multiply",
-            ),
-            m(
-                "mask_ignored",
-                mask_mode="ignored",
-            ),
+            m("mask_inverted", mask_mode="inverted"),
+            m("mask_after_softmax_weights", mask_mode="after_softmax"),
+            m("mask_multiplied_weights", mask_mode="multiply"),
+            m("mask_ignored", mask_mode="ignored"),
         ]
         if (~mask).all(axis=-1).any():
-            out.append(
-                m(
-                    "fully_masked_row_uniform_fill",
-                    mask_mode="fill",
-                )
-            )
+            out.append(m("fully_masked_row_uniform_fill", mask_mode="fill"))
             out.append(additive_mask_mistake(q, k, v, mask, which))
     return out
 

@@ -129,44 +129,19 @@ def _sa_mistakes(c: SACase, x, W, which: int) -> list[Mistake]:
         return Mistake.of(mistake_id, model=lambda: fn()[which])
 
     out = [
-        m(
-            "queries_keys_swapped",
-            lambda: M.attention(K, Q, V, mask),
-        ),
-        m(
-            "keys_from_w_q",
-            lambda: M.attention(Q, Q, V, mask),
-        ),
-        m(
-            "queries_from_w_k",
-            lambda: M.attention(K, K, V, mask),
-        ),
+        m("queries_keys_swapped", lambda: M.attention(K, Q, V, mask)),
+        m("keys_from_w_q", lambda: M.attention(Q, Q, V, mask)),
+        m("queries_from_w_k", lambda: M.attention(K, K, V, mask)),
     ]
     if c.d_in != c.d_k:
-        out.append(
-            m(
-                "scale_by_d_in",
-                lambda: M.attention(Q, K, V, mask, scale=math.sqrt(c.d_in)),
-            )
-        )
+        out.append(m("scale_by_d_in", lambda: M.attention(Q, K, V, mask, scale=math.sqrt(c.d_in))))
     if c.d_in == c.d_k == c.d_v:
         out += [
-            m(
-                "linear_weight_transposed",
-                lambda: M.attention(x @ Wq.T, x @ Wk.T, x @ Wv.T, mask),
-            ),
-            m(
-                "weights_times_x",
-                lambda: M.attention(Q, K, x, mask),
-            ),
+            m("linear_weight_transposed", lambda: M.attention(x @ Wq.T, x @ Wk.T, x @ Wv.T, mask)),
+            m("weights_times_x", lambda: M.attention(Q, K, x, mask)),
         ]
     if c.d_k == c.d_v:
-        out.append(
-            m(
-                "values_from_w_k",
-                lambda: M.attention(Q, K, K, mask),
-            )
-        )
+        out.append(m("values_from_w_k", lambda: M.attention(Q, K, K, mask)))
     if mask is None and T > 1:
         out.append(
             m(

@@ -83,38 +83,14 @@ def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) ->
 
 
 PE_MISTAKES = [
-    (
-        "swapped",
-        *pair("pe_swapped"),
-    ),
-    (
-        "half_exponent",
-        *pair("pe_half_exponent"),
-    ),
-    (
-        "column_exponent",
-        *pair("pe_column_exponent"),
-    ),
-    (
-        "from_one",
-        *pair("pe_from_one"),
-    ),
-    (
-        "concat",
-        *pair("pe_concat"),
-    ),
-    (
-        "half_layout_t2t",
-        *pair("pe_half_layout_t2t"),
-    ),
-    (
-        "multiplied",
-        *pair("pe_multiplied"),
-    ),
-    (
-        "int_division",
-        *pair("pe_int_division"),
-    ),
+    ("pe_swapped", "swapped"),
+    ("pe_half_exponent", "half_exponent"),
+    ("pe_column_exponent", "column_exponent"),
+    ("pe_from_one", "from_one"),
+    ("pe_concat", "concat"),
+    ("pe_half_layout_t2t", "half_layout_t2t"),
+    ("pe_multiplied", "multiplied"),
+    ("pe_int_division", "int_division"),
 ]
 
 
@@ -151,15 +127,15 @@ def _is_half_layout(got: np.ndarray, expected: np.ndarray) -> bool:
 
 def _pe_mistakes(n: int, d: int) -> list[Mistake]:
     out = []
-    for v, name, hint in PE_MISTAKES:
+    for mistake_id, v in PE_MISTAKES:
         if v == "multiplied":
             w = 10000.0 ** (np.arange(0, d, 2) / d)
             ang = np.repeat(np.arange(n)[:, None] * w[None, :], 2, axis=1)  # (n, d)
             out.append(
-                Mistake(name, hint, applies=_matches_where_resolvable(pe_model(n, d, v), ang))
+                Mistake.of(mistake_id, applies=_matches_where_resolvable(pe_model(n, d, v), ang))
             )
         else:
-            out.append(Mistake(name, hint, model=lambda v=v: pe_model(n, d, v)))
+            out.append(Mistake.of(mistake_id, model=lambda v=v: pe_model(n, d, v)))
     out.append(Mistake(*HALF_LAYOUT, applies=_is_half_layout))  # any other frequencies
     return out
 
@@ -278,57 +254,24 @@ def rope_model(x, positions=None, base: float = 10000.0, variant: str = "correct
 
 
 ROPE_MISTAKES = [
-    (
-        "reversed",
-        *pair("rope_reversed"),
-    ),
-    (
-        "swapped",
-        *pair("rope_swapped"),
-    ),
-    (
-        "rotate_half",
-        *pair("rope_rotate_half"),
-    ),
-    (
-        "concat",
-        *pair("rope_concat"),
-    ),
-    (
-        "overwritten",
-        *pair("rope_overwritten"),
-    ),
-    (
-        "half_exponent",
-        *pair("rope_half_exponent"),
-    ),
-    (
-        "half_layout_t2t",
-        *pair("rope_half_layout_t2t"),
-    ),
-    (
-        "multiplied",
-        *pair("rope_multiplied"),
-    ),
-    (
-        "ignores_positions",
-        *pair("rope_ignores_positions"),
-    ),
-    (
-        "from_one",
-        *pair("rope_from_one"),
-    ),
-    (
-        "added",
-        *pair("rope_added"),
-    ),
+    ("rope_reversed", "reversed"),
+    ("rope_swapped", "swapped"),
+    ("rope_rotate_half", "rotate_half"),
+    ("rope_concat", "concat"),
+    ("rope_overwritten", "overwritten"),
+    ("rope_half_exponent", "half_exponent"),
+    ("rope_half_layout_t2t", "half_layout_t2t"),
+    ("rope_multiplied", "multiplied"),
+    ("rope_ignores_positions", "ignores_positions"),
+    ("rope_from_one", "from_one"),
+    ("rope_added", "added"),
 ]
 
 
 def _rope_mistakes(x, positions, base) -> list[Mistake]:
     return [
-        Mistake(name, hint, model=lambda v=v: rope_model(x, positions, base, v))
-        for v, name, hint in ROPE_MISTAKES
+        Mistake.of(mistake_id, model=lambda v=v: rope_model(x, positions, base, v))
+        for mistake_id, v in ROPE_MISTAKES
     ]
 
 

@@ -467,52 +467,25 @@ def _layer_mistakes(r, x64, mask, which: int) -> list[Mistake]:
             res_attn=False,
             res_ff=False,
         ),
-        m(
-            "norms_swapped",
-            swap_norms=True,
-        ),
-        m(
-            "norms_never_applied",
-            order="no_norm",
-        ),
-        m(
-            "ff_given_layer_input",
-            ff_input="layer_input",
-        ),
+        m("norms_swapped", swap_norms=True),
+        m("norms_never_applied", order="no_norm"),
+        m("ff_given_layer_input", ff_input="layer_input"),
     ]
     if nf:
         out += [
-            m(
-                "norm_first_ignored",
-                order="post",
-            ),
-            m(
-                "pre_norm_on_sublayer_output",
-                order="sublayer_norm",
-            ),
-            m(
-                "pre_norm_residual_normalised",
-                order="residual_normed",
-            ),
+            m("norm_first_ignored", order="post"),
+            m("pre_norm_on_sublayer_output", order="sublayer_norm"),
+            m("pre_norm_residual_normalised", order="residual_normed"),
         ]
     else:
         out += [
-            m(
-                "pre_norm_although_post",
-                order="pre",
-            ),
-            m(
-                "post_norm_before_residual",
-                order="sublayer_norm",
-            ),
+            m("pre_norm_although_post", order="pre"),
+            m("post_norm_before_residual", order="sublayer_norm"),
         ]
     if mask is not None:
         out.insert(
             0,
-            m(
-                "encoder_layer_mask_ignored",
-                use_mask=False,
-            ),
+            m("encoder_layer_mask_ignored", use_mask=False),
         )
     return out
 

@@ -143,28 +143,12 @@ def _dec_mistakes(r, y, memory, sm, mm, norm_first, which: int) -> list[Mistake]
 
     out = []
     if sm is not None:
-        out.append(
-            m(
-                "decoder_self_mask_ignored",
-                use_self_mask=False,
-            )
-        )
+        out.append(m("decoder_self_mask_ignored", use_self_mask=False))
     if mm is not None:
-        out.append(
-            m(
-                "decoder_memory_mask_ignored",
-                use_memory_mask=False,
-            )
-        )
+        out.append(m("decoder_memory_mask_ignored", use_memory_mask=False))
     out += [
-        m(
-            "decoder_cross_kv_from_decoder",
-            kv_from="decoder",
-        ),
-        m(
-            "decoder_residual_missing",
-            residual=False,
-        ),
+        m("decoder_cross_kv_from_decoder", kv_from="decoder"),
+        m("decoder_residual_missing", residual=False),
         m(
             "decoder_norm_order",
             {"computed": "post-norm" if norm_first else "pre-norm", "norm_first": norm_first},
@@ -567,34 +551,14 @@ def _tf_mistakes(r, src, tgt_in, keep, norm_first) -> list[Mistake]:
         return Mistake.of(mistake_id, model=lambda: transformer_model(r, src, tgt_in, **kw)[keep])
 
     out = [
-        m(
-            "transformer_no_causal_mask",
-            causal=False,
-        ),
-        m(
-            "transformer_memory_mask_not_passed",
-            memory_mask=False,
-        ),
-        m(
-            "transformer_causal_encoder",
-            encoder_causal=True,
-        ),
-        m(
-            "tgt_embed_not_scaled",
-            scale=False,
-        ),
-        m(
-            "tgt_no_positional_encoding",
-            pe=False,
-        ),
+        m("transformer_no_causal_mask", causal=False),
+        m("transformer_memory_mask_not_passed", memory_mask=False),
+        m("transformer_causal_encoder", encoder_causal=True),
+        m("tgt_embed_not_scaled", scale=False),
+        m("tgt_no_positional_encoding", pe=False),
     ]
     if norm_first:
-        out.append(
-            m(
-                "transformer_final_norm_missing",
-                final_norm=False,
-            )
-        )
+        out.append(m("transformer_final_norm_missing", final_norm=False))
     return out
 
 

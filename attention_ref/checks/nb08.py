@@ -11,7 +11,7 @@ import torch
 from .. import training as ref_training
 from ..apps import translation as ref
 from ._core import CheckFailure, Context, Mistake, exercise
-from .mistakes import named, pair
+from .mistakes import named
 
 # ----------------------------------------------------------------------------- make_batch
 BOS, EOS = 1, 2
@@ -442,35 +442,14 @@ def _variant(
     return max(finished, key=lambda f: f[1])
 
 
-BEAM_MISTAKES: list[tuple[str, str, dict]] = [
-    (
-        *pair("beam_greedy"),
-        dict(greedy=True),
-    ),
-    (
-        *pair("beam_last_only"),
-        dict(accumulate=False),
-    ),
-    (
-        *pair("beam_probabilities"),
-        dict(use_prob=True),
-    ),
-    (
-        *pair("beam_first_finished"),
-        dict(first_finished=True),
-    ),
-    (
-        *pair("beam_length_normalised"),
-        dict(norm=True),
-    ),
-    (
-        *pair("beam_past_eos"),
-        dict(past_eos=True),
-    ),
-    (
-        *pair("beam_eos_not_scored"),
-        dict(drop_eos_score=True),
-    ),
+BEAM_MISTAKES: list[tuple[str, dict]] = [
+    ("beam_greedy", dict(greedy=True)),
+    ("beam_last_only", dict(accumulate=False)),
+    ("beam_probabilities", dict(use_prob=True)),
+    ("beam_first_finished", dict(first_finished=True)),
+    ("beam_length_normalised", dict(norm=True)),
+    ("beam_past_eos", dict(past_eos=True)),
+    ("beam_eos_not_scored", dict(drop_eos_score=True)),
 ]
 
 # A table where greedy decoding loses: "a" looks best first, but "b <eos>" is likelier
@@ -602,13 +581,14 @@ def check_beam_search(candidate, ctx: Context) -> None:
                 "the returned tokens end with <eos>.", case=case, mistake="output_includes_eos"
             )
         likely = hint = ""
-        for name, h, flags in BEAM_MISTAKES:
+        for mistake_id, flags in BEAM_MISTAKES:
             try:
                 m_tokens, m_score = _variant(make(), bos, eos, k, max_len, **flags)
             except Exception:
                 continue
             if m_tokens == tokens and math.isclose(m_score, score, rel_tol=1e-6, abs_tol=1e-9):
-                likely, hint = name, h
+                likely = named(mistake_id)
+                hint = likely.hint
                 break
         what = "tokens" if tokens != exp_tokens else "score"
         ctx.fail(

@@ -27,7 +27,7 @@ from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
-from .mistakes import named, pair
+from .mistakes import named
 from .nb01 import BUILTIN_ATTENTION
 from .toolkit import TOL, build_module, dtype_name, earlier_position_changed
 
@@ -136,38 +136,14 @@ def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
 
 
 BLOCK_MISTAKES = [
-    (
-        *pair("block_no_mask"),
-        "no_mask",
-    ),
-    (
-        *pair("block_strict"),
-        "strict",
-    ),
-    (
-        *pair("block_upper"),
-        "upper",
-    ),
-    (
-        *pair("block_post_norm"),
-        "post_norm",
-    ),
-    (
-        *pair("block_normed_residual"),
-        "normed_residual",
-    ),
-    (
-        *pair("block_no_residual"),
-        "no_residual",
-    ),
-    (
-        *pair("block_ff_no_norm"),
-        "ff_no_norm",
-    ),
-    (
-        *pair("block_gelu"),
-        "gelu",
-    ),
+    ("block_no_mask", "no_mask"),
+    ("block_strict", "strict"),
+    ("block_upper", "upper"),
+    ("block_post_norm", "post_norm"),
+    ("block_normed_residual", "normed_residual"),
+    ("block_no_residual", "no_residual"),
+    ("block_ff_no_norm", "ff_no_norm"),
+    ("block_gelu", "gelu"),
 ]
 
 
@@ -203,15 +179,15 @@ def check_gpt_block(cls, ctx: Context) -> None:
                 exp_out, exp_w = _block_model(P, x, H)
             out, w = _outputs(ctx, got, exp_out.to(dtype), exp_w.to(dtype), case)
             mistakes = [
-                Mistake(n, h, model=lambda mode=mode: _block_model(P, x, H, mode)[1])
-                for n, h, mode in BLOCK_MISTAKES
+                Mistake.of(i, model=lambda mode=mode: _block_model(P, x, H, mode)[1])
+                for i, mode in BLOCK_MISTAKES
             ]
             ctx.expect_close(
                 w, exp_w, what="the attention weights", case=case, mistakes=mistakes, **TOL[dtype]
             )
             mistakes = [
-                Mistake(n, h, model=lambda mode=mode: _block_model(P, x, H, mode)[0])
-                for n, h, mode in BLOCK_MISTAKES
+                Mistake.of(i, model=lambda mode=mode: _block_model(P, x, H, mode)[0])
+                for i, mode in BLOCK_MISTAKES
             ]
             ctx.expect_close(
                 out, exp_out, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
@@ -319,42 +295,15 @@ def _top_p(s: np.ndarray, top_p: float, mode: str) -> np.ndarray:
 
 
 SAMPLER_MISTAKES = [
-    (
-        *pair("sampler_p_exclusive"),
-        "p_exclusive",
-    ),
-    (
-        *pair("sampler_after_softmax"),
-        "after_softmax",
-    ),
-    (
-        *pair("sampler_times"),
-        "times",
-    ),
-    (
-        *pair("sampler_k_exact"),
-        "k_exact",
-    ),
-    (
-        *pair("sampler_k_exact_high"),
-        "k_exact_high",
-    ),
-    (
-        *pair("sampler_p_before_k"),
-        "p_before_k",
-    ),
-    (
-        *pair("sampler_p_sorted_ties"),
-        "p_sorted_ties",
-    ),
-    (
-        *pair("sampler_p_sorted_ties_high"),
-        "p_sorted_ties_high",
-    ),
-    (
-        *pair("sampler_p_le"),
-        "p_le",
-    ),
+    ("sampler_p_exclusive", "p_exclusive"),
+    ("sampler_after_softmax", "after_softmax"),
+    ("sampler_times", "times"),
+    ("sampler_k_exact", "k_exact"),
+    ("sampler_k_exact_high", "k_exact_high"),
+    ("sampler_p_before_k", "p_before_k"),
+    ("sampler_p_sorted_ties", "p_sorted_ties"),
+    ("sampler_p_sorted_ties_high", "p_sorted_ties_high"),
+    ("sampler_p_le", "p_le"),
 ]
 
 
@@ -490,13 +439,14 @@ def _compare_distribution(ctx, freq, expected, row, T, k, p, N, case) -> None:
     if _fits(freq, expected, N):
         return
     likely = hint = ""
-    for name, h, mode in SAMPLER_MISTAKES:
+    for mistake_id, mode in SAMPLER_MISTAKES:
         try:
             alt = next_token_distribution(row, T, k, p, mode)
         except Exception:
             continue
         if not np.allclose(alt, expected, atol=1e-3) and _fits(freq, alt, N):
-            likely, hint = name, h
+            likely = named(mistake_id)
+            hint = likely.hint
             break
     never = np.nonzero((expected == 0) & (freq > 0))[0]
     if len(never):
@@ -638,23 +588,11 @@ def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
 
 
 GQA_MISTAKES = [
-    (
-        *pair("gqa_repeat"),
-        "repeat",
-    ),
-    (
-        *pair("gqa_no_scale"),
-        "no_scale",
-    ),
-    (*pair("gqa_no_mask"), "no_mask"),
-    (
-        *pair("gqa_no_w_o"),
-        "no_w_o",
-    ),
-    (
-        *pair("gqa_uniform_masked"),
-        "uniform_masked",
-    ),
+    ("gqa_repeat", "repeat"),
+    ("gqa_no_scale", "no_scale"),
+    ("gqa_no_mask", "no_mask"),
+    ("gqa_no_w_o", "no_w_o"),
+    ("gqa_uniform_masked", "uniform_masked"),
 ]
 
 
@@ -729,14 +667,13 @@ def check_grouped_query_attention(cls, ctx: Context) -> None:
                 ("the output", out, exp_out, 0),
             ):
                 mistakes = [
-                    Mistake(
-                        n,
-                        h,
+                    Mistake.of(
+                        i,
                         model=lambda mode=mode, idx=idx: _gqa_model(
                             P, query, kv, kv, mask, H, G, mode
                         )[idx],
                     )
-                    for n, h, mode in GQA_MISTAKES
+                    for i, mode in GQA_MISTAKES
                 ]
                 ctx.expect_close(
                     value, expected, what=what, case=case, mistakes=mistakes, **TOL[dtype]
