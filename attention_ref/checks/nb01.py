@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,19 +11,23 @@ from .. import attention as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .toolkit import TOL, as_float64, earlier_position_changed, expect_masked_weights_zero
-
-BUILTIN_ATTENTION = [
-    (
-        torch.nn.functional.scaled_dot_product_attention,
-        "torch.nn.functional.scaled_dot_product_attention",
-    ),
-    (
-        torch.nn.functional.multi_head_attention_forward,
-        "torch.nn.functional.multi_head_attention_forward",
-    ),
-    (torch.nn.MultiheadAttention.forward, "torch.nn.MultiheadAttention"),
-]
+from .toolkit import (  # BUILTIN_ATTENTION, ADDITIVE_MASK, ...: their old home was here
+    ADDITIVE_MASK,  # noqa: F401
+    BUILTIN_ATTENTION,
+    TOL,
+    AttnCase,
+    additive_mask_mistake,  # noqa: F401
+    additive_softmax,  # noqa: F401
+    as_float64,
+    attention_mistakes,
+    causal_mask,
+    earlier_position_changed,
+    expect_masked_weights_zero,
+    inverted_mask_mistake,
+    normal,
+    padding_mask,
+    random_mask,
+)
 
 
 def _forbidden_attention():
@@ -122,129 +124,46 @@ def check_softmax_np(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- sdpa
-@dataclass
-class AttnCase:
-    label: str
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    mask: np.ndarray | None = None
-
-
-def attention_cases(ctx: Context, dtype=np.float64) -> list[AttnCase]:
-    """Shapes and edge cases shared by sdpa_np and sdpa (and later attention exercises)."""
+def attention_cases(ctx: Context) -> list[AttnCase]:
+    """The cases of sdpa_np and sdpa: the shapes and edge cases of COURSE_DESIGN §5."""
     rng = ctx.rng(2)
-
-    def r(*shape, scale=1.0):
-        return (scale * rng.normal(size=shape)).astype(dtype)
-
     # Every query of notebook 01 may attend to at least one key: what to do for a query
     # with none (zeros, not NaN) is notebook 02's exercise, masked_softmax.
-    sparse = rng.random((3, 5)) < 0.6
-    sparse[:, 0] = True
-    sparse[1, :] = False
+    sparse = random_mask(rng, (3, 5), 0.6, attend=0, fully_masked=((1,),))
     sparse[1, 3] = True  # query 1 may attend to key 3 only
-    pad = np.ones((2, 1, 5), dtype=bool)
-    pad[1, :, 3:] = False  # second sequence has 3 real keys
-    causal = np.tril(np.ones((4, 4), dtype=bool))
     cases = [
-        AttnCase("one query and one key", r(1, 4), r(1, 4), r(1, 3)),
-        AttnCase("n_q=3 != n_k=5, d_k=4 != d_v=6", r(3, 4), r(5, 4), r(5, 6)),
-        AttnCase("a batch of 2, d_k=8, d_v=4", r(2, 3, 8), r(2, 5, 8), r(2, 5, 4)),
-        AttnCase("two batch dims (2, 2)", r(2, 2, 3, 8), r(2, 2, 4, 8), r(2, 2, 4, 5)),
-        AttnCase("a batch of one, d_k=16", r(1, 6, 16), r(1, 6, 16), r(1, 6, 16)),
-        AttnCase("a causal mask (4, 4)", r(4, 8), r(4, 8), r(4, 3), causal),
-        AttnCase(
+        ("one query and one key", (1, 4), (1, 4), (1, 3), None, 1.0),
+        ("n_q=3 != n_k=5, d_k=4 != d_v=6", (3, 4), (5, 4), (5, 6), None, 1.0),
+        ("a batch of 2, d_k=8, d_v=4", (2, 3, 8), (2, 5, 8), (2, 5, 4), None, 1.0),
+        ("two batch dims (2, 2)", (2, 2, 3, 8), (2, 2, 4, 8), (2, 2, 4, 5), None, 1.0),
+        ("a batch of one, d_k=16", (1, 6, 16), (1, 6, 16), (1, 6, 16), None, 1.0),
+        ("a causal mask (4, 4)", (4, 8), (4, 8), (4, 3), causal_mask(4), 1.0),
+        (
             "a padding mask (2, 1, 5) broadcast over queries",
-            r(2, 3, 4),
-            r(2, 5, 4),
-            r(2, 5, 3),
-            pad,
+            *((2, 3, 4), (2, 5, 4), (2, 5, 3), padding_mask([5, 3], 5), 1.0),
         ),
-        AttnCase(
+        (
             "a mask (3, 5) where query 1 may attend to one key only",
-            r(3, 4),
-            r(5, 4),
-            r(5, 2),
-            sparse,
+            *((3, 4), (5, 4), (5, 2), sparse, 1.0),
         ),
-        AttnCase(
-            "large logits (scores around 1000)", r(2, 64, scale=32.0), r(3, 64, scale=32.0), r(3, 4)
-        ),
+        ("large logits (scores around 1000)", (2, 64), (3, 64), (3, 4), None, 32.0),
     ]
+    drawn = [_draw(rng, *row) for row in cases]
     if ctx.thorough:
-        m = rng.random((2, 4, 6)) < 0.5
-        m[:, :, 2] = True
-        cases += [
-            AttnCase(
-                "a batch of 3, n_q=7, n_k=2, d_k=5, d_v=9", r(3, 7, 5), r(3, 2, 5), r(3, 2, 9)
-            ),
-            AttnCase("a random mask (2, 4, 6)", r(2, 4, 3), r(2, 6, 3), r(2, 6, 4), m),
-            AttnCase("one key only", r(2, 3, 4), r(2, 1, 4), r(2, 1, 6)),
+        m = random_mask(rng, (2, 4, 6), 0.5, attend=2)
+        cases = [
+            ("a batch of 3, n_q=7, n_k=2, d_k=5, d_v=9", (3, 7, 5), (3, 2, 5), (3, 2, 9), None),
+            ("a random mask (2, 4, 6)", (2, 4, 3), (2, 6, 3), (2, 6, 4), m),
+            ("one key only", (2, 3, 4), (2, 1, 4), (2, 1, 6), None),
         ]
-    return cases
+        drawn += [_draw(rng, *row) for row in cases]
+    return drawn
 
 
-def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
-    """The catalogued attention mistakes; ``which`` 0 = out, 1 = weights."""
-    q, k, v = (as_float64(a) for a in (c.q, c.k, c.v))
-    mask = c.mask
-    d_k, d_v, n_k = q.shape[-1], v.shape[-1], k.shape[-2]
-
-    def m(mistake_id, **kw):
-        return Mistake.of(mistake_id, model=lambda: M.attention(q, k, v, mask, **kw)[which])
-
-    out = [
-        m("scale_missing", scale=1.0),
-        m("scale_by_d_k", scale=float(d_k)),
-    ]
-    if d_v != d_k:
-        out.append(m("scale_by_d_v", scale=math.sqrt(d_v)))
-    if n_k != d_k:
-        out.append(m("scale_by_n_k", scale=math.sqrt(n_k)))
-    if q.shape[-2] > 1:
-        out.append(m("softmax_over_queries", axis=-2))
-    if mask is not None:
-        out += [
-            m("mask_inverted", mask_mode="inverted"),
-            m("mask_after_softmax_weights", mask_mode="after_softmax"),
-            m("mask_multiplied_weights", mask_mode="multiply"),
-            m("mask_ignored", mask_mode="ignored"),
-        ]
-        if (~mask).all(axis=-1).any():
-            out.append(m("fully_masked_row_uniform_fill", mask_mode="fill"))
-            out.append(additive_mask_mistake(q, k, v, mask, which))
-    return out
-
-
-ADDITIVE_MASK = named("additive_mask_full_row")
-
-
-def additive_softmax(s: np.ndarray, mask: np.ndarray, axis: int = -1) -> np.ndarray:
-    """The additive-mask softmax, softmax(s + (1 - mask) * -1e10), in float64: exact zeros
-    where a row has an allowed key, the unmasked softmax of a fully masked row."""
-    return M.softmax(s + np.where(mask, 0.0, -1e10), axis)
-
-
-def additive_mask_mistake(q, k, v, mask, which: int) -> Mistake:
-    def model():
-        w = additive_softmax(M.scores(q, k), mask)
-        return (w @ v, w)[which]
-
-    return Mistake(ADDITIVE_MASK, ADDITIVE_MASK.hint, model=model)
-
-
-def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:
-    """Recognise an inverted mask from where the weight went, whatever the fill value:
-    no weight on any allowed key, all of it on masked ones."""
-
-    def applies(got: np.ndarray, expected: np.ndarray) -> bool:
-        m = np.broadcast_to(mask, got.shape)
-        rows = (~m).any(axis=axis, keepdims=True) & m.any(axis=axis, keepdims=True)
-        rows = np.broadcast_to(rows, got.shape)
-        return bool(np.all(np.abs(got[rows & m]) < 1e-6) and np.any(got[rows & ~m] > 0))
-
-    return Mistake.of("mask_inverted", applies=applies)
+def _draw(rng, label, q_shape, k_shape, v_shape, mask, scale=1.0) -> AttnCase:
+    """q, k scaled by ``scale`` (large logits), v not."""
+    q, k = normal(rng, *q_shape, scale=scale), normal(rng, *k_shape, scale=scale)
+    return AttnCase(label, q, k, normal(rng, *v_shape), mask)
 
 
 def _to(x: np.ndarray | None, torch_dtype=None):

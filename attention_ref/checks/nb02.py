@@ -9,8 +9,13 @@ from .. import masking as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import ADDITIVE_MASK, additive_softmax, inverted_mask_mistake
-from .toolkit import TOL, expect_masked_weights_zero
+from .toolkit import (
+    ADDITIVE_MASK,
+    TOL,
+    additive_softmax,
+    expect_masked_weights_zero,
+    inverted_mask_mistake,
+)
 
 
 def _forbid(name):

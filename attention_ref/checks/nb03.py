@@ -29,15 +29,22 @@ from .. import self_attention as ref
 from . import _models as M
 from ._core import ERROR_PATTERNS, Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import BUILTIN_ATTENTION, AttnCase, attention_mistakes, inverted_mask_mistake
 from .toolkit import (
+    BUILTIN_ATTENTION,
     TOL,
+    AttnCase,
     as_float64,
+    attention_mistakes,
     build_module,
+    causal_mask,
     dtype_name,
     earlier_position_changed,
     expect_masked_weights_zero,
+    inverted_mask_mistake,
     load_linear_weights,
+    normal,
+    padding_mask,
+    random_mask,
 )
 
 # A learner's shape error on a line that multiplies by an nn.Linear's raw weight.
@@ -73,37 +80,34 @@ class SACase:
 
 
 def _cases(ctx: Context) -> list[SACase]:
+    """The shapes and edge cases of COURSE_DESIGN §5, as SelfAttention(d_in, d_k, d_v)
+    and x (..., T, d_in)."""
     rng = ctx.rng(31)
-
-    def r(*shape, scale=1.0):
-        return scale * rng.normal(size=shape)
-
-    causal = np.tril(np.ones((5, 5), dtype=bool))
-    pad = np.ones((2, 1, 5), dtype=bool)
-    pad[1, :, 3:] = False
-    dead = rng.random((4, 4)) < 0.6
-    dead[:, 0] = True
-    dead[2, :] = False
-    cases = [
-        SACase("one token, a batch of one", 4, 3, 2, r(1, 1, 4)),
-        SACase("a batch of 2, T=5, d_in=6, d_k=4, d_v=3", 6, 4, 3, r(2, 5, 6)),
-        SACase("no batch dimension: x (T=4, d_in=5)", 5, 3, 4, r(4, 5)),
-        SACase("two batch dims (2, 3), T=4", 6, 4, 5, r(2, 3, 4, 6)),
-        SACase("d_in = d_k = d_v = 8", 8, 8, 8, r(2, 4, 8)),
-        SACase("a causal mask (5, 5)", 6, 4, 3, r(2, 5, 6), causal),
-        SACase("a padding mask (2, 1, 5): sequence 1 has 3 real tokens", 4, 4, 6, r(2, 5, 4), pad),
-        SACase("a mask (4, 4) with a fully masked row (query 2)", 5, 3, 2, r(1, 4, 5), dead),
-        SACase("large inputs (scores in the hundreds)", 6, 4, 3, r(2, 5, 6, scale=5.0)),
+    dead = random_mask(rng, (4, 4), 0.6, attend=0, fully_masked=((2,),))
+    rows = [
+        ("one token, a batch of one", (4, 3, 2), (1, 1, 4), None, 1.0),
+        ("a batch of 2, T=5, d_in=6, d_k=4, d_v=3", (6, 4, 3), (2, 5, 6), None, 1.0),
+        ("no batch dimension: x (T=4, d_in=5)", (5, 3, 4), (4, 5), None, 1.0),
+        ("two batch dims (2, 3), T=4", (6, 4, 5), (2, 3, 4, 6), None, 1.0),
+        ("d_in = d_k = d_v = 8", (8, 8, 8), (2, 4, 8), None, 1.0),
+        ("a causal mask (5, 5)", (6, 4, 3), (2, 5, 6), causal_mask(5), 1.0),
+        (
+            "a padding mask (2, 1, 5): sequence 1 has 3 real tokens",
+            *((4, 4, 6), (2, 5, 4), padding_mask([5, 3], 5), 1.0),
+        ),
+        ("a mask (4, 4) with a fully masked row (query 2)", (5, 3, 2), (1, 4, 5), dead, 1.0),
+        ("large inputs (scores in the hundreds)", (6, 4, 3), (2, 5, 6), None, 5.0),
     ]
+    cases = [SACase(label, *dims, normal(rng, *x, scale=s), m) for label, dims, x, m, s in rows]
     if ctx.thorough:
-        m = rng.random((3, 7, 7)) < 0.5
-        m[:, :, 0] = True
-        cases += [
-            SACase("a batch of 3, T=7, d_in=16, d_k=8, d_v=12", 16, 8, 12, r(3, 7, 16)),
-            SACase("a random mask (3, 7, 7)", 5, 6, 4, r(3, 7, 5), m),
-            SACase("d_k = 1", 3, 1, 2, r(2, 6, 3)),
-            SACase("two tokens, d_in=2", 2, 3, 3, r(4, 2, 2)),
+        m = random_mask(rng, (3, 7, 7), 0.5, attend=0)
+        rows = [
+            ("a batch of 3, T=7, d_in=16, d_k=8, d_v=12", (16, 8, 12), (3, 7, 16), None),
+            ("a random mask (3, 7, 7)", (5, 6, 4), (3, 7, 5), m),
+            ("d_k = 1", (3, 1, 2), (2, 6, 3), None),
+            ("two tokens, d_in=2", (2, 3, 3), (4, 2, 2), None),
         ]
+        cases += [SACase(label, *dims, normal(rng, *x), m) for label, dims, x, m in rows]
     return cases
 
 

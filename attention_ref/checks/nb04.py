@@ -23,8 +23,8 @@ from .. import multihead as ref
 from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named, pair
-from .nb01 import BUILTIN_ATTENTION
 from .toolkit import (
+    BUILTIN_ATTENTION,
     TOL,
     as_float64,
     build_module,

@@ -27,8 +27,8 @@ from .. import multihead as ref_mha
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import BUILTIN_ATTENTION
 from .toolkit import (
+    BUILTIN_ATTENTION,
     LAYER_TOL,
     assign_tensor,
     build_module,

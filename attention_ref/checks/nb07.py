@@ -38,8 +38,8 @@ from .. import transformer as ref_tf
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .nb01 import BUILTIN_ATTENTION
 from .toolkit import (
+    BUILTIN_ATTENTION,
     MODEL_TOL,
     TOL,
     build_module,

@@ -28,8 +28,7 @@ from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named
-from .nb01 import BUILTIN_ATTENTION
-from .toolkit import TOL, build_module, dtype_name, earlier_position_changed
+from .toolkit import BUILTIN_ATTENTION, TOL, build_module, dtype_name, earlier_position_changed
 
 
 def random_state_dict(module: nn.Module, g: torch.Generator, scale: float = 0.4) -> dict:

@@ -12,6 +12,7 @@ reference's on the same weights.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,7 +21,8 @@ from torch.nn.modules.dropout import _DropoutNd
 from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 
-from ._core import Context
+from . import _models as M
+from ._core import Context, Mistake
 from .mistakes import Named, named
 
 
@@ -577,3 +579,96 @@ def rows_not_summing_to_one(allowed: np.ndarray | None = None):
         )
 
     return explain
+
+
+# ----------------------------------------------------------------------------- attention
+#: PyTorch's own attention, which no attention exercise may call in place of its code.
+BUILTIN_ATTENTION = [
+    (
+        torch.nn.functional.scaled_dot_product_attention,
+        "torch.nn.functional.scaled_dot_product_attention",
+    ),
+    (
+        torch.nn.functional.multi_head_attention_forward,
+        "torch.nn.functional.multi_head_attention_forward",
+    ),
+    (torch.nn.MultiheadAttention.forward, "torch.nn.MultiheadAttention"),
+]
+
+
+@dataclass
+class AttnCase:
+    """One case of an attention exercise: its label and float64 inputs ``q (..., n_q,
+    d_k)``, ``k (..., n_k, d_k)``, ``v (..., n_k, d_v)``, ``mask`` broadcastable to
+    ``(..., n_q, n_k)`` (True = may attend) or None."""
+
+    label: str
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    mask: np.ndarray | None = None
+
+
+def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
+    """The catalogued attention mistakes; ``which`` 0 = out, 1 = weights."""
+    q, k, v = (as_float64(a) for a in (c.q, c.k, c.v))
+    mask = c.mask
+    d_k, d_v, n_k = q.shape[-1], v.shape[-1], k.shape[-2]
+
+    def m(mistake_id, **kw):
+        return Mistake.of(mistake_id, model=lambda: M.attention(q, k, v, mask, **kw)[which])
+
+    out = [
+        m("scale_missing", scale=1.0),
+        m("scale_by_d_k", scale=float(d_k)),
+    ]
+    if d_v != d_k:
+        out.append(m("scale_by_d_v", scale=math.sqrt(d_v)))
+    if n_k != d_k:
+        out.append(m("scale_by_n_k", scale=math.sqrt(n_k)))
+    if q.shape[-2] > 1:
+        out.append(m("softmax_over_queries", axis=-2))
+    if mask is not None:
+        out += [
+            m("mask_inverted", mask_mode="inverted"),
+            m("mask_after_softmax_weights", mask_mode="after_softmax"),
+            m("mask_multiplied_weights", mask_mode="multiply"),
+            m("mask_ignored", mask_mode="ignored"),
+        ]
+        if (~mask).all(axis=-1).any():
+            out.append(m("fully_masked_row_uniform_fill", mask_mode="fill"))
+            out.append(additive_mask_mistake(q, k, v, mask, which))
+    return out
+
+
+ADDITIVE_MASK = named("additive_mask_full_row")
+
+
+def additive_softmax(s: np.ndarray, mask: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The additive-mask softmax, softmax(s + (1 - mask) * -1e10), in float64: exact zeros
+    where a row has an allowed key, the unmasked softmax of a fully masked row."""
+    return M.softmax(s + np.where(mask, 0.0, -1e10), axis)
+
+
+def additive_mask_mistake(q, k, v, mask, which: int) -> Mistake:
+    """The additive mask (:func:`additive_softmax`), which fails only on a fully masked row;
+    ``which`` 0 = out, 1 = weights."""
+
+    def model():
+        w = additive_softmax(M.scores(q, k), mask)
+        return (w @ v, w)[which]
+
+    return Mistake.of("additive_mask_full_row", model=model)
+
+
+def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:
+    """Recognise an inverted mask from where the weight went, whatever the fill value:
+    no weight on any allowed key, all of it on masked ones."""
+
+    def applies(got: np.ndarray, expected: np.ndarray) -> bool:
+        m = np.broadcast_to(mask, got.shape)
+        rows = (~m).any(axis=axis, keepdims=True) & m.any(axis=axis, keepdims=True)
+        rows = np.broadcast_to(rows, got.shape)
+        return bool(np.all(np.abs(got[rows & m]) < 1e-6) and np.any(got[rows & ~m] > 0))
+
+    return Mistake.of("mask_inverted", applies=applies)
