@@ -179,6 +179,16 @@ def _ff_mistakes(x64, P, prefix="") -> list[Mistake]:
     ]
 
 
+def _ff_shapes(D: int, Fd: int) -> dict[str, tuple[int, ...]]:
+    """The feed-forward network's parameters and their shapes."""
+    return {
+        "linear1.weight": (Fd, D),
+        "linear1.bias": (Fd,),
+        "linear2.weight": (D, Fd),
+        "linear2.bias": (D,),
+    }
+
+
 def _ff_forbidden():
     return [
         (ref.FeedForward.forward, "the reference attention_ref.FeedForward"),
@@ -230,15 +240,7 @@ def check_feed_forward(cls, ctx: Context) -> None:
             ("d_model=1, d_ff=3", (2, 2), 1, 3),
         ]
     for i, (label, lead, D, Fd) in enumerate(cases):
-        P = _random_values(
-            {
-                "linear1.weight": (Fd, D),
-                "linear1.bias": (Fd,),
-                "linear2.weight": (D, Fd),
-                "linear2.bias": (D,),
-            },
-            ctx.rng(600 + i),
-        )
+        P = _random_values(_ff_shapes(D, Fd), ctx.rng(600 + i))
         scale = 5.0 if label == "large inputs" else 1.0
         x64 = torch.from_numpy(scale * rng.normal(size=(*lead, D)))
         for dtype in (torch.float64, torch.float32):
@@ -275,15 +277,7 @@ def _check_ff_position_wise(cls, ctx: Context) -> None:
     """Each position on its own: the output for one token must not depend on the others."""
     rng = ctx.rng(62)
     D, Fd = 6, 12
-    P = _random_values(
-        {
-            "linear1.weight": (Fd, D),
-            "linear1.bias": (Fd,),
-            "linear2.weight": (D, Fd),
-            "linear2.bias": (D,),
-        },
-        ctx.rng(63),
-    )
+    P = _random_values(_ff_shapes(D, Fd), ctx.rng(63))
     x = torch.from_numpy(rng.normal(size=(2, 5, D)))
     case = f"FeedForward({D}, {Fd}), x {tuple(x.shape)} float64, then x with token 3 changed"
     mod = _ff_build(cls, ctx, D, Fd, None, P, torch.float64, case)
@@ -306,15 +300,7 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
     the 1/(1-p) scaling; deterministic and equal to the reference in eval mode."""
     rng = ctx.rng(64)
     D, Fd, p = 8, 6, 0.5  # d_ff <= d_model: the hidden activations can be solved for
-    P = _random_values(
-        {
-            "linear1.weight": (Fd, D),
-            "linear1.bias": (Fd,),
-            "linear2.weight": (D, Fd),
-            "linear2.bias": (D,),
-        },
-        ctx.rng(65),
-    )
+    P = _random_values(_ff_shapes(D, Fd), ctx.rng(65))
     x = torch.from_numpy(rng.normal(size=(4, 16, D)))
     case = f"FeedForward({D}, {Fd}, dropout={p}), x {tuple(x.shape)} float64"
     mod = _ff_build(cls, ctx, D, Fd, p, P, torch.float64, case)
@@ -380,22 +366,14 @@ SUBSTITUTED = "self_attn (reference MultiHeadAttention) and ff (reference FeedFo
 
 
 def _layer_shapes(D: int, Fd: int) -> dict[str, tuple[int, ...]]:
+    """The encoder layer's parameters and their shapes, in the reference's order."""
     shapes: dict[str, tuple[int, ...]] = {}
     for n in ("w_q", "w_k", "w_v", "w_o"):
         shapes[f"self_attn.{n}.weight"] = (D, D)
         shapes[f"self_attn.{n}.bias"] = (D,)
-    shapes.update(
-        {
-            "ff.linear1.weight": (Fd, D),
-            "ff.linear1.bias": (Fd,),
-            "ff.linear2.weight": (D, Fd),
-            "ff.linear2.bias": (D,),
-            "norm1.weight": (D,),
-            "norm1.bias": (D,),
-            "norm2.weight": (D,),
-            "norm2.bias": (D,),
-        }
-    )
+    shapes.update({f"ff.{name}": shape for name, shape in _ff_shapes(D, Fd).items()})
+    for n in ("norm1", "norm2"):
+        shapes.update({f"{n}.weight": (D,), f"{n}.bias": (D,)})
     return shapes
 
 
@@ -526,19 +504,13 @@ def _layer_cases(ctx: Context) -> list[LayerCase]:
         LayerCase("pre-norm, T=5, d_model=8, 2 heads", 8, 2, 16, True, r(2, 5, 8)),
         LayerCase(
             "post-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1",
-            8,
-            2,
-            12,
-            False,
+            *(8, 2, 12, False),
             r(3, 6, 8),
             pad,
         ),
         LayerCase(
             "pre-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1",
-            8,
-            4,
-            12,
-            True,
+            *(8, 4, 12, True),
             r(3, 6, 8),
             pad,
         ),
