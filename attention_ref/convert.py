@@ -336,6 +336,38 @@ def tiny_hf_model(kind: str, seed: int = 0, vocab_size: int = 97, max_len: int =
     return model.eval()
 
 
+# ----------------------------------------------------------------------------- the hub
+def hub_reachable(host: str = "huggingface.co", timeout: float = 2.0) -> bool:
+    """Whether a real checkpoint could be downloaded now: False at once when
+    ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` is set or nbgrader is autograding, else
+    whether a TCP connection to ``host:443`` opens within ``timeout`` seconds (name lookup
+    included: the attempt runs in a thread that is given up after ``timeout``)."""
+    import os
+    import socket
+    import threading
+
+    from .training import under_autograde
+
+    if under_autograde() or any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes")
+        for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    ):
+        return False
+    result: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return bool(result and result[0])
+
+
 # ----------------------------------------------------------------------------- checking
 def max_logit_difference(ours: nn.Module, theirs: nn.Module, ids: torch.Tensor,
                          attention_mask: torch.Tensor | None = None) -> float:  # fmt: skip
@@ -361,5 +393,6 @@ __all__ = [
     "float64_internals",
     "max_logit_difference",
     "tiny_hf_model",
+    "hub_reachable",
     "TINY_KINDS",
 ]

@@ -117,7 +117,8 @@ class RotaryAttention(nn.Module):
     splitting heads, the queries and keys of each head are rotated by their positions
     (:func:`~attention_ref.positional.rope`, adjacent pairs, frequencies over ``d_head``);
     the values are not. Query head ``h`` uses key/value head ``h // (n_heads // n_kv_heads)``
-    (``repeat_interleave``).
+    (``repeat_interleave``). With ``rotary=False`` nothing is rotated (for a model with
+    learned positions added to its input, as in notebook 11).
 
     forward(x ``(B, T, d_model)``, mask optional bool broadcastable to ``(B, 1, T, T)``
     (True = may attend; combined with the causal mask, e.g. a padding mask ``(B, 1, 1, T)``),
@@ -135,6 +136,7 @@ class RotaryAttention(nn.Module):
         d_head: int | None = None,
         bias: bool = False,
         out_bias: bool = False,
+        rotary: bool = True,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -152,6 +154,7 @@ class RotaryAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.d_head = d_head
         self.base = float(base)
+        self.rotary = rotary  # False: no rotation (positions come from elsewhere)
         self.w_q = nn.Linear(d_model, n_heads * d_head, bias=bias)
         self.w_k = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
         self.w_v = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
@@ -166,8 +169,9 @@ class RotaryAttention(nn.Module):
         q = self._heads(self.w_q(x), self.n_heads)  # (B, H, T, d_head)
         k = self._heads(self.w_k(x), self.n_kv_heads)  # (B, G, T, d_head)
         v = self._heads(self.w_v(x), self.n_kv_heads)  # (B, G, T, d_head)
-        q = rope(q, positions, self.base)  # each head's adjacent pairs rotated
-        k = rope(k, positions, self.base)  # the values are not rotated
+        if self.rotary:
+            q = rope(q, positions, self.base)  # each head's adjacent pairs rotated
+            k = rope(k, positions, self.base)  # the values are not rotated
         return q, k, v
 
     def attend(self, q, k, v, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,13 +244,21 @@ class ModernBlock(nn.Module):
         d_head: int | None = None,
         bias: bool = False,
         out_bias: bool = False,
+        rotary: bool = True,
         norm: Callable[..., nn.Module] = RMSNorm,
         ff: Callable[..., nn.Module] = SwiGLU,
     ) -> None:
         super().__init__()
         self.norm1 = norm(d_model, eps=eps)
         self.attn = RotaryAttention(
-            d_model, n_heads, n_kv_heads, base, d_head=d_head, bias=bias, out_bias=out_bias
+            d_model,
+            n_heads,
+            n_kv_heads,
+            base,
+            d_head=d_head,
+            bias=bias,
+            out_bias=out_bias,
+            rotary=rotary,
         )
         self.norm2 = norm(d_model, eps=eps)
         self.ff = ff(d_model, d_ff)
@@ -267,7 +279,8 @@ class ModernGPT(nn.Module):
     """A decoder-only model of the Llama family.
 
     ``logits = lm_head(norm_f(blocks(tok(ids) * embed_scale)))``, no position embedding
-    (the attention rotates queries and keys), no biases by default. With ``tie=True`` the
+    (the attention rotates queries and keys; ``learned_positions=True`` adds notebook 11's
+    instead), no biases by default. With ``tie=True`` the
     output layer is the token embedding, initialised ``N(0, d_model**-0.5)`` and the input
     scaled by ``embed_scale = sqrt(d_model)``: the course's scheme (notebook 11; Gemma does
     the same). Llama and Qwen scale by 1 and the converter sets ``embed_scale=1.0``.
@@ -295,6 +308,7 @@ class ModernGPT(nn.Module):
         out_bias: bool = False,
         tie: bool = True,
         embed_scale: float | None = None,
+        learned_positions: bool = False,
         norm: Callable[..., nn.Module] = RMSNorm,
         ff: Callable[..., nn.Module] = SwiGLU,
     ) -> None:
@@ -303,6 +317,8 @@ class ModernGPT(nn.Module):
         self.embed_scale = math.sqrt(d_model) if embed_scale is None else float(embed_scale)
         self.tok = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.tok.weight, std=d_model**-0.5)
+        # Notebook 11's learned positions, added to the input, instead of rotary ones.
+        self.pos = nn.Embedding(max_len, d_model) if learned_positions else None
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             ModernBlock(
@@ -316,6 +332,7 @@ class ModernGPT(nn.Module):
                 d_head=d_head,
                 bias=bias,
                 out_bias=out_bias,
+                rotary=not learned_positions,
                 norm=norm,
                 ff=ff,
             )
@@ -330,6 +347,14 @@ class ModernGPT(nn.Module):
             return x @ self.tok.weight.T  # tied output layer: (B, T, vocab)
         return self.lm_head(x)
 
+    def embed(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Token embeddings ``(B, T, D)``, scaled, plus learned positions ``start ..`` when
+        the model has them."""
+        x = self.tok(ids) * self.embed_scale
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(start, start + ids.shape[1], device=ids.device))
+        return self.drop(x)
+
     @staticmethod
     def key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
         """``(B, T)`` padding mask -> bool ``(B, 1, 1, T)`` over the keys (None stays None)."""
@@ -343,7 +368,7 @@ class ModernGPT(nn.Module):
             raise ValueError(f"ids must be (batch, seq); got shape {tuple(ids.shape)}")
         if ids.shape[1] > self.max_len:
             raise ValueError(f"{ids.shape[1]} positions exceed the model's max_len={self.max_len}")
-        x = self.drop(self.tok(ids) * self.embed_scale)  # (B, T, D)
+        x = self.embed(ids)  # (B, T, D)
         mask = self.key_mask(attention_mask)
         weights = []
         for block in self.blocks:
@@ -358,7 +383,7 @@ class ModernGPT(nn.Module):
         so far, the new ones included)."""
         if len(caches[0]) + ids_new.shape[1] > self.max_len:
             raise ValueError(f"more than max_len={self.max_len} positions")
-        x = self.drop(self.tok(ids_new) * self.embed_scale)
+        x = self.embed(ids_new, len(caches[0]))  # (B, t, D)
         mask = self.key_mask(attention_mask)
         for block, cache in zip(self.blocks, caches, strict=True):
             x = block.step(x, cache, mask)

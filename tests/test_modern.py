@@ -165,3 +165,38 @@ def test_bad_sizes_are_value_errors(bad):
         RMSNorm(bad)
     with pytest.raises(ValueError):
         RotaryAttention(16, 4, bad)
+
+
+def test_every_step_of_the_ladder_has_notebook_11s_parameter_count():
+    from attention_ref.apps.modern_lm import LADDER, gpt_parameters, make_modern, make_step
+
+    V = 309  # the grammar's vocabulary
+    target = gpt_parameters(V)
+    for name, options in LADDER:
+        n = count_parameters(make_step(V, options, match=target))
+        assert abs(n - target) / target < 0.005, name
+    modern = make_modern(V)
+    assert modern.blocks[0].attn.n_kv_heads == 2 and modern.pos is None
+    assert all(p.dim() > 1 for n, p in modern.named_parameters() if "norm" not in n)  # no biases
+
+
+def test_fit_for_stops_near_its_time_and_the_model_learns():
+    import time
+
+    from attention_ref.apps.modern_lm import NOTEBOOK_TRAIN, fit_for, make_modern
+    from attention_ref.data.grammar import make_grammar_data
+
+    data = make_grammar_data(300, n_valid=10, n_test=10, seed=0)
+    model = make_modern(len(data.vocab))
+    t0 = time.perf_counter()
+    history = fit_for(model, data, 0.5, **NOTEBOOK_TRAIN)
+    assert time.perf_counter() - t0 < 5.0
+    assert history.steps >= 3
+    assert history.losses[-1] < history.losses[0]
+
+
+def test_the_hub_is_not_tried_offline(monkeypatch):
+    from attention_ref.convert import hub_reachable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_reachable() is False
