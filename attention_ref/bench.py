@@ -5,11 +5,15 @@
   ``scaled_dot_product_attention``, for several sequence lengths, with the ratios to
   PyTorch; then the speed-up of key-value-cached decoding over recomputation. It prints
   whether the course's targets are met.
-- ``apps`` (notebooks 08-11): trains each application model as its notebook does and prints
-  one line per application, e.g. ``app=translation metric=exact_match value=0.995
+- ``apps`` (notebooks 08-11 and 13): trains each application model as its notebook does and
+  prints one line per application, e.g. ``app=translation metric=exact_match value=0.995
   train_seconds=48.1``; the GPT of notebook 11 adds its agreement, grammatical and novel
   samples, bigram baseline and training speed (``app=gpt metric=cross_entropy_over_floor
-  value=1.003 train_seconds=48.3 agreement=1.000 grammatical=0.985 ...``).
+  value=1.003 train_seconds=48.3 agreement=1.000 grammatical=0.985 ...``). Notebook 13 adds
+  two lines: ``app=modern``, its modern model against notebook 11's GPT at equal parameter
+  count, 60 s of training each on two seeds (cross-entropy over the floor and grammatical
+  samples per seed), and ``app=convert``, the Hugging Face models converted (the max
+  |logit difference| per architecture and dtype, and whether 32 greedy tokens are equal).
 - ``grading`` (``make grade``): what one submission of notebook 01 that loops forever in
   ``sdpa`` costs (its grading time minus a solution's); then, in the same run, the grading
   of issue 13 (one worker, every model trained in full: ``ATTENTION_REF_GRADING_STEPS=all``)
@@ -264,10 +268,12 @@ APPS = (
     ("qa", "attention_ref.apps.qa", "train_qa"),
     ("summarization", "attention_ref.apps.summarization", "train_summarization"),
     ("gpt", "attention_ref.apps.language_model", "train_gpt"),
+    ("modern", "attention_ref.apps.modern_lm", "train_modern"),
+    ("convert", "attention_ref.convert", "bench_convert"),
 )
 
 
-@benchmark("apps", "train the application models of notebooks 08-11")
+@benchmark("apps", "train the application models of notebooks 08-11 and 13")
 def bench_apps(opts: argparse.Namespace) -> bool:
     ok = True
     for app, module_name, fn_name in APPS:

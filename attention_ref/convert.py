@@ -28,6 +28,7 @@ Two things differ in how the weights are stored:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -368,6 +369,69 @@ def hub_reachable(host: str = "huggingface.co", timeout: float = 2.0) -> bool:
     return bool(result and result[0])
 
 
+# ----------------------------------------------------------------------------- benchmark
+@dataclass
+class ConversionResult:
+    """What :func:`bench_convert` measured, for ``python -m attention_ref.bench apps``."""
+
+    metric: str
+    value: float
+    train_seconds: float
+    diffs: dict[str, float]
+    greedy_equal: dict[str, bool]
+
+    def extras(self) -> str:
+        parts = [f"{k}={v:.1e}" for k, v in self.diffs.items()]
+        same = sum(self.greedy_equal.values())
+        parts.append(f"greedy32_equal={same}/{len(self.greedy_equal)}")
+        ok = self.value <= 1e-5 and all(
+            v <= 1e-10 for k, v in self.diffs.items() if k.endswith("_f64")
+        )
+        parts.append(f"targets_met={ok and same == len(self.greedy_equal)}")
+        return " ".join(parts)
+
+
+def bench_convert(seed: int = 1) -> ConversionResult:
+    """Every architecture of :data:`TINY_KINDS`, converted: the worst max |logit
+    difference| over batches of 1, 7 and 33 tokens and a batch padded on the right and on the
+    left, in float32 and (transformers' float32 internals made float64) in float64; and
+    whether 32 greedy tokens with the course's KV cache equal ``generate(do_sample=False)``.
+    ``value``: the worst float32 difference."""
+    import time
+
+    from .sampling import generate
+
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(seed)
+    batches = [(torch.randint(0, 97, (3, T), generator=g), None) for T in (1, 7, 33)]
+    ids = torch.randint(0, 97, (3, 12), generator=g)
+    right = torch.ones(3, 12, dtype=torch.long)
+    right[0, 8:] = 0
+    right[2, 3:] = 0
+    batches += [(ids, right), (ids, right.flip(1))]
+    prompt = torch.randint(0, 97, (2, 5), generator=g)
+    diffs, greedy = {}, {}
+    for kind in TINY_KINDS:
+        for dtype, tag in ((torch.float32, "f32"), (torch.float64, "f64")):
+            hf = tiny_hf_model(kind, seed=seed).to(dtype)
+            if dtype == torch.float64 and kind != "gpt2":
+                float64_internals(hf)
+            ours = from_hf(hf)
+            diffs[f"{kind}_{tag}"] = max(max_logit_difference(ours, hf, i, m) for i, m in batches)
+            if dtype == torch.float32:
+                mask = torch.ones_like(prompt)
+                with torch.no_grad():
+                    theirs = hf.generate(
+                        prompt, attention_mask=mask, max_new_tokens=32, do_sample=False,
+                        pad_token_id=0,
+                    )  # fmt: skip
+                    greedy[kind] = torch.equal(generate(ours, prompt, 32, temperature=0), theirs)
+    worst = max(v for k, v in diffs.items() if k.endswith("_f32"))
+    return ConversionResult(
+        "max_logit_diff_float32", worst, time.perf_counter() - t0, diffs, greedy
+    )
+
+
 # ----------------------------------------------------------------------------- checking
 def max_logit_difference(ours: nn.Module, theirs: nn.Module, ids: torch.Tensor,
                          attention_mask: torch.Tensor | None = None) -> float:  # fmt: skip
@@ -394,5 +458,6 @@ __all__ = [
     "max_logit_difference",
     "tiny_hf_model",
     "hub_reachable",
+    "bench_convert",
     "TINY_KINDS",
 ]

@@ -111,6 +111,12 @@ def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
         "attention_ref.apps.language_model": types.SimpleNamespace(
             train_gpt=_fake_app("cross_entropy_over_floor", 1.0081, 49.04)
         ),
+        "attention_ref.apps.modern_lm": types.SimpleNamespace(
+            train_modern=_fake_app("modern_cross_entropy_over_floor", 1.0142, 64.2)
+        ),
+        "attention_ref.convert": types.SimpleNamespace(
+            bench_convert=_fake_app("max_logit_diff_float32", 3.6e-6, 6.6)
+        ),
     }
     monkeypatch.setattr(bench.importlib, "import_module", modules.__getitem__)
     assert bench.main(["apps"]) == 0
@@ -120,6 +126,8 @@ def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
         "app=qa metric=exact_match value=0.900 train_seconds=5.0",
         "app=summarization metric=sentence_f1 value=0.875 train_seconds=12.0",
         "app=gpt metric=cross_entropy_over_floor value=1.008 train_seconds=49.0",
+        "app=modern metric=modern_cross_entropy_over_floor value=1.014 train_seconds=64.2",
+        "app=convert metric=max_logit_diff_float32 value=0.000 train_seconds=6.6",
     ]
 
 
@@ -181,7 +189,7 @@ def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch,
     assert "target sandbox<=1.10x_unsandboxed: met (1.087x)" in out
     assert "grading loop notebook=01_dot_product_attention exercise=sdpa" in out
     assert "after_s=42.0" in out
-    assert "grading baseline students=2 assignments=12 jobs=1 training=full seconds=300.0" in out
+    assert "grading baseline students=2 assignments=13 jobs=1 training=full seconds=300.0" in out
     # best 250 s against 150 s x 4 students = 600 s
     assert "old_sequential_s=600 (measured in this run: 150.0 s per student x 4) ratio=0.42" in out
     assert "target class<=1/3_old_sequential: MISSED (0.42x)" in out
