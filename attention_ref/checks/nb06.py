@@ -114,13 +114,6 @@ def _rounded(values: dict[str, torch.Tensor], dtype) -> dict[str, torch.Tensor]:
     return {k: v.to(dtype).double() for k, v in values.items()}
 
 
-def _not_implemented(ctx: Context) -> None:
-    ctx.fail(
-        "not implemented yet: the class still raises NotImplementedError.",
-        hint="replace `raise NotImplementedError()` with your code.",
-    )
-
-
 # ----------------------------------------------------------------------------- feed_forward
 FF_SPECS = {
     "linear1": "nn.Linear(d_model, d_ff)",
@@ -426,46 +419,42 @@ def layer_model(
     return x, weights[0]
 
 
+#: The encoder layer's mistake models: (id, the model's options, the layers it shows on:
+#: "pre"-norm or "post"-norm ones, "masked" (a mask is given), "any"), tried in this order.
+LAYER_MISTAKES = [
+    ("encoder_layer_mask_ignored", dict(use_mask=False), "masked"),
+    ("residual_missing_attention", dict(res_attn=False), "any"),
+    ("residual_missing_ff", dict(res_ff=False), "any"),
+    ("residual_missing", dict(res_attn=False, res_ff=False), "any"),
+    ("norms_swapped", dict(swap_norms=True), "any"),
+    ("norms_never_applied", dict(order="no_norm"), "any"),
+    ("ff_given_layer_input", dict(ff_input="layer_input"), "any"),
+    ("norm_first_ignored", dict(order="post"), "pre"),
+    ("pre_norm_on_sublayer_output", dict(order="sublayer_norm"), "pre"),
+    ("pre_norm_residual_normalised", dict(order="residual_normed"), "pre"),
+    ("pre_norm_although_post", dict(order="pre"), "post"),
+    ("post_norm_before_residual", dict(order="sublayer_norm"), "post"),
+]
+#: The norm a post-norm sublayer applies after its residual, which a hint names.
+NORM_AFTER = {"residual_missing_attention": 1, "residual_missing_ff": 2}
+
+
 def _layer_mistakes(r, x64, mask, which: int) -> list[Mistake]:
-    nf = r.norm_first
+    """The mistake models that apply to this layer and mask; ``which`` 0 = out, 1 = weights."""
+    shows_on = {"any", "pre" if r.norm_first else "post"} | (
+        {"masked"} if mask is not None else set()
+    )
 
-    def m(mistake_id, params=None, **kw):
-        return Mistake.of(
-            mistake_id, model=lambda: layer_model(r, x64, mask, **kw)[which], **(params or {})
-        )
+    def then(mistake_id: str) -> dict:
+        if mistake_id not in NORM_AFTER:
+            return {}
+        return {"then": "." if r.norm_first else f" (then norm{NORM_AFTER[mistake_id]})."}
 
-    def then(i):
-        return {"then": f" (then norm{i})." if not nf else "."}
-
-    out = [
-        m("residual_missing_attention", then(1), res_attn=False),
-        m("residual_missing_ff", then(2), res_ff=False),
-        m(
-            "residual_missing",
-            res_attn=False,
-            res_ff=False,
-        ),
-        m("norms_swapped", swap_norms=True),
-        m("norms_never_applied", order="no_norm"),
-        m("ff_given_layer_input", ff_input="layer_input"),
+    return [
+        Mistake.of(i, model=lambda kw=kw: layer_model(r, x64, mask, **kw)[which], **then(i))
+        for i, kw, shows in LAYER_MISTAKES
+        if shows in shows_on
     ]
-    if nf:
-        out += [
-            m("norm_first_ignored", order="post"),
-            m("pre_norm_on_sublayer_output", order="sublayer_norm"),
-            m("pre_norm_residual_normalised", order="residual_normed"),
-        ]
-    else:
-        out += [
-            m("pre_norm_although_post", order="pre"),
-            m("post_norm_before_residual", order="sublayer_norm"),
-        ]
-    if mask is not None:
-        out.insert(
-            0,
-            m("encoder_layer_mask_ignored", use_mask=False),
-        )
-    return out
 
 
 def _layer_forbidden():

@@ -51,14 +51,6 @@ from .toolkit import (
     substitute,
 )
 
-
-def _not_implemented(ctx: Context) -> None:
-    ctx.fail(
-        "not implemented yet: the class still raises NotImplementedError.",
-        hint="replace `raise NotImplementedError()` with your code.",
-    )
-
-
 # ----------------------------------------------------------------------------- decoder_layer
 DEC_SPECS = {
     "self_attn": "MultiHeadAttention(d_model, n_heads, dropout=dropout) (from attention_ref)",
