@@ -14,6 +14,7 @@ from .attention import sdpa, sdpa_np, softmax_np
 from .decoder import Decoder, DecoderLayer
 from .efficient import naive_attention, online_softmax, online_softmax_attention
 from .encoder import Encoder, EncoderLayer, FeedForward
+from .flash import FlashAttention, flash_attention
 from .gpt import GPT, GPTBlock, GroupedQueryAttention
 from .kv_cache import KVCache, cached_self_attention
 from .masking import causal_mask, masked_softmax, padding_mask
@@ -51,6 +52,8 @@ __all__ = [
     "naive_attention",
     "online_softmax",
     "online_softmax_attention",
+    "FlashAttention",
+    "flash_attention",
     "KVCache",
     "cached_self_attention",
     "GPT",

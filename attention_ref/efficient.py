@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ._validate import check_qkv, describe, require_tensor
 
@@ -148,6 +147,22 @@ def online_softmax_attention(
     """
     _require_qkv(q, k, v)
     block_size = _require_block("block_size", block_size)
+    return _online_attention(q, k, v, block_size, causal, q_block_size)[0]
+
+
+def _online_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_size: int,
+    causal: bool,
+    q_block_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loop of :func:`online_softmax_attention` on validated inputs: ``(out, lse)``,
+    where ``lse (..., n_q, 1)`` is each query's log-sum-exp of its (scaled, masked) scores,
+    ``m + log(l)``, and ``+inf`` for a query that sees no key (so that ``exp(s - lse)`` gives
+    it zero weights). FlashAttention's backward pass (:mod:`attention_ref.flash`) recomputes
+    the weights of each tile from it."""
     n_q, n_k, d_k, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     if q_block_size is None:
         q_block_size = block_size if causal else min(DEFAULT_Q_BLOCK_SIZE, max(n_q, 1))
@@ -157,6 +172,7 @@ def online_softmax_attention(
     q = q * (1.0 / math.sqrt(d_k))  # scale once, not every tile
     k_t = k.transpose(-2, -1)  # (..., d_k, n_k), a view
     out = q.new_empty(*batch, n_q, d_v)
+    lse = q.new_empty(*batch, n_q, 1)
     for i0 in range(0, n_q, q_block_size):
         i1 = min(i0 + q_block_size, n_q)
         q_blk = q[..., i0:i1, :]  # (..., bq, d_k)
@@ -180,11 +196,32 @@ def online_softmax_attention(
             acc.mul_(alpha).add_(p @ v[..., j0:j1, :])  # (..., bq, d_v)
             m = m_new
         # A query that saw no key (causal with n_q > n_k) has l = 0 and acc = 0: output 0.
-        out[..., i0:i1, :] = acc / torch.where(l > 0, l, torch.ones_like(l))
-    return out
+        seen = l > 0
+        out[..., i0:i1, :] = acc / torch.where(seen, l, torch.ones_like(l))
+        lse[..., i0:i1, :] = torch.where(seen, m + torch.log(l), float("inf"))
+    return out, lse
 
 
 # ----------------------------------------------------------------------------- watching ops
+def _tensors(obj) -> list[torch.Tensor]:
+    """The tensors in an operation's arguments or results (a tensor, or tensors nested in
+    tuples, lists and dicts). A few Python calls per operation: the checks run these modes
+    under a profiler hook that costs time per Python call."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, tuple | list):
+        found = []
+        for item in obj:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            elif isinstance(item, tuple | list | dict):
+                found.extend(_tensors(item))
+        return found
+    if isinstance(obj, dict):
+        return _tensors(list(obj.values()))
+    return []
+
+
 def _flops(func, args) -> int:
     """Multiply-adds x 2 of a matrix product (0 for any other operation)."""
     name = func.overloadpacket.__name__
@@ -228,7 +265,7 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        shapes = tuple(tuple(t.shape) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        shapes = tuple(tuple(t.shape) for t in _tensors(out))
         kept = tuple(args) if self.keep_args else ()
         self.ops.append(OpRecord(str(func), shapes, _flops(func, args), kept))
         return out
@@ -265,6 +302,13 @@ class PeakMemory(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         self._live: dict[int, list[int]] = {}  # storage address -> [bytes, live tensors]
+        # One weak reference per counted tensor, until it dies (keyed by id: comparing two
+        # weak references compares their tensors).
+        self._refs: dict[int, weakref.ref] = {}
+
+    def _dead(self, ref: weakref.ref, ptr: int) -> None:
+        self._refs.pop(id(ref), None)
+        self._release(ptr)
 
     def _release(self, ptr: int) -> None:
         entry = self._live.get(ptr)
@@ -277,14 +321,8 @@ class PeakMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {
-            a.untyped_storage().data_ptr()
-            for a in tree_flatten((args, kwargs))[0]
-            if isinstance(a, torch.Tensor)
-        }
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor):
-                continue
+        inputs = {a.untyped_storage().data_ptr() for a in _tensors((args, kwargs or {}))}
+        for t in _tensors(out):
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
             if ptr == 0:
@@ -297,5 +335,6 @@ class PeakMemory(TorchDispatchMode):
                 self.current += entry[0]
                 self.peak = max(self.peak, self.current)
             entry[1] += 1
-            weakref.finalize(t, self._release, ptr)
+            ref = weakref.ref(t, lambda dead, ptr=ptr: self._dead(dead, ptr))
+            self._refs[id(ref)] = ref
         return out

@@ -858,6 +858,55 @@ _TABLE = """
     step would not see these tokens).
   hint: k_all, v_all = cache.append(k, v) with k, v of shape (B, H, t, d_head), then attend to
     k_all, v_all.
+[not_an_autograd_function] the candidate is not a torch.autograd.Function class: the exercise
+    asks for a class with static forward(ctx, ...) and backward(ctx, grad_out) methods.
+  hint: write class FlashAttention(torch.autograd.Function) and pass the class itself:
+    check("flash_attention", FlashAttention).
+[flash_bwd_gradient_count] backward returns the wrong number of values: it must return one per
+    input of forward (q, k, v, block_size, causal), None for block_size and causal.
+  hint: end backward with return dq, dk, dv, None, None.
+[flash_bwd_no_gradient] backward returns None in place of a gradient of q, k or v.
+  hint: return dq, dk and dv, each of its input's shape, then None, None.
+[flash_bwd_no_delta] D is missing: dS = P * dP leaves out the term the softmax's normalisation
+    contributes, dS = P * (dP - D) with D = rowsum(dO * O).
+  hint: before the loop, D = (grad_out * out).sum(-1, keepdim=True) (one number per query); in
+    each tile, ds = p * (dp - D[..., i0:i1, :]).
+[flash_bwd_delta_per_tile] D is summed over one tile of keys only (rowsum(P * dP) of the tile),
+    not over all of a query's keys: D = rowsum(dO * O) needs the whole row, which O already
+    holds.
+  hint: compute D = (grad_out * out).sum(-1, keepdim=True) once, from the saved output, not
+    from each tile's P and dP.
+[flash_bwd_unnormalised_weights] the recomputed weights are not normalised: P must be exp(S -
+    L) with the log-sum-exp L = m + log(l) of the whole row; exp(S - m), exp(S) or exp(S -
+    log l) are P times a per-query factor.
+  hint: in the forward pass save L = m + torch.log(l) after the last key block; in the backward
+    pass p = torch.exp(s - L[..., i0:i1, :]).
+[flash_bwd_scale] dQ or dK has the wrong scale: S = Q K^T / sqrt(d_k), so dQ = dS K / sqrt(d_k)
+    and dK = dS^T Q / sqrt(d_k), each scaled exactly once.
+  hint: if you use the scaled queries q * scale in dK = dS^T q, do not scale dK again; dQ = dS K
+    always needs the factor scale = 1 / math.sqrt(d_k).
+[flash_bwd_transposes] a transpose is missing or misplaced: dV = P^T dO, dQ = dS K and dK = dS^T
+    Q (with square tiles the wrong products still have the right shapes).
+  hint: the gradient of a key (or value) sums over the queries: transpose the tile, p.mT @ do
+    and ds.mT @ q; the gradient of a query sums over the keys: ds @ k.
+[flash_bwd_causal_mask] the backward pass does not apply the causal mask: the tiles on the
+    diagonal (or the future tiles) give weight to keys after the query.
+  hint: recompute each tile exactly as the forward pass does: mask the scores of a tile that
+    crosses the diagonal with key j <= query i before p = exp(s - L), and skip the future
+    tiles.
+[flash_bwd_future_tiles] the backward pass computes the key tiles entirely in the future of a
+    causal query block (masked to zero, but computed): they contribute nothing.
+  hint: in the backward pass loop over the same tiles as the forward pass: for the query block
+    [i0, i1), key blocks j0 in range(0, i1, block_size).
+[flash_bwd_saves_weights] the forward pass keeps n_q x n_k numbers for the backward pass (the
+    weights or scores of every tile, or autograd's graph through the tiles): FlashAttention
+    saves only the output and one log-sum-exp per query.
+  hint: ctx.save_for_backward(q, k, v, out, L) with L of shape (..., n_q, 1); recompute each
+    tile's weights in backward as exp(s - L).
+[flash_bwd_full_matrix] a tensor of n_q x n_k elements is built (the scores or the weights of
+    all keys at once, or a full mask), in the forward or the backward pass.
+  hint: in both passes work on one tile at a time: s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT
+    and its causal mask from the tile's positions.
 
 # --- 13 the modern decoder
 [rms_eps_outside_root] epsilon is added outside the square root: x / (sqrt(mean(x^2)) + eps).

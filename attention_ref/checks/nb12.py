@@ -1,5 +1,6 @@
-"""Checks for notebook 12: ``online_softmax``, ``online_softmax_attention`` and the cached
-attention step ``cached_self_attention``.
+"""Checks for notebook 12: ``online_softmax``, ``online_softmax_attention``, the cached
+attention step ``cached_self_attention`` and ``flash_attention`` (FlashAttention's forward
+and backward passes as a ``torch.autograd.Function``).
 
 Besides comparing values with a float64 reference, the checks watch the learner's code run
 (:class:`~attention_ref.efficient.OpRecorder`, a ``TorchDispatchMode``) to verify what the
@@ -21,12 +22,13 @@ import numpy as np
 import torch
 
 from .. import efficient as ref
+from .. import flash as flash_ref
 from .. import kv_cache as kv_ref
 from ..attention import sdpa, sdpa_np
-from ..efficient import OpRecorder
+from ..efficient import OpRecorder, PeakMemory
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
-from ._core import Context, Mistake, exercise
-from .mistakes import pair
+from ._core import CheckFailure, Context, Mistake, exercise, naming
+from .mistakes import named, pair
 from .nb01 import BUILTIN_ATTENTION
 from .toolkit import TOL, dtype_name, expect_tensor
 
@@ -539,3 +541,323 @@ def check_cached_self_attention(candidate, ctx: Context) -> None:
                 got, expected, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
             )
             s = e
+
+
+# ----------------------------------------------------------------------------- FlashAttention
+def _flash_grads_model(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    bs: int,
+    causal: bool,
+    *,
+    delta: str = "out",
+    weights: str = "lse",
+    dq_scale: float = 1.0,
+    dk_scale: float = 1.0,
+    transposes: bool = True,
+    mask: bool = True,
+    skip: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of a (possibly buggy) tiled FlashAttention backward pass in float64,
+    queries and keys in blocks of ``bs`` (``n_q == n_k`` when causal).
+
+    ``delta``: "out" (D = rowsum(dO * O)), "none" (no D) or "tile" (rowsum(P * dP) of each
+    tile); ``weights``: P = exp(S - x) with x = "lse" (right), "max", "raw" (x = 0) or
+    "log_l"; ``dq_scale``/``dk_scale`` multiply the gradients; ``transposes=False`` writes
+    P dO, dS^T K and dS Q (raises unless the tiles are square); ``mask``/``skip``: the
+    causal mask and the skipping of future tiles in the backward pass."""
+    q, k, v, do = (t.detach().double() for t in (q, k, v, do))
+    n_q, n_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d_k)
+    s_all = q @ k.transpose(-2, -1) * scale  # (..., n_q, n_k): the checker may hold it
+    if causal:
+        allowed_all = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+        s_all = s_all.masked_fill(~allowed_all, -math.inf)
+    m_all = s_all.amax(-1, keepdim=True)  # (..., n_q, 1)
+    l_all = torch.exp(s_all - m_all).sum(-1, keepdim=True)
+    out = torch.softmax(s_all, -1) @ v  # (..., n_q, d_v)
+    row = {
+        "lse": m_all + torch.log(l_all),
+        "max": m_all,
+        "raw": torch.zeros_like(m_all),
+        "log_l": torch.log(l_all),
+    }[weights]
+    d_all = (do * out).sum(-1, keepdim=True)  # (..., n_q, 1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i0 in range(0, n_q, bs):
+        i1 = min(i0 + bs, n_q)
+        q_i, do_i = q[..., i0:i1, :], do[..., i0:i1, :]
+        j_end = min(n_k, i1) if causal and skip else n_k
+        for j0 in range(0, j_end, bs):
+            j1 = min(j0 + bs, n_k)
+            k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]
+            s = q_i @ k_j.transpose(-2, -1) * scale  # (..., bq, bk)
+            if causal and mask:
+                allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                s = s.masked_fill(~allowed, -math.inf)
+            p = torch.exp(s - row[..., i0:i1, :])
+            dp = do_i @ v_j.transpose(-2, -1)
+            d_i = {
+                "out": d_all[..., i0:i1, :],
+                "none": torch.zeros_like(d_all[..., i0:i1, :]),
+                "tile": (p * dp).sum(-1, keepdim=True),
+            }[delta]
+            ds = p * (dp - d_i)
+            if transposes:
+                dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_i
+                dq[..., i0:i1, :] += ds @ k_j * scale
+                dk[..., j0:j1, :] += ds.transpose(-2, -1) @ q_i * scale
+            else:
+                dv[..., j0:j1, :] += p @ do_i
+                dq[..., i0:i1, :] += ds.transpose(-2, -1) @ k_j * scale
+                dk[..., j0:j1, :] += ds @ q_i * scale
+    return dq * dq_scale, dk * dk_scale, dv
+
+
+def _flash_mistakes(d_k: int) -> list[tuple[str, dict]]:
+    """``(mistake id, model options)`` of the backward pass's modelled mistakes."""
+    root = math.sqrt(d_k)
+    return [
+        ("flash_bwd_no_delta", dict(delta="none")),
+        ("flash_bwd_delta_per_tile", dict(delta="tile")),
+        ("flash_bwd_unnormalised_weights", dict(weights="max")),
+        ("flash_bwd_unnormalised_weights", dict(weights="raw")),
+        ("flash_bwd_unnormalised_weights", dict(weights="log_l")),
+        ("flash_bwd_scale", dict(dq_scale=root, dk_scale=root)),  # no scale
+        ("flash_bwd_scale", dict(dq_scale=1 / root, dk_scale=1 / root)),  # scaled twice
+        ("flash_bwd_transposes", dict(transposes=False)),
+        ("flash_bwd_causal_mask", dict(mask=False)),
+        ("flash_bwd_causal_mask", dict(mask=False, skip=False)),
+    ]
+
+
+def _function_class(ctx: Context, candidate) -> type:
+    """The learner's ``torch.autograd.Function`` subclass (given itself or its ``apply``)."""
+    owner = getattr(candidate, "__self__", None)
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+        return owner  # FlashAttention.apply was passed: the class is meant
+    if not (isinstance(candidate, type) and issubclass(candidate, torch.autograd.Function)):
+        got = candidate.__name__ if isinstance(candidate, type) else type(candidate).__name__
+        ctx.fail(
+            f"pass your class itself, a subclass of torch.autograd.Function; got {got}.",
+            mistake="not_an_autograd_function",
+        )
+    return candidate
+
+
+def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+def _flash_forward(ctx: Context, cls: type, leaves, bs: int, causal: bool, case: str):
+    """The learner's forward pass on ``leaves`` (q, k, v requiring gradients); its output,
+    checked to be one tensor that autograd can differentiate."""
+    q, k, v = leaves
+    before = [t.detach().clone() for t in leaves]
+    out = ctx.call(
+        lambda: cls.apply(q, k, v, bs, causal), case=case, call_name=f"{cls.__name__}.forward"
+    )
+    for name, t, b in zip("qkv", leaves, before, strict=True):
+        if not torch.equal(t.detach(), b):
+            ctx.fail(
+                f"your forward modified its input {name} in place.",
+                case=case,
+                mistake="input_modified",
+                hint="use out-of-place operations (q = q * scale, not q *= scale): the "
+                "caller's tensors, and the ones saved for backward, must stay unchanged.",
+            )
+    if isinstance(out, tuple | list):
+        ctx.fail(
+            f"{cls.__name__}.apply returned a {type(out).__name__} of {len(out)}; forward must "
+            "return only the output (save the log-sum-exp with ctx.save_for_backward).",
+            case=case,
+            mistake="wrong_type",
+        )
+    return out
+
+
+def _flash_backward(ctx: Context, cls: type, out, leaves, do, case: str):
+    """The learner's backward pass: ``(dq, dk, dv)`` for the gradient ``do`` of ``out``."""
+    if out.grad_fn is None:
+        ctx.fail(
+            "the output of your forward is not connected to q, k and v for autograd (it has "
+            "no grad_fn): was it detached, or computed outside forward?",
+            case=case,
+            mistake="wrong_values",
+        )
+    try:
+        grads = ctx.call(
+            lambda: torch.autograd.grad(out, leaves, do, allow_unused=True),
+            case=case,
+            call_name=f"{cls.__name__}.backward",
+        )
+    except CheckFailure as err:
+        if "incorrect number of gradients" in str(err):
+            raise naming(err, named("flash_bwd_gradient_count")) from None
+        raise
+    for name, grad in zip("qkv", grads, strict=True):
+        if grad is None:
+            ctx.fail(f"no gradient reached {name}.", case=case, mistake="flash_bwd_no_gradient")
+    return grads
+
+
+def _flash_case(ctx: Context, cls: type, q, k, v, bs: int, causal: bool, label: str, tol) -> None:
+    case = (
+        f"{label}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+        f"{dtype_name(q.dtype)}, block_size={bs}, causal={causal}"
+    )
+    leaves = _leaves(q, k, v)
+    out = _flash_forward(ctx, cls, leaves, bs, causal, case)
+    # The right answer: autograd through the whole softmax, in float64.
+    ref_leaves = _leaves(q.double(), k.double(), v.double())
+    expected = _expected_attention(*ref_leaves, causal)
+    like = expected.detach().to(q.dtype)
+    expect_tensor(ctx, out, "the output", case, like=like)
+    forward_mistakes = [
+        Mistake(name, hint, model=lambda kw=kw: _attn_model(q, k, v, bs, causal, **kw))
+        for name, hint, kw in ATTN_MISTAKES
+    ]
+    if causal:
+        forward_mistakes.append(Mistake(*NO_CAUSAL, model=lambda: _attn_model(q, k, v, bs, False)))
+    ctx.expect_array(out, like, what="the output", case=case)
+    ctx.expect_close(out, expected, what="the output", case=case, mistakes=forward_mistakes, **tol)
+    g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel())
+    do64 = torch.randn(like.shape, generator=g, dtype=torch.float64)
+    do = do64.to(q.dtype)
+    grads = _flash_backward(ctx, cls, out, leaves, do, case)
+    want = torch.autograd.grad(expected, ref_leaves, do64)
+    models: dict[int, tuple] = {}
+
+    def model(i: int, index: int):
+        if i not in models:
+            _, options = _flash_mistakes(q.shape[-1])[i]
+            models[i] = _flash_grads_model(q, k, v, do64, bs, causal, **options)
+        return models[i][index]
+
+    # dv first (it needs neither D nor the scale), then dq and dk.
+    for index, name in ((2, "v"), (0, "q"), (1, "k")):
+        got, exp = grads[index], want[index]
+        what = f"the gradient of {name} (d{name})"
+        ctx.expect_array(got, exp.to(q.dtype), what=what, case=case)
+        mistakes = [
+            Mistake.of(mid, model=lambda i=i, index=index: model(i, index))
+            for i, (mid, _) in enumerate(_flash_mistakes(q.shape[-1]))
+        ]
+        ctx.expect_close(got, exp, what=what, case=case, mistakes=mistakes, **tol)
+
+
+#: Tolerances of the gradients: float32 sums many products per gradient.
+_GRAD_TOL = {torch.float64: TOL[torch.float64], torch.float32: dict(rtol=1e-3, atol=1e-4)}
+
+
+@exercise(
+    "flash_attention",
+    forbidden=lambda: [
+        (flash_ref.FlashAttention.forward, "the reference attention_ref.FlashAttention"),
+        (flash_ref.FlashAttention.backward, "the reference attention_ref.FlashAttention"),
+        (flash_ref.flash_attention, "the reference attention_ref.flash_attention"),
+        (ref.online_softmax_attention, "the reference attention_ref.online_softmax_attention"),
+        (ref.naive_attention, "attention_ref.naive_attention (the full score matrix)"),
+        (sdpa, "attention_ref.sdpa (the full score matrix)"),
+        (sdpa_np, "attention_ref.sdpa_np"),
+        *BUILTIN_ATTENTION,
+        *[(fn, name) for fn, name in _SOFTMAXES if fn is not torch.logsumexp],
+    ],
+    summary="FlashAttention as a torch.autograd.Function: tiled forward, recomputing backward",
+)
+def check_flash_attention(candidate, ctx: Context) -> None:
+    cls = _function_class(ctx, candidate)
+    g = ctx.torch_gen(114)
+    f32, f64 = torch.float32, torch.float64
+    cases = [
+        # label, q shape, k shape, d_v, block_size, causal, dtype
+        ("batch (2, 3), n=48, block_size=16", (2, 3, 48, 8), (2, 3, 48, 8), 8, 16, False, f64),
+        ("the same, causal", (2, 3, 48, 8), (2, 3, 48, 8), 8, 16, True, f64),
+        ("n_q=5, n_k=23, d_k=8, d_v=6, block_size=8", (1, 5, 8), (1, 23, 8), 6, 8, False, f64),
+        ("n_q=21, n_k=6, block_size=4", (2, 21, 4), (2, 6, 4), 5, 4, False, f64),
+        ("no batch dimension, n=30, block_size=7, causal", (30, 4), (30, 4), 4, 7, True, f64),
+        ("block_size=64 > n=10", (2, 10, 4), (2, 10, 4), 4, 64, False, f64),
+        ("block_size=1, n=9, causal", (1, 9, 4), (1, 9, 4), 3, 1, True, f64),
+        ("one token", (1, 1, 1, 4), (1, 1, 1, 4), 4, 4, False, f64),
+        ("one token, causal", (1, 1, 4), (1, 1, 4), 2, 4, True, f64),
+        ("float32, n=50, block_size=12, causal", (2, 50, 16), (2, 50, 16), 16, 12, True, f32),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("n=100, block_size=32, causal", (2, 100, 8), (2, 100, 8), 8, 32, True, f64),
+            ("n_q=70, n_k=45, block_size=16", (3, 70, 8), (3, 45, 8), 5, 16, False, f64),
+            ("block_size=3, n=11, d_v=7, causal", (1, 2, 11, 4), (1, 2, 11, 4), 7, 3, True, f64),
+            ("float32, n=40, block_size=8", (4, 40, 8), (4, 40, 8), 8, 8, False, f32),
+        ]
+    for label, sq, sk, d_v, bs, causal, dtype in cases:
+        q, k, v = _attn_inputs(g, sq, sk, d_v, dtype)
+        _flash_case(ctx, cls, q, k, v, bs, causal, label, _GRAD_TOL[dtype])
+    for causal in (False, True):
+        q, k, v = _attn_inputs(g, (2, 24, 8), (2, 24, 8), 8, f32, scale=5.0)
+        label = "large scores (up to about 150), float32" + (", causal" if causal else "")
+        _flash_case(ctx, cls, q, k, v, 8, causal, label, dict(rtol=1e-3, atol=1e-4))
+    _check_flash_memory_and_skipping(ctx, cls, g)
+
+
+def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
+    """Nothing of n_q x n_k kept by the forward pass for the backward pass, no such tensor
+    in either pass, and future tiles skipped by the backward pass as by the forward."""
+    n, bs, batch, d = 256, 64, 2, 8
+    full = batch * n * n * 4  # bytes of the float32 score matrices of the batch
+    q, k, v = _attn_inputs(g, (batch, n, d), (batch, n, d), d, torch.float32)
+    work = {}
+    for causal in (False, True):
+        case = (
+            f"q, k, v ({batch}, {n}, {d}) float32, block_size={bs}, causal={causal} (watching "
+            "every tensor your code creates)"
+        )
+        leaves = _leaves(q, k, v)
+        with OpRecorder() as rec_f, PeakMemory() as mem:
+            out = _flash_forward(ctx, cls, leaves, bs, causal, case)
+            expect_tensor(ctx, out, "the output", case, like=q)
+            kept = mem.current - out.untyped_storage().nbytes()
+        do = torch.randn(out.shape, generator=g, dtype=torch.float32)
+        with OpRecorder() as rec_b:
+            grads = _flash_backward(ctx, cls, out, leaves, do, case)
+        ref_leaves = _leaves(q.double(), k.double(), v.double())
+        expected = _expected_attention(*ref_leaves, causal)
+        want = torch.autograd.grad(expected, ref_leaves, do.double())
+        loose = dict(rtol=1e-3, atol=1e-4)
+        ctx.expect_close(out, expected, what="the output", case=case, **loose)
+        for name, got, exp in zip("qkv", grads, want, strict=True):
+            ctx.expect_array(got, exp.float(), what=f"the gradient of {name}", case=case)
+            ctx.expect_close(got, exp, what=f"the gradient of {name}", case=case, **loose)
+        if kept >= full / 2:
+            ctx.fail(
+                f"after your forward pass returned, {kept / 2**20:.1f} MiB created by it are "
+                f"still held for the backward pass besides the output; the {batch} score "
+                f"matrices of {n} x {n} floats take {full / 2**20:.1f} MiB. Keep only what is "
+                "linear in n.",
+                case=case,
+                mistake="flash_bwd_saves_weights",
+            )
+        for rec, which in ((rec_f, "forward"), (rec_b, "backward")):
+            numel, shape, op = rec.largest()
+            if numel >= n * n:
+                ctx.fail(
+                    f"your {which} pass builds a tensor of shape {shape} ({numel} elements, "
+                    f"made by {op}); one sequence's score matrix has n_q * n_k = {n * n}.",
+                    case=case,
+                    mistake="flash_bwd_full_matrix",
+                )
+        work[causal] = (rec_f.work(), rec_b.work())
+    for index, which, mistake in (
+        (0, "forward", "flash_future_blocks_not_skipped"),
+        (1, "backward", "flash_bwd_future_tiles"),
+    ):
+        ratio = work[True][index] / max(work[False][index], 1)
+        if ratio > 0.72:
+            ctx.fail(
+                f"with causal=True your {which} pass does {ratio:.0%} of the work it does with "
+                f"causal=False; skipping the key blocks entirely in the future should bring it "
+                f"to about 60% here (n={n}, block_size={bs}: 10 of 16 tiles).",
+                case=f"q, k, v ({batch}, {n}, {d}) float32, block_size={bs}",
+                mistake=mistake,
+            )

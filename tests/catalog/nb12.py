@@ -375,3 +375,439 @@ def kv_one_position_at_a_time(mha, x_new, cache):
         out, _ = sdpa(q, k_all, v_all)
         outs.append(merge_heads(out))
     return mha.w_o(torch.cat(outs, dim=1))
+
+
+# ----------------------------------------------------------------------------- flash_attention
+
+
+def _tiled_forward(q, k, v, block_size, causal, *, rescale_acc=True, keep_tiles=False):
+    """The notebook's tiled forward pass (queries and keys in blocks of block_size):
+    ``(out, L, m, l, tiles)`` with ``L = m + log(l)``, the running maximum ``m`` and sum
+    ``l`` at the end (each ``(..., n_q, 1)``) and, if asked, every tile's weights."""
+    n_q, n_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    qs = q / math.sqrt(q.shape[-1])
+    out = q.new_empty(*q.shape[:-1], d_v)
+    ms, ls, tiles = [], [], []
+    for i0 in range(0, n_q, block_size):
+        i1 = min(i0 + block_size, n_q)
+        m = q.new_full((*q.shape[:-2], i1 - i0, 1), -math.inf)
+        l = q.new_zeros((*q.shape[:-2], i1 - i0, 1))  # noqa: E741
+        acc = q.new_zeros((*q.shape[:-2], i1 - i0, d_v))
+        for j0 in range(0, min(n_k, i1) if causal else n_k, block_size):
+            j1 = min(j0 + block_size, n_k)
+            s = qs[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
+            if causal and j1 - 1 > i0:
+                allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                s = s.masked_fill(~allowed, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new)
+            l = alpha * l + p.sum(-1, keepdim=True)  # noqa: E741
+            acc = (alpha * acc if rescale_acc else acc) + p @ v[..., j0:j1, :]
+            m = m_new
+            if keep_tiles:
+                tiles.append((i0, j0, p, m_new))
+        out[..., i0:i1, :] = acc / l
+        ms.append(m)
+        ls.append(l)
+    m, l = torch.cat(ms, dim=-2), torch.cat(ls, dim=-2)  # noqa: E741
+    lse = m + torch.log(l)
+    # every tile's weights, normalised once the row's sum is known
+    tiles = [
+        (i0, j0, p * torch.exp(m_t - lse[..., i0 : i0 + p.shape[-2], :]))
+        for i0, j0, p, m_t in tiles
+    ]
+    return out, lse, m, l, tiles
+
+
+def _flash_forward(ctx, q, k, v, block_size=64, causal=False, *, save="lse", rescale_acc=True):
+    """The tiled forward pass, saving what the backward pass needs: the log-sum-exp L (or,
+    buggy, the running maximum m, or every tile's weights)."""
+    out, lse, m, l, tiles = _tiled_forward(  # noqa: E741
+        q, k, v, block_size, causal, rescale_acc=rescale_acc, keep_tiles=save == "tiles"
+    )
+    if save == "m_l":  # the maximum and the sum, two numbers per query: also right
+        ctx.save_for_backward(q, k, v, out, m, l)
+    else:
+        ctx.save_for_backward(q, k, v, out, m if save == "max" else lse)
+    ctx.tiles = tiles
+    ctx.block_size, ctx.causal = block_size, causal
+    return out
+
+
+def _flash_backward(
+    ctx,
+    do,
+    *,
+    delta="out",
+    scale_dq=True,
+    dk_scaled_twice=False,
+    transposes=True,
+    mask=True,
+    skip=True,
+    n_grads=5,
+    full=False,
+):
+    """The notebook's backward pass: P = exp(S - L) per tile, D = rowsum(dO * O),
+    dS = P (dP - D), with switchable bugs."""
+    q, k, v, out, lse = ctx.saved_tensors
+    bs, causal = ctx.block_size, ctx.causal
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    scale = 1 / math.sqrt(q.shape[-1])
+    qs = q * scale
+    D = (do * out).sum(-1, keepdim=True)  # noqa: N806 - the paper's name
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    saved = {(i0, j0): p for i0, j0, p in getattr(ctx, "tiles", [])}
+    if full:  # the weights of all keys at once
+        s_all = qs @ k.transpose(-2, -1)
+        if causal:
+            s_all = s_all.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool).tril(), -math.inf)
+        p_all = torch.exp(s_all - lse)
+    for i0 in range(0, n_q, bs):
+        i1 = min(i0 + bs, n_q)
+        for j0 in range(0, min(n_k, i1) if causal and skip else n_k, bs):
+            j1 = min(j0 + bs, n_k)
+            if full:
+                p = p_all[..., i0:i1, j0:j1]
+            elif saved:
+                p = saved[(i0, j0)]
+            else:
+                s = qs[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
+                if causal and mask:
+                    allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                    s = s.masked_fill(~allowed, -math.inf)
+                p = torch.exp(s - lse[..., i0:i1, :])
+            dp = do[..., i0:i1, :] @ v[..., j0:j1, :].transpose(-2, -1)
+            if delta == "out":
+                ds = p * (dp - D[..., i0:i1, :])
+            elif delta == "tile":
+                ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+            else:
+                ds = p * dp
+            if transposes:
+                dv[..., j0:j1, :] += p.transpose(-2, -1) @ do[..., i0:i1, :]
+                dk[..., j0:j1, :] += ds.transpose(-2, -1) @ qs[..., i0:i1, :]
+            else:
+                dv[..., j0:j1, :] += p @ do[..., i0:i1, :]
+                dk[..., j0:j1, :] += ds @ qs[..., i0:i1, :]
+            dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]
+    if scale_dq:
+        dq = dq * scale
+    if dk_scaled_twice:
+        dk = dk * scale
+    return (dq, dk, dv, None, None)[:n_grads]
+
+
+class FlashNoDelta(torch.autograd.Function):
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, delta="none")
+
+
+class FlashDeltaPerTile(torch.autograd.Function):
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, delta="tile")
+
+
+class FlashSavesTheMaximum(torch.autograd.Function):
+    """Saves the running maximum m where L = m + log(l) belongs: P = exp(S - m)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size=64, causal=False):
+        return _flash_forward(ctx, q, k, v, block_size, causal, save="max")
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do)
+
+
+class FlashRawExp(torch.autograd.Function):
+    """Recomputes the weights as exp(S), ignoring the saved L."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, _ = ctx.saved_tensors
+        return _raw_exp_backward(q, k, v, out, do, ctx.block_size, ctx.causal)
+
+
+def _raw_exp_backward(q, k, v, out, do, bs, causal):
+    scale = 1 / math.sqrt(q.shape[-1])
+    D = (do * out).sum(-1, keepdim=True)  # noqa: N806
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i0 in range(0, q.shape[-2], bs):
+        i1 = min(i0 + bs, q.shape[-2])
+        for j0 in range(0, min(k.shape[-2], i1) if causal else k.shape[-2], bs):
+            j1 = min(j0 + bs, k.shape[-2])
+            s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT * scale
+            if causal:
+                allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                s = s.masked_fill(~allowed, -math.inf)
+            p = torch.exp(s)  # forgot "- L"
+            dv[..., j0:j1, :] += p.mT @ do[..., i0:i1, :]
+            ds = p * (do[..., i0:i1, :] @ v[..., j0:j1, :].mT - D[..., i0:i1, :])
+            dq[..., i0:i1, :] += ds @ k[..., j0:j1, :] * scale
+            dk[..., j0:j1, :] += ds.mT @ q[..., i0:i1, :] * scale
+    return dq, dk, dv, None, None
+
+
+class FlashDqUnscaled(torch.autograd.Function):
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, scale_dq=False)
+
+
+class FlashDkScaledTwice(torch.autograd.Function):
+    """dK = dS^T (q * scale) is already scaled; scaling it again is off by 1/sqrt(d_k)."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, dk_scaled_twice=True)
+
+
+class FlashNoTransposes(torch.autograd.Function):
+    """dV = P dO and dK = dS Q: the transposes forgotten (square tiles hide the shapes)."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, transposes=False)
+
+
+class FlashBackwardUnmasked(torch.autograd.Function):
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, mask=False)
+
+
+class FlashBackwardNoSkip(torch.autograd.Function):
+    """Masks the future tiles in backward instead of skipping them: right, but twice the work."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, skip=False)
+
+
+class FlashSavesTheWeights(torch.autograd.Function):
+    """Keeps every tile's weights from the forward pass instead of recomputing them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size=64, causal=False):
+        return _flash_forward(ctx, q, k, v, block_size, causal, save="tiles")
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do)
+
+
+class FlashAutogradThroughTiles(torch.autograd.Function):
+    """Runs the tiled forward pass under autograd and differentiates it in backward: the
+    graph keeps every tile."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size=64, causal=False):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with torch.enable_grad():
+            out = _online_attention(*leaves, block_size, causal)
+        ctx.graph = (out, leaves)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, do):
+        out, leaves = ctx.graph
+        return (*torch.autograd.grad(out, leaves, do), None, None)
+
+
+class FlashBackwardAllKeysAtOnce(torch.autograd.Function):
+    """Recomputes the weights of all keys at once in backward: an n_q x n_k tensor."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, full=True)
+
+
+class FlashThreeGradients(torch.autograd.Function):
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do, n_grads=3)
+
+
+class FlashForwardAccNotRescaled(torch.autograd.Function):
+    """The forward pass of exercise 2 with its accumulator not rescaled."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size=64, causal=False):
+        return _flash_forward(ctx, q, k, v, block_size, causal, rescale_acc=False)
+
+    @staticmethod
+    def backward(ctx, do):
+        return _flash_backward(ctx, do)
+
+
+for _cls, _id in [
+    (FlashNoDelta, "flash_bwd_no_delta"),
+    (FlashDeltaPerTile, "flash_bwd_delta_per_tile"),
+    (FlashSavesTheMaximum, "flash_bwd_unnormalised_weights"),
+    (FlashRawExp, "flash_bwd_unnormalised_weights"),
+    (FlashDqUnscaled, "flash_bwd_scale"),
+    (FlashDkScaledTwice, "flash_bwd_scale"),
+    (FlashNoTransposes, "flash_bwd_transposes"),
+    (FlashBackwardUnmasked, "flash_bwd_causal_mask"),
+    (FlashBackwardNoSkip, "flash_bwd_future_tiles"),
+    (FlashSavesTheWeights, "flash_bwd_saves_weights"),
+    (FlashAutogradThroughTiles, "flash_bwd_saves_weights"),
+    (FlashBackwardAllKeysAtOnce, "flash_bwd_full_matrix"),
+    (FlashThreeGradients, "flash_bwd_gradient_count"),
+    (FlashForwardAccNotRescaled, "flash_accumulator_rescaled_when"),
+]:
+    mistake("flash_attention", id=_id)(_cls)
+
+
+@mistake("flash_attention", id="not_an_autograd_function")
+def flash_as_a_plain_function(q, k, v, block_size=64, causal=False):
+    """The forward pass as a function: autograd would differentiate every tile."""
+    return _online_attention(q, k, v, block_size, causal)
+
+
+@alternative("flash_attention")
+class FlashKeyBlocksOuter(torch.autograd.Function):
+    """FlashAttention-2's loop order in backward: key blocks outer (dK, dV of one block
+    accumulated locally), query blocks inner; einsum; D per query tile."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        bs, causal = ctx.block_size, ctx.causal
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        scale = q.shape[-1] ** -0.5
+        dq = torch.zeros_like(q)
+        dks, dvs = [], []
+        for j0 in range(0, n_k, bs):
+            j1 = min(j0 + bs, n_k)
+            kb, vb = k[..., j0:j1, :], v[..., j0:j1, :]
+            dk_b, dv_b = torch.zeros_like(kb), torch.zeros_like(vb)
+            first = (j0 // bs) * bs if causal else 0  # query blocks ending after j0
+            for i0 in range(first, n_q, bs):
+                i1 = min(i0 + bs, n_q)
+                qb, dob = q[..., i0:i1, :] * scale, do[..., i0:i1, :]
+                s = torch.einsum("...qd,...kd->...qk", qb, kb)
+                if causal:
+                    cols = torch.arange(j0, j1)[None, :]
+                    s = torch.where(cols <= torch.arange(i0, i1)[:, None], s, -math.inf)
+                p = torch.exp(s - lse[..., i0:i1, :])
+                d = torch.einsum("...qd,...qd->...q", dob, out[..., i0:i1, :])[..., None]
+                dp = torch.einsum("...qd,...kd->...qk", dob, vb)
+                ds = p * (dp - d)
+                dv_b += torch.einsum("...qk,...qd->...kd", p, dob)
+                dk_b += torch.einsum("...qk,...qd->...kd", ds, qb)
+                dq[..., i0:i1, :] += torch.einsum("...qk,...kd->...qd", ds, kb) * scale
+            dks.append(dk_b)
+            dvs.append(dv_b)
+        return dq, torch.cat(dks, dim=-2), torch.cat(dvs, dim=-2), None, None
+
+
+@alternative("flash_attention")
+class FlashFloat64AllQueries(torch.autograd.Function):
+    """float64 inside, cast back; all queries at once when not causal; L saved as
+    (..., n_q) without the trailing 1."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size=64, causal=False):
+        dtype = q.dtype
+        q64, k64, v64 = q.double(), k.double(), v.double()
+        if causal:
+            out, lse, *_ = _tiled_forward(q64, k64, v64, block_size, True)
+            lse = lse[..., 0]
+        else:
+            qs = q64 / math.sqrt(q.shape[-1])
+            m = torch.full((*q.shape[:-1], 1), -math.inf, dtype=torch.float64)
+            l = torch.zeros_like(m)  # noqa: E741
+            acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+            for kb, vb in zip(k64.split(block_size, -2), v64.split(block_size, -2), strict=True):
+                s = qs @ kb.mT
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                p = torch.exp(s - m_new)
+                l = l * torch.exp(m - m_new) + p.sum(-1, keepdim=True)  # noqa: E741
+                acc = acc * torch.exp(m - m_new) + p @ vb
+                m = m_new
+            out, lse = acc / l, (m + torch.log(l))[..., 0]
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.block_size, ctx.causal, ctx.dtype = block_size, causal, dtype
+        return out.to(dtype)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        bs, causal, dtype = ctx.block_size, ctx.causal, ctx.dtype
+        q, k, v, do = q.double(), k.double(), v.double(), do.double()
+        scale = 1 / math.sqrt(q.shape[-1])
+        D = (do * out).sum(-1)  # noqa: N806
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        q_block = bs if causal else q.shape[-2]
+        for i0 in range(0, q.shape[-2], q_block):
+            i1 = min(i0 + q_block, q.shape[-2])
+            for j0 in range(0, min(k.shape[-2], i1) if causal else k.shape[-2], bs):
+                j1 = min(j0 + bs, k.shape[-2])
+                s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT * scale
+                if causal:
+                    allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                    s = s.masked_fill(~allowed, -math.inf)
+                p = torch.exp(s - lse[..., i0:i1, None])
+                dv[..., j0:j1, :] += p.mT @ do[..., i0:i1, :]
+                ds = p * (do[..., i0:i1, :] @ v[..., j0:j1, :].mT - D[..., i0:i1, None])
+                dq[..., i0:i1, :] += ds @ k[..., j0:j1, :] * scale
+                dk[..., j0:j1, :] += ds.mT @ q[..., i0:i1, :] * scale
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), None, None
+
+
+@alternative("flash_attention")
+class FlashSavesMaxAndSum(torch.autograd.Function):
+    """Saves the running maximum m and sum l (two numbers per query) and recomputes the
+    weights as exp(S - m) / l."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size=64, causal=False):
+        return _flash_forward(ctx, q, k, v, block_size, causal, save="m_l")
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, m, l = ctx.saved_tensors  # noqa: E741
+        bs, causal = ctx.block_size, ctx.causal
+        scale = 1 / math.sqrt(q.shape[-1])
+        D = (do * out).sum(-1, keepdim=True)  # noqa: N806
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for i0 in range(0, q.shape[-2], bs):
+            i1 = min(i0 + bs, q.shape[-2])
+            for j0 in range(0, min(k.shape[-2], i1) if causal else k.shape[-2], bs):
+                j1 = min(j0 + bs, k.shape[-2])
+                s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT * scale
+                if causal and j1 - 1 > i0:
+                    allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                    s = s.masked_fill(~allowed, -math.inf)
+                p = torch.exp(s - m[..., i0:i1, :]) / l[..., i0:i1, :]
+                dv[..., j0:j1, :] += p.mT @ do[..., i0:i1, :]
+                ds = p * (do[..., i0:i1, :] @ v[..., j0:j1, :].mT - D[..., i0:i1, :])
+                dq[..., i0:i1, :] += ds @ k[..., j0:j1, :] * scale
+                dk[..., j0:j1, :] += ds.mT @ q[..., i0:i1, :] * scale
+        return dq, dk, dv, None, None
