@@ -259,3 +259,140 @@ def test_cached_layer_step_equals_the_notebook_07_decoder_layer(norm_first):
         )
         steps = torch.cat([cached.step(y[:, i : i + 1], cache, kv) for i in range(6)], dim=1)
     torch.testing.assert_close(steps, full)
+
+
+# ----------------------------------------------------------------------------- FlashAttention
+FLASH_CASES = [
+    # q shape, k shape, d_v, block_size, causal, q_block_size
+    ((2, 3, 40, 8), (2, 3, 40, 8), 8, 16, False, None),  # n not a multiple of the block
+    ((2, 3, 40, 8), (2, 3, 40, 8), 8, 16, True, None),
+    ((1, 5, 8), (1, 23, 8), 6, 8, False, None),  # n_q < n_k, d_k != d_v
+    ((1, 5, 8), (1, 23, 8), 6, 8, True, 2),  # the queries are the last 5 positions
+    ((30, 4), (30, 4), 4, 7, True, None),  # no batch dimension
+    ((1, 1, 4), (1, 1, 4), 3, 4, True, None),  # one token
+    ((2, 1, 12, 8), (1, 3, 12, 8), 8, 5, False, 3),  # broadcast batch dimensions
+    ((2, 70, 8), (2, 45, 8), 5, 16, False, 32),
+]
+
+
+@pytest.mark.parametrize("sq,sk,d_v,block,causal,qbs", FLASH_CASES)
+def test_flash_attention_gradients_equal_autograd_through_naive_attention(
+    sq, sk, d_v, block, causal, qbs
+):
+    from attention_ref import flash_attention
+
+    q, k, v = (t.requires_grad_() for t in _qkv(sq, sk, d_v))
+    out = flash_attention(q, k, v, block, causal, q_block_size=qbs)
+    expected = naive_attention(q, k, v, causal=causal)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+    got = torch.autograd.grad(out, (q, k, v), grad_out)
+    want = torch.autograd.grad(expected, (q, k, v), grad_out)
+    for g, w, x in zip(got, want, (q, k, v), strict=True):
+        assert g.shape == x.shape
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_flash_attention_passes_gradcheck_and_gives_zeros_where_a_query_sees_nothing():
+    from attention_ref import flash_attention
+
+    q, k, v = (t.requires_grad_() for t in _qkv((2, 7, 4), (2, 7, 4), 3))
+    assert torch.autograd.gradcheck(lambda q, k, v: flash_attention(q, k, v, 3, True), (q, k, v))
+    # causal with n_q > n_k: the first 4 of 9 queries see no key (j <= i + (n_k - n_q))
+    q, k, v = (t.requires_grad_() for t in _qkv((2, 9, 4), (2, 5, 4), 3))
+    out = flash_attention(q, k, v, 2, causal=True)
+    out.sum().backward()
+    assert torch.equal(out[:, :4], torch.zeros_like(out[:, :4]))
+    assert torch.equal(q.grad[:, :4], torch.zeros_like(q.grad[:, :4]))
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    mask = torch.ones(9, 5, dtype=torch.bool).tril(5 - 9)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out[:, 4:], expected[:, 4:])
+
+
+def test_flash_attention_keeps_no_score_matrix_for_the_backward_pass():
+    from attention_ref import flash_attention
+
+    n, block = 512, 64
+    q, k, v = (t.requires_grad_() for t in _qkv((2, n, 16), (2, n, 16), 16, torch.float32))
+    full = 2 * n * n * 4  # bytes of the batch's float32 score matrices
+    kept = {}
+    for name, attention in [("naive", naive_attention), ("flash", flash_attention)]:
+        with OpRecorder() as rec_f, PeakMemory() as mem:
+            out = attention(q, k, v)
+            kept[name] = mem.current - out.untyped_storage().nbytes()
+        with OpRecorder() as rec_b:
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        largest = max(rec_f.largest()[0], rec_b.largest()[0])
+        if name == "flash":
+            assert largest <= 2 * 256 * block  # a (2, 256, 64) tile at most
+    assert kept["naive"] >= full  # autograd keeps the weights (and more)
+    assert kept["flash"] <= 2 * n * 4 + 1024  # the log-sum-exp, one float per query
+
+
+def test_flash_backward_skips_the_future_tiles():
+    from attention_ref import flash_attention
+
+    n, block = 256, 32
+    q, k, v = (t.requires_grad_() for t in _qkv((1, n, 8), (1, n, 8), 8, torch.float32))
+    flops = {}
+    for causal in (False, True):
+        out = flash_attention(q, k, v, block, causal, q_block_size=block)
+        with OpRecorder() as rec:
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        flops[causal] = sum(op.flops for op in rec.ops)
+    blocks = n // block
+    assert flops[False] == 5 * 2 * n * n * 8  # five matrix products per tile, every tile
+    assert flops[True] == flops[False] * (blocks * (blocks + 1) // 2) // blocks**2
+
+
+def test_flash_attention_rejects_bad_input():
+    from attention_ref import flash_attention
+
+    q, k, v = _qkv((2, 5, 4), (2, 6, 4), 4)
+    with pytest.raises(ValueError, match="block_size"):
+        flash_attention(q, k, v, block_size=0)
+    with pytest.raises(ValueError, match="n_k"):
+        flash_attention(q, k, v[:, :5])
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attention(q, k.float(), v)
+
+
+def test_a_training_step_with_flash_attention_equals_one_with_pytorch_attention():
+    from attention_ref import flash_attention
+    from attention_ref.flash import TinyAttentionLM
+
+    ids = torch.randint(0, 20, (3, 17), generator=torch.Generator().manual_seed(0))
+    results = []
+    for attention in (
+        lambda q, k, v: flash_attention(q, k, v, 4, causal=True),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    ):
+        torch.manual_seed(0)
+        lm = TinyAttentionLM(20, 16, 2, 16, attention).double()
+        loss = F.cross_entropy(lm(ids[:, :-1]).reshape(-1, 20), ids[:, 1:].reshape(-1))
+        loss.backward()
+        results.append([loss.detach()] + [p.grad for p in lm.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_the_check_rejects_the_reference_and_stops_a_looping_backward():
+    from attention_ref import FlashAttention
+    from attention_ref.checks import check
+
+    from catalog.nb12 import _flash_forward
+
+    with pytest.raises(AssertionError, match="calls the reference attention_ref.FlashAttention"):
+        check("flash_attention", FlashAttention)
+
+    class LoopingBackward(torch.autograd.Function):
+        forward = staticmethod(_flash_forward)
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            while True:
+                pass
+
+    with pytest.raises(AssertionError, match="your LoopingBackward.backward did not return"):
+        check("flash_attention", LoopingBackward, time_limit=0.5)
