@@ -10,11 +10,11 @@ from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
 from .toolkit import (
-    ADDITIVE_MASK,
     TOL,
     additive_softmax,
     expect_masked_weights_zero,
     inverted_mask_mistake,
+    rows_not_summing_to_one,
 )
 
 
@@ -188,11 +188,7 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
                     model=lambda: M.masked_softmax(s64, mnp, -1 if dim != -1 else 0),
                 ),
                 Mistake.of("fully_masked_row_uniform", applies=_uniform_fully_masked(mnp, dim)),
-                Mistake(
-                    ADDITIVE_MASK,
-                    ADDITIVE_MASK.hint,
-                    model=lambda: additive_softmax(s64, mnp, dim),
-                ),
+                Mistake.of("additive_mask_full_row", model=lambda: additive_softmax(s64, mnp, dim)),
             ]
             expect_masked_weights_zero(
                 ctx,
@@ -204,5 +200,11 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
                 otherwise=named("masked_softmax_mask_not_applied"),
             )
             ctx.expect_close(
-                got, expected, what="the weights", case=case, mistakes=mistakes, **TOL[dtype]
+                got,
+                expected,
+                what="the weights",
+                case=case,
+                mistakes=mistakes,
+                fallback=rows_not_summing_to_one(mnp, dim),
+                **TOL[dtype],
             )

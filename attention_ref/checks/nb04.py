@@ -36,6 +36,7 @@ from .toolkit import (
     normal,
     padding_mask,
     random_mask,
+    rows_not_summing_to_one,
 )
 
 
@@ -451,20 +452,26 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
     _expect_mha_shapes(ctx, c, out, weights, out64.shape, w64.shape, case)
     ctx.expect_array(weights, q.new_zeros(w64.shape), what="weights", case=case)
     ctx.expect_array(out, q.new_zeros(out64.shape), what="out", case=case)
-    if c.mask is not None:
+    allowed = None if c.mask is None else c.mask[:, None] if c.mask_3d else c.mask
+    if allowed is not None:
         expect_masked_weights_zero(
             ctx,
             weights,
             w64,
-            c.mask if c.mask.ndim != 3 else c.mask[:, None],
+            allowed,
             case=case,
             mistakes=_mha_mistakes(c, args64, P64, 1),
             otherwise=named("mask_not_applied_heads"),
             axes="batch, head, query, key",
         )
-    weights_mistakes = _mha_mistakes(c, args64, P64, 1)
     ctx.expect_close(
-        weights, w64, what="weights", case=case, mistakes=weights_mistakes, **TOL[dtype]
+        weights,
+        w64,
+        what="weights",
+        case=case,
+        mistakes=_mha_mistakes(c, args64, P64, 1),
+        fallback=rows_not_summing_to_one(allowed),
+        **TOL[dtype],
     )
     hint = "the weights are right: out = W_O(merge_heads(weights @ v))."
     out_mistakes = _mha_mistakes(c, args64, P64, 0)

@@ -556,19 +556,19 @@ def random_mask(
 
 
 # ----------------------------------------------------------------------------- more properties
-def rows_not_summing_to_one(allowed: np.ndarray | None = None):
-    """The property that every row of attention weights sums to 1 (to 0 for a query that
-    ``allowed``, broadcast to the weights, lets attend to nothing), as the ``fallback`` of
-    ``Context.expect_close``: when no mistake model explains the weights, the feedback says
-    which row breaks it (``""`` when none does)."""
+def rows_not_summing_to_one(allowed: np.ndarray | None = None, axis: int = -1):
+    """The property that every row of attention weights (along ``axis``) sums to 1 (to 0 for
+    a query that ``allowed``, broadcast to the weights, lets attend to nothing), as the
+    ``fallback`` of ``Context.expect_close``: when no mistake model explains the weights,
+    the feedback says which row breaks it (``""`` when none does)."""
 
     def explain(got: np.ndarray, expected: np.ndarray) -> str:
         if got.shape != expected.shape or not np.all(np.isfinite(got)):
             return ""
-        want = np.ones(got.shape[:-1])
+        want = np.ones(np.delete(got.shape, axis))
         if allowed is not None:
-            want = np.broadcast_to(allowed, got.shape).any(axis=-1).astype(np.float64)
-        sums = got.sum(axis=-1)
+            want = np.broadcast_to(allowed, got.shape).any(axis=axis).astype(np.float64)
+        sums = got.sum(axis=axis)
         bad = np.argwhere(~np.isclose(sums, want, rtol=0, atol=1e-4))
         if not bad.size:
             return ""
