@@ -22,7 +22,7 @@ from torch import nn
 from .. import multihead as ref
 from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
-from .mistakes import named, pair
+from .mistakes import named
 from .toolkit import (
     BUILTIN_ATTENTION,
     TOL,
@@ -30,8 +30,8 @@ from .toolkit import (
     build_module,
     causal_mask,
     dtype_name,
+    expect_exact_tensor,
     expect_masked_weights_zero,
-    expect_tensor,
     load_linear_weights,
     normal,
     padding_mask,
@@ -39,39 +39,20 @@ from .toolkit import (
     rows_not_summing_to_one,
 )
 
-
 # ----------------------------------------------------------------------------- split_heads
-def _check_rearrangement(
-    ctx: Context,
-    candidate,
-    x: torch.Tensor,
-    args: tuple,
-    case: str,
-    *,
-    expected: torch.Tensor,
-    shape_name: str,
-    wrong_shapes: dict[tuple, tuple[str, str]],
-    mistakes: list[Mistake],
-    hint: str,
-) -> None:
-    """The shared body of the split_heads and merge_heads checks: call, then the type, the
-    shape (naming a known wrong shape), dtype and device, then every value exactly."""
-    got = ctx.call(candidate, x, *args, case=case)
-    expect_tensor(ctx, got, "the result", case)
-    shape, want = tuple(got.shape), tuple(expected.shape)
-    if shape != want:
-        likely, shape_hint = wrong_shapes.get(shape, ("", ""))
-        ctx.fail(
-            f"the result has shape {shape}, expected {shape_name} = {want}.",
-            case=case,
-            likely=likely,
-            hint=shape_hint,
-            mistake="wrong_shape",
-        )
-    ctx.expect_array(got, expected, what="the result", case=case)
-    ctx.expect_close(
-        got, expected, what="the result", case=case, rtol=0, atol=0, mistakes=mistakes, hint=hint
-    )
+#: label, B, T, D, H, and x: "arange" (0, 1, 2, ...: which feature went where) or a dtype.
+SPLIT_CASES = [
+    ("x holds 0, 1, 2, ... (so you can read which feature went where)", 2, 3, 8, 2, "arange"),
+    ("a batch of 3, T=5, D=12, 3 heads", 3, 5, 12, 3, "float64"),
+    ("one head", 2, 4, 6, 1, "float64"),
+    ("d_head = 1 (as many heads as features)", 2, 3, 4, 4, "float32"),
+    ("one token, a batch of one", 1, 1, 6, 2, "float32"),
+    ("T=7, D=16, 4 heads", 2, 7, 16, 4, "float32"),
+]
+SPLIT_THOROUGH_CASES = [
+    ("a batch of 4, T=9, D=32, 8 heads", 4, 9, 32, 8, "float64"),
+    ("T=2, D=10, 5 heads", 3, 2, 10, 5, "float32"),
+]
 
 
 @exercise(
@@ -81,37 +62,24 @@ def _check_rearrangement(
 )
 def check_split_heads(candidate, ctx: Context) -> None:
     rng = ctx.rng(41)
-    cases = [
-        ("x holds 0, 1, 2, ... (so you can read which feature went where)", 2, 3, 8, 2, "arange"),
-        ("a batch of 3, T=5, D=12, 3 heads", 3, 5, 12, 3, "float64"),
-        ("one head", 2, 4, 6, 1, "float64"),
-        ("d_head = 1 (as many heads as features)", 2, 3, 4, 4, "float32"),
-        ("one token, a batch of one", 1, 1, 6, 2, "float32"),
-        ("T=7, D=16, 4 heads", 2, 7, 16, 4, "float32"),
-    ]
-    if ctx.thorough:
-        cases += [
-            ("a batch of 4, T=9, D=32, 8 heads", 4, 9, 32, 8, "float64"),
-            ("T=2, D=10, 5 heads", 3, 2, 10, 5, "float32"),
-        ]
-    for label, B, T, D, H, kind in cases:
+    for label, B, T, D, H, kind in SPLIT_CASES + (SPLIT_THOROUGH_CASES if ctx.thorough else []):
         if kind == "arange":
             x = torch.arange(B * T * D, dtype=torch.float32).reshape(B, T, D)
         else:
-            x = torch.from_numpy(rng.normal(size=(B, T, D))).to(getattr(torch, kind))
+            x = torch.from_numpy(normal(rng, B, T, D)).to(getattr(torch, kind))
+        case = f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}, n_heads={H}"
+        got = ctx.call(candidate, x, H, case=case)
         dh = D // H
-        _check_rearrangement(
+        expect_exact_tensor(
             ctx,
-            candidate,
-            x,
-            (H,),
-            f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}, n_heads={H}",
-            expected=ref.split_heads(x, H),
+            got,
+            ref.split_heads(x, H),
+            case=case,
             shape_name="(B, H, T, D/H)",
             wrong_shapes={
-                (B, T, H, dh): pair("split_heads_not_moved"),
-                (B * H, T, dh): pair("split_heads_folded"),
-                (B, H, dh, T): pair("split_heads_last_axes_swapped"),
+                (B, T, H, dh): "split_heads_not_moved",
+                (B * H, T, dh): "split_heads_folded",
+                (B, H, dh, T): "split_heads_last_axes_swapped",
             },
             mistakes=[
                 Mistake.of(
@@ -127,6 +95,22 @@ def check_split_heads(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- merge_heads
+#: label, B, H, T, d_head, and x: "arange", a dtype, or "split"/"split64" (a transposed
+#: view, as split_heads returns it in a real model).
+MERGE_CASES = [
+    ("x holds 0, 1, 2, ... (so you can read which feature went where)", 2, 2, 3, 4, "arange"),
+    ("a batch of 3, 3 heads, T=5, d_head=4", 3, 3, 5, 4, "float64"),
+    ("one head", 2, 1, 4, 6, "float64"),
+    ("d_head = 1", 2, 4, 3, 1, "float32"),
+    ("one token, a batch of one", 1, 2, 1, 3, "float32"),
+    ("round trip: merge_heads(split_heads(x)) must give x back", 2, 4, 5, 3, "split"),
+]
+MERGE_THOROUGH_CASES = [
+    ("8 heads, T=9, d_head=4", 4, 8, 9, 4, "float64"),
+    ("round trip, float64", 3, 5, 2, 2, "split64"),
+]
+
+
 @exercise(
     "merge_heads",
     forbidden=lambda: [(ref.merge_heads, "the reference attention_ref.merge_heads")],
@@ -134,41 +118,26 @@ def check_split_heads(candidate, ctx: Context) -> None:
 )
 def check_merge_heads(candidate, ctx: Context) -> None:
     rng = ctx.rng(42)
-    cases = [
-        ("x holds 0, 1, 2, ... (so you can read which feature went where)", 2, 2, 3, 4, "arange"),
-        ("a batch of 3, 3 heads, T=5, d_head=4", 3, 3, 5, 4, "float64"),
-        ("one head", 2, 1, 4, 6, "float64"),
-        ("d_head = 1", 2, 4, 3, 1, "float32"),
-        ("one token, a batch of one", 1, 2, 1, 3, "float32"),
-        ("round trip: merge_heads(split_heads(x)) must give x back", 2, 4, 5, 3, "split"),
-    ]
-    if ctx.thorough:
-        cases += [
-            ("8 heads, T=9, d_head=4", 4, 8, 9, 4, "float64"),
-            ("round trip, float64", 3, 5, 2, 2, "split64"),
-        ]
-    for label, B, H, T, dh, kind in cases:
+    for label, B, H, T, dh, kind in MERGE_CASES + (MERGE_THOROUGH_CASES if ctx.thorough else []):
         if kind == "arange":
             x = torch.arange(B * H * T * dh, dtype=torch.float32).reshape(B, H, T, dh)
         elif kind.startswith("split"):
             dtype = torch.float64 if kind == "split64" else torch.float32
-            x0 = torch.from_numpy(rng.normal(size=(B, T, H * dh))).to(dtype)
-            x = ref.split_heads(x0, H)  # a transposed view, as in a real model
+            x = ref.split_heads(torch.from_numpy(normal(rng, B, T, H * dh)).to(dtype), H)
         else:
-            x = torch.from_numpy(rng.normal(size=(B, H, T, dh))).to(getattr(torch, kind))
-        flattened_wrong = pair("merge_heads_wrong_axes")
-        _check_rearrangement(
+            x = torch.from_numpy(normal(rng, B, H, T, dh)).to(getattr(torch, kind))
+        case = f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}"
+        got = ctx.call(candidate, x, case=case)
+        expect_exact_tensor(
             ctx,
-            candidate,
-            x,
-            (),
-            f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}",
-            expected=ref.merge_heads(x),
+            got,
+            ref.merge_heads(x),
+            case=case,
             shape_name="(B, T, H*d_head)",
             wrong_shapes={
-                (B, T, H, dh): pair("merge_heads_not_flattened"),
-                (B, H * T, dh): flattened_wrong,
-                (B, H, T * dh): flattened_wrong,
+                (B, T, H, dh): "merge_heads_not_flattened",
+                (B, H * T, dh): "merge_heads_wrong_axes",
+                (B, H, T * dh): "merge_heads_wrong_axes",
             },
             mistakes=[
                 Mistake.of("merge_without_transpose", model=lambda: x.reshape(B, T, H * dh)),

@@ -503,6 +503,38 @@ def expect_tensor(ctx: Context, got, what: str, case: str, like: torch.Tensor | 
         )
 
 
+def expect_exact_tensor(
+    ctx: Context,
+    got,
+    expected: torch.Tensor,
+    *,
+    case: str,
+    shape_name: str,
+    wrong_shapes: dict[tuple, str],
+    mistakes: list[Mistake],
+    hint: str,
+) -> None:
+    """The result of a rearrangement (split_heads, merge_heads, ...) is ``expected``
+    exactly: a tensor of its shape (``shape_name`` says which, ``"(B, H, T, D/H)"``; a
+    shape in ``wrong_shapes`` names that mistake id), dtype and device, every value equal.
+    A wrong value is named by the first of ``mistakes`` that explains it, else ``hint``."""
+    expect_tensor(ctx, got, "the result", case)
+    shape, want = tuple(got.shape), tuple(expected.shape)
+    if shape != want:
+        likely = named(wrong_shapes[shape]) if shape in wrong_shapes else ""
+        ctx.fail(
+            f"the result has shape {shape}, expected {shape_name} = {want}.",
+            case=case,
+            likely=likely,
+            hint=getattr(likely, "hint", ""),
+            mistake="wrong_shape",
+        )
+    ctx.expect_array(got, expected, what="the result", case=case)
+    ctx.expect_close(
+        got, expected, what="the result", case=case, rtol=0, atol=0, mistakes=mistakes, hint=hint
+    )
+
+
 def earlier_position_changed(before, after, atol: float) -> int | None:
     """The causality property: ``before`` and ``after`` are outputs ``(1, T, ...)`` for
     inputs that differ only in the last token; the first earlier position whose output
