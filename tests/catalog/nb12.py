@@ -651,6 +651,17 @@ class FlashThreeGradients(torch.autograd.Function):
         return _flash_backward(ctx, do, n_grads=3)
 
 
+class FlashNoValueGradient(torch.autograd.Function):
+    """dv left for later: backward returns None in its place."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, _, _, _ = _flash_backward(ctx, do)
+        return dq, dk, None, None, None
+
+
 class FlashForwardAccNotRescaled(torch.autograd.Function):
     """The forward pass of exercise 2 with its accumulator not rescaled."""
 
@@ -677,6 +688,7 @@ for _cls, _id in [
     (FlashAutogradThroughTiles, "flash_bwd_saves_weights"),
     (FlashBackwardAllKeysAtOnce, "flash_bwd_full_matrix"),
     (FlashThreeGradients, "flash_bwd_gradient_count"),
+    (FlashNoValueGradient, "flash_bwd_no_gradient"),
     (FlashForwardAccNotRescaled, "flash_accumulator_rescaled_when"),
 ]:
     mistake("flash_attention", id=_id)(_cls)
