@@ -103,7 +103,7 @@ def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
         return nn.functional.layer_norm(t, (D,), P[f"{name}.weight"], P[f"{name}.bias"])
 
     def lin(name, t):
-        return t @ P[f"{name}.weight"].T + P[f"{name}.bias"]
+        return M.linear(t, P, name)
 
     def attn(t):
         q, k, v = (split_heads(lin(f"attn.{n}", t), H) for n in ("w_q", "w_k", "w_v"))
@@ -248,8 +248,7 @@ def next_token_distribution(
     s = logits.double().numpy().copy()
     V = s.size
     if mode == "after_softmax":
-        p = np.exp(s - s.max())
-        p = p / p.sum()
+        p = M.softmax(s)
         s = np.log(np.maximum(p / temperature, 1e-300))  # softmax first: T has no effect
     elif mode == "times":
         s = s * temperature
@@ -268,13 +267,13 @@ def next_token_distribution(
         s = np.where(keep, s, -np.inf)
     if top_p is not None and mode != "p_before_k":
         s = _top_p(s, top_p, mode)
-    p = np.exp(s - s.max())
-    return p / p.sum()
+    return M.softmax(s)
 
 
 def _top_p(s: np.ndarray, top_p: float, mode: str) -> np.ndarray:
-    p = np.exp(s - s.max())
-    p = p / p.sum()
+    """The logits ``s`` with the tokens outside the nucleus set to -inf, as ``mode`` keeps
+    them ("correct": while the probability above a token is < top_p)."""
+    p = M.softmax(s)
     above = np.array([p[p > pi].sum() for pi in p])
     if mode == "p_exclusive":  # keeps tokens while the sum *including* them stays < p
         keep = above + p < top_p
@@ -553,13 +552,9 @@ def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
     """What (possibly buggy) grouped-query attention computes, in float64."""
     query, key, value = query.double(), key.double(), value.double()
 
-    def lin(name, t):
-        b = P.get(f"{name}.bias")
-        return t @ P[f"{name}.weight"].T + (0 if b is None else b)
-
-    q = split_heads(lin("w_q", query), H)
-    k = split_heads(lin("w_k", key), G)
-    v = split_heads(lin("w_v", value), G)
+    q = split_heads(M.linear(query, P, "w_q"), H)
+    k = split_heads(M.linear(key, P, "w_k"), G)
+    v = split_heads(M.linear(value, P, "w_v"), G)
     if mode == "repeat":
         k, v = k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1)
     else:
@@ -569,13 +564,13 @@ def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
     if mode == "no_scale":
         q = q * math.sqrt(q.shape[-1])
     if mode == "uniform_masked" and mask is not None:  # masked_fill(-1e9): no zero rows
-        s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -1e9)
-        w = torch.softmax(s, dim=-1)
+        s = M.scores(q.numpy(), k.numpy())
+        w = torch.from_numpy(M.attention_weights(s, mask.numpy(), mask_mode="fill"))
         out = w @ v
     else:
         out, w = sdpa(q, k, v, None if mode == "no_mask" else mask)
     out = merge_heads(out)
-    return (out if mode == "no_w_o" else lin("w_o", out)), w
+    return (out if mode == "no_w_o" else M.linear(out, P, "w_o")), w
 
 
 GQA_MISTAKES = [
