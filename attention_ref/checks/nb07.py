@@ -368,40 +368,29 @@ def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
                 "decoder, keys and values from the encoder.",
                 mistake="wrong_shape",
             )
-        for got, exp, what in (
-            (w_self, e_self, "self_weights"),
-            (w_cross, e_cross, "cross_weights"),
-        ):
+        # which output (the index the mistake models return it at), what came back, expected
+        outputs = [
+            (1, w_self, e_self, "self_weights"),
+            (2, w_cross, e_cross, "cross_weights"),
+            (0, out, e_out, "out"),
+        ]
+        for _, got, exp, what in outputs:
             ctx.expect_array(got, y.new_zeros(exp.shape), what=what, case=case)
-        ctx.expect_array(out, y.new_zeros(e_out.shape), what="out", case=case)
-        tol = TOL[dtype]
-        args = (r, y64, m64, sm, mm, nf)
-        ctx.expect_close(
-            w_self,
-            e_self,
-            what="self_weights",
-            case=case,
-            mistakes=_dec_mistakes(*args, 1),
-            **tol,
+        hint = (
+            "both attention maps are right; look at the residual connections, the norms and "
+            "the feed-forward sub-layer."
         )
-        ctx.expect_close(
-            w_cross,
-            e_cross,
-            what="cross_weights",
-            case=case,
-            mistakes=_dec_mistakes(*args, 2),
-            **tol,
-        )
-        ctx.expect_close(
-            out,
-            e_out,
-            what="out",
-            case=case,
-            mistakes=_dec_mistakes(*args, 0),
-            hint="both attention maps are right; look at the residual connections, the "
-            "norms and the feed-forward sub-layer.",
-            **tol,
-        )
+        for which, got, exp, what in outputs:
+            mistakes = _dec_mistakes(r, y64, m64, sm, mm, nf, which)
+            ctx.expect_close(
+                got,
+                exp,
+                what=what,
+                case=case,
+                mistakes=mistakes,
+                hint=hint if what == "out" else "",
+                **TOL[dtype],
+            )
 
 
 def _check_dec_causality(cls, ctx: Context) -> None:
@@ -565,6 +554,11 @@ class TfCase:
     tgt: list[list[int]]
     pad_id: int = 0
 
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The constructor's sizes: src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff."""
+        return (self.V_src, self.V_tgt, self.D, self.H, self.L, self.Fd)
+
 
 def _tf_cases(ctx: Context) -> list[TfCase]:
     rng = ctx.rng(77)
@@ -621,7 +615,7 @@ def _tf_build(cls, ctx, c: TfCase, r, dtype, case) -> nn.Module:
     kwargs = {"max_len": 32, "pad_id": c.pad_id}
     if c.norm_first is not None:
         kwargs["norm_first"] = c.norm_first
-    mod = build_module(ctx, cls, (c.V_src, c.V_tgt, c.D, c.H, c.L, c.Fd), kwargs, case)
+    mod = build_module(ctx, cls, c.sizes, kwargs, case)
     _tf_prepare(ctx, mod, c, case)
     mod.to(dtype)
     tok = 1 if c.pad_id != 1 else 2
@@ -651,17 +645,8 @@ def _tf_logits(ctx, mod, src, tgt_in, case, what="logits") -> torch.Tensor:
 
 
 def _tf_reference(c: TfCase, i: int, ctx: Context, dtype) -> ref_tf.Transformer:
-    r = ref_tf.Transformer(
-        c.V_src,
-        c.V_tgt,
-        c.D,
-        c.H,
-        c.L,
-        c.Fd,
-        max_len=32,
-        pad_id=c.pad_id,
-        norm_first=bool(c.norm_first),
-    ).double()
+    r = ref_tf.Transformer(*c.sizes, max_len=32, pad_id=c.pad_id, norm_first=bool(c.norm_first))
+    r = r.double()
     randomize_parameters(r, ctx.torch_gen(770 + i))
     return r.to(dtype).double().eval()
 

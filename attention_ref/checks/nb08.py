@@ -100,71 +100,55 @@ def check_make_batch(candidate, ctx: Context) -> None:
                     likely=likely,
                     mistake="wrong_shape",
                 )
-        src_l = _pad(src_seqs, pad_id, left=True)
-        tgt_l = _pad(tgt_seqs, pad_id, left=True)
-        pad0 = _pad(tgt_seqs, 0)
-        left_pad = Mistake.of("padded_on_left")
-        wrong_pad = Mistake.of("pad_with_zero")
-        ctx.expect_close(
-            got[0],
-            expected[0],
-            what="src",
-            case=case,
-            rtol=0,
-            atol=0,
-            mistakes=[
-                Mistake(left_pad.name, left_pad.hint, model=lambda: src_l),
-                Mistake(wrong_pad.name, wrong_pad.hint, model=lambda: _pad(src_seqs, 0)),
-            ],
-        )
-        swapped = Mistake.of("tgt_in_out_swapped")
 
         # Where tgt_out is padding, tgt_in may hold <eos> or padding: neither counts.
-        def counted(x, exp=expected):
-            return torch.where(exp[3], x, exp[1])
+        def counted(x, i, exp=expected):
+            return torch.where(exp[3], x, exp[1]) if i == 1 else x
 
-        got_in = counted(got[1])
-        ctx.expect_close(
-            got_in,
-            expected[1],
-            what="tgt_in",
-            case=case,
-            rtol=0,
-            atol=0,
-            mistakes=[
-                Mistake(swapped.name, swapped.hint, model=lambda: counted(tgt[:, 1:])),
-                Mistake(left_pad.name, left_pad.hint, model=lambda: counted(tgt_l[:, :-1])),
-                Mistake(wrong_pad.name, wrong_pad.hint, model=lambda: counted(pad0[:, :-1])),
-            ],
-        )
-        ctx.expect_close(
-            got[2],
-            expected[2],
-            what="tgt_out",
-            case=case,
-            rtol=0,
-            atol=0,
-            mistakes=[
-                Mistake(swapped.name, swapped.hint, model=lambda: tgt[:, :-1]),
-                Mistake(left_pad.name, left_pad.hint, model=lambda: tgt_l[:, 1:]),
-                Mistake(wrong_pad.name, wrong_pad.hint, model=lambda: pad0[:, 1:]),
-            ],
-        )
-        real = tgt != pad_id  # (B, T)
-        ctx.expect_close(
-            got[3],
-            expected[3],
-            what="tgt_mask",
-            case=case,
-            rtol=0,
-            atol=0,
-            mistakes=[
-                Mistake.of("tgt_mask_inverted", model=lambda: ~real[:, 1:]),
-                Mistake.of("tgt_mask_from_tgt_in", model=lambda: real[:, :-1]),
-                Mistake.of("tgt_mask_no_eos", model=lambda: real[:, 1:] & (tgt[:, 1:] != EOS)),
-                Mistake(left_pad.name, left_pad.hint, model=lambda: (tgt_l != pad_id)[:, 1:]),
-            ],
-        )
+        models = {m: batch_model(src_seqs, tgt_seqs, pad_id, m) for m in BATCH_MISTAKES}
+        for i, name in enumerate(names):
+            mistakes = [
+                Mistake.of(m, model=lambda out=out, i=i: counted(out[i], i))
+                for m, out in models.items()
+            ]
+            ctx.expect_close(
+                counted(got[i], i),
+                expected[i],
+                what=name,
+                case=case,
+                rtol=0,
+                atol=0,
+                mistakes=mistakes,
+            )
+
+
+#: make_batch's mistake models, tried in this order on each of the four outputs.
+BATCH_MISTAKES = [
+    "tgt_in_out_swapped",
+    "tgt_mask_inverted",
+    "tgt_mask_from_tgt_in",
+    "tgt_mask_no_eos",
+    "padded_on_left",
+    "pad_with_zero",
+]
+
+
+def batch_model(src_seqs, tgt_seqs, pad_id: int, mode: str = "correct") -> tuple:
+    """``(src (B, S), tgt_in (B, T-1), tgt_out (B, T-1), tgt_mask (B, T-1))`` as the code
+    with the mistake ``mode`` (an id of BATCH_MISTAKES, or "correct") builds them."""
+    fill = 0 if mode == "pad_with_zero" else pad_id
+    left = mode == "padded_on_left"
+    src, tgt = _pad(src_seqs, fill, left), _pad(tgt_seqs, fill, left)
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    if mode == "tgt_in_out_swapped":
+        tgt_in, tgt_out = tgt_out, tgt_in
+    real = tgt != fill
+    mask = {
+        "tgt_mask_inverted": ~real[:, 1:],
+        "tgt_mask_from_tgt_in": real[:, :-1],
+        "tgt_mask_no_eos": real[:, 1:] & (tgt[:, 1:] != EOS),
+    }.get(mode, real[:, 1:])
+    return src, tgt_in, tgt_out, mask
 
 
 # ----------------------------------------------------------------------------- the loss
