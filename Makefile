@@ -1,6 +1,8 @@
 # Attention from Scratch: every target bootstraps .venv from requirements.lock when needed.
 #   make lab       open the course in JupyterLab
 #   make test      run the whole test suite (the same command CI runs)
+#   make test-alternatives  every catalogued correct alternative through notebooks 01-10
+#                  (slow; CI runs it after make test)
 #   make release   regenerate notebooks/ (student versions) from solutions/
 #   make grade     autograde new submissions under submitted/ and export grades.csv
 #                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it;
@@ -8,6 +10,9 @@
 #   make report    the class report (report/report.html, report.csv; NAMES=1 names the
 #                  students) and the grades for Canvas and Moodle (report/*_grades.csv)
 #   make bench     print the benchmark figures
+#   make versions  the oldest and the newest versions pyproject.toml allows, each installed
+#                  into its own environment (.venv-oldest, .venv-newest), run the unit tests
+#                  and every solution notebook (tools/versions.py; CI runs it after make test)
 #   make student-edition  build the bytecode-only package for students' environments
 #                  into $(EDITION) (default build/student-edition; see the instructor guide)
 #   make lock      re-resolve requirements.lock and environment.yml (maintainers)
@@ -36,7 +41,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
 .PHONY: lab test test-class-lane test-other-lane release grade report bench lint format lock venv clean \
-	student-edition
+	student-edition versions test-alternatives
 
 venv: $(STAMP)
 
@@ -59,7 +64,13 @@ test-class-lane: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) $(GRADING_LANE)
 
 test-other-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(GRADING_LANE))
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives" $(addprefix --ignore=,$(GRADING_LANE))
+
+# The catalog's correct alternatives through notebooks 01-10 (tests/test_alternatives_in_notebooks.py;
+# make test runs those of the newest notebooks). .ci/run runs it after make test.
+test-alternatives: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m all_alternatives \
+		tests/test_alternatives_in_notebooks.py
 
 release: $(STAMP)
 	$(BIN)/python -m attention_ref.course release
@@ -72,6 +83,10 @@ report: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m attention_ref.bench all
+
+# The ranges in pyproject.toml at both ends: each end in its own environment, side by side.
+versions: $(STAMP)
+	PIP_ARGS="$(PIP_ARGS)" $(BIN)/python tools/versions.py
 
 EDITION ?= build/student-edition
 student-edition: $(STAMP)

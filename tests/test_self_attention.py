@@ -221,3 +221,36 @@ def test_cost_figure_draws_both_panels_and_rejects_mismatched_data():
         plot_attention_cost([256, 64, 1024], costs)
     with pytest.raises(ValueError, match="lacks"):
         plot_attention_cost(ns, [{"total": 1}] * 3)
+
+
+def test_load_projections_fills_every_declaration_the_spec_allows():
+    """nn.Linear, nn.LazyLinear, a raw (d_in, d_k) parameter and a parametrized weight all
+    compute x @ W^T once given W in nn.Linear's layout; a wrong shape or name is an error."""
+    from attention_ref.weights import load_projections
+
+    class Identity(nn.Module):
+        def forward(self, w):
+            return w
+
+    torch.manual_seed(0)
+    w, x = torch.randn(4, 6), torch.randn(3, 6)
+    linear = nn.Linear(6, 4, bias=False)
+    lazy = nn.LazyLinear(4, bias=False)
+    param = nn.ParameterDict({"w_q": nn.Parameter(torch.zeros(6, 4))})
+    parametrized = nn.Linear(6, 4, bias=False)
+    nn.utils.parametrize.register_parametrization(parametrized, "weight", Identity())
+    for layer in (linear, lazy, parametrized):
+        holder = nn.Module()
+        holder.w_q = layer
+        load_projections(holder, w_q=w)
+        torch.testing.assert_close(holder.w_q(x), x @ w.T)
+    holder = nn.Module()
+    holder.w_q = param["w_q"]
+    load_projections(holder, w_q=w)
+    torch.testing.assert_close(x @ holder.w_q, x @ w.T)
+    with pytest.raises(ValueError, match=r"w_q has shape \(4, 6\); the weight given fits \(6, 4\)"):
+        holder = nn.Module()
+        holder.w_q = nn.Linear(6, 4, bias=False)
+        load_projections(holder, w_q=w.T)
+    with pytest.raises(ValueError, match="no projection 'w_k'.*its attributes: w_q"):
+        load_projections(holder, w_k=w)

@@ -26,6 +26,9 @@ class Entry:
     name: str
     impl: Callable
     mistake_id: str = ""  # for mistakes: the id the feedback must name, exactly
+    # for alternatives: why it is right for its check but not a whole notebook's answer
+    # (e.g. built on an earlier part that is wrong on purpose); empty for most
+    check_only: str = ""
 
     @property
     def id(self) -> str:
@@ -44,9 +47,12 @@ def mistake(exercise: str, id: str):  # noqa: A002 - reads as the mistake's id
     return register
 
 
-def alternative(exercise: str):
+def alternative(exercise: str, check_only: str = ""):
+    """A correct answer: its check must pass it, and (unless ``check_only`` says why not)
+    so must every later cell of its notebook (tests/test_alternatives_in_notebooks.py)."""
+
     def register(fn):
-        ALTERNATIVES.append(Entry(exercise, fn.__name__, fn))
+        ALTERNATIVES.append(Entry(exercise, fn.__name__, fn, check_only=check_only))
         return fn
 
     return register

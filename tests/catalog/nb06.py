@@ -538,7 +538,11 @@ class _BuggyFeedForward(_FFBase):
         return self.linear2(self.dropout(self.linear1(x)))
 
 
-@alternative("encoder_layer")
+@alternative(
+    "encoder_layer",
+    check_only="its feed-forward network fails exercise 1 on purpose, and its attention is "
+    "not the spec's MultiHeadAttention, so the notebook cannot load the reference weights",
+)
 class LayerOwnEarlierParts(_LayerBase):
     """A right layer on the learner's own earlier parts: a fused, lazy attention (nanoGPT
     style) and a feed-forward network that still fails exercise 1. The check grades the

@@ -1,0 +1,77 @@
+"""Copy known weights into a learner's module, however the exercise's spec lets it declare
+them: an ``nn.Linear`` (or ``nn.LazyLinear``), a raw ``nn.Parameter`` used as ``x @ w``, or a
+weight behind ``torch.nn.utils.parametrize``. The notebooks use it where they load
+hand-made or PyTorch's weights into the learner's module, so that every declaration the
+check accepts also runs the cells after it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+
+def load_projections(module: nn.Module, **weights: torch.Tensor) -> None:
+    """Set bias-free projections of ``module`` by attribute name.
+
+    Each keyword names an attribute (``w_q=...``) and gives its weight in ``nn.Linear``'s
+    layout, ``(out_features, in_features)``. The attribute may be
+
+    - an ``nn.Linear`` or ``nn.LazyLinear`` (lazy ones take their shape from the weight);
+    - a raw ``nn.Parameter`` of shape ``(in_features, out_features)``, used as ``x @ w``:
+      it receives the transpose;
+    - a layer whose ``weight`` is parametrized: the weight is assigned through the
+      parametrization's ``right_inverse``, or to its original tensor when it has none; either
+      way the weight must then read back as given.
+
+    Raises:
+        TypeError: if a weight is not a tensor.
+        ValueError: if ``module`` has no such attribute, or its shape does not fit.
+    """
+    for name, weight in weights.items():
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a tensor (out_features, in_features); got {type(weight).__name__}"
+            )
+        target = getattr(module, name, None)
+        if isinstance(target, nn.Parameter) and not isinstance(
+            target, nn.parameter.UninitializedParameter
+        ):
+            _copy(name, target, weight.T, layout="a raw parameter (in_features, out_features)")
+        elif isinstance(target, nn.Module) and parametrize.is_parametrized(target, "weight"):
+            _load_parametrized(name, target, weight)
+        elif isinstance(target, nn.Module) and isinstance(
+            getattr(target, "weight", None), nn.Parameter
+        ):
+            if isinstance(target.weight, nn.parameter.UninitializedParameter):
+                target.load_state_dict({"weight": weight}, strict=False)  # materialises it
+            else:
+                _copy(name, target.weight, weight, layout="nn.Linear's (out_features, in_features)")
+        else:
+            has = [*dict(module.named_children()), *dict(module.named_parameters(recurse=False))]
+            raise ValueError(
+                f"the module has no projection {name!r} (an nn.Linear, a raw nn.Parameter or a "
+                f"parametrized layer); its attributes: {', '.join(has) or 'none'}"
+            )
+
+
+def _load_parametrized(name: str, layer: nn.Module, weight: torch.Tensor) -> None:
+    plist = layer.parametrizations.weight
+    value = weight.to(plist.original)
+    with torch.no_grad():
+        if all(hasattr(p, "right_inverse") for p in plist):
+            layer.weight = value
+        else:
+            _copy(name, plist.original, value, layout="nn.Linear's (out_features, in_features)")
+        if not torch.equal(layer.weight, value):
+            raise ValueError(f"{name}'s parametrization changes the weight it is given")
+
+
+def _copy(name: str, param: torch.Tensor, value: torch.Tensor, layout: str) -> None:
+    if param.shape != value.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(param.shape)}; the weight given fits {tuple(value.shape)} "
+            f"as {layout}"
+        )
+    with torch.no_grad():
+        param.copy_(value)
