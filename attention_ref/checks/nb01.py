@@ -11,7 +11,7 @@ from .. import attention as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
-from .toolkit import (  # BUILTIN_ATTENTION, ADDITIVE_MASK, ...: their old home was here
+from .toolkit import (
     ADDITIVE_MASK,  # noqa: F401
     BUILTIN_ATTENTION,
     TOL,
@@ -22,12 +22,12 @@ from .toolkit import (  # BUILTIN_ATTENTION, ADDITIVE_MASK, ...: their old home 
     attention_mistakes,
     causal_mask,
     earlier_position_changed,
-    expect_masked_weights_zero,
+    expect_attention_values,
+    expect_not_swapped,  # BUILTIN_ATTENTION, ADDITIVE_MASK, ...: their old home was here
     inverted_mask_mistake,
     normal,
     padding_mask,
     random_mask,
-    rows_not_summing_to_one,
 )
 
 
@@ -202,21 +202,9 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             if (torch_dtype is not None)
             else (out64.astype(c.q.dtype), w64.astype(c.q.dtype))
         )
+        expect_not_swapped(ctx, got[0], got[1], out64.shape, w64.shape, case=case)
         # Only arrays have shapes: anything else gets expect_array's message below.
         shaped = all(isinstance(g, torch.Tensor | np.ndarray) for g in got)
-        # (weights, out) returned in the wrong order?
-        if (
-            shaped
-            and tuple(got[0].shape) == tuple(w64.shape)
-            and tuple(got[1].shape) == tuple(out64.shape)
-            and w64.shape != out64.shape
-        ):
-            ctx.fail(
-                "the outputs come back in the wrong order.",
-                case=case,
-                mistake="outputs_swapped_order",
-            )
-        swap_msg = named("outputs_swapped")
         if shaped and c.mask is not None and _nan_rows_where_mask_is_full(got[1], c.mask):
             ctx.fail(
                 "the weights contain NaN in the rows of queries that may attend to every key.",
@@ -230,35 +218,19 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             and np.allclose(as_float64(got[0]), w64, atol=1e-5)
             and not np.allclose(w64, out64, atol=1e-5)
         ):
-            ctx.fail("out holds the attention weights.", case=case, likely=swap_msg)
-        tol = TOL[torch_dtype] if torch_dtype is not None else TOL[np.float64]
-        if c.mask is not None:
-            expect_masked_weights_zero(
-                ctx,
-                got[1],
-                w64,
-                c.mask,
-                case=case,
-                mistakes=[inverted_mask_mistake(c.mask), *attention_mistakes(c, 1)],
-                otherwise=named("mask_not_applied_before_softmax"),
-            )
-        ctx.expect_close(
-            got[1],
-            w64,
-            what="weights",
-            case=case,
-            mistakes=attention_mistakes(c, 1),
-            fallback=rows_not_summing_to_one(c.mask),
-            **tol,
-        )
-        ctx.expect_close(
-            got[0],
+            ctx.fail("out holds the attention weights.", case=case, mistake="outputs_swapped")
+        expect_attention_values(
+            ctx,
+            *got,
             out64,
-            what="out",
+            w64,
             case=case,
-            mistakes=attention_mistakes(c, 0),
-            **tol,
-            hint="the weights are right: out = weights @ v.",
+            allowed=c.mask,
+            mistakes=lambda which, c=c: attention_mistakes(c, which),
+            tol=TOL[torch_dtype] if torch_dtype is not None else TOL[np.float64],
+            out_hint="the weights are right: out = weights @ v.",
+            otherwise=named("mask_not_applied_before_softmax"),
+            masked_mistakes=(inverted_mask_mistake(c.mask),) if c.mask is not None else (),
         )
     if torch_dtype is not None and ctx.thorough:
         _check_causal_leak(candidate, ctx, torch_dtype)

@@ -39,13 +39,13 @@ from .toolkit import (
     causal_mask,
     dtype_name,
     earlier_position_changed,
-    expect_masked_weights_zero,
+    expect_attention_values,
+    expect_not_swapped,
     inverted_mask_mistake,
     load_linear_weights,
     normal,
     padding_mask,
     random_mask,
-    rows_not_summing_to_one,
 )
 
 # A learner's shape error on a line that multiplies by an nn.Linear's raw weight.
@@ -219,16 +219,7 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
     args = (x,) if mask is None else (x, mask)
     got = ctx.expect_tuple(ctx.call(mod, *args, case=case), ("out", "weights"), case=case)
     out, weights = got
-    if (
-        isinstance(out, torch.Tensor)
-        and isinstance(weights, torch.Tensor)
-        and tuple(out.shape) == w64.shape
-        and tuple(weights.shape) == out64.shape
-        and w64.shape != out64.shape
-    ):
-        ctx.fail(
-            "the outputs come back in the wrong order.", case=case, mistake="outputs_swapped_order"
-        )
+    expect_not_swapped(ctx, out, weights, out64.shape, w64.shape, case=case, types=torch.Tensor)
     if (
         isinstance(out, torch.Tensor)
         and tuple(out.shape) != out64.shape
@@ -249,38 +240,21 @@ def _check_case(cls, ctx: Context, c: SACase, W, dtype) -> None:
                 hint="out = weights @ v with v = self.w_v(x).",
                 mistake="wrong_shape",
             )
-    like_w = x.new_zeros(w64.shape)
-    like_out = x.new_zeros(out64.shape)
-    ctx.expect_array(weights, like_w, what="weights", case=case)
-    ctx.expect_array(out, like_out, what="out", case=case)
-    tol = TOL[dtype]
-    if c.mask is not None:
-        expect_masked_weights_zero(
-            ctx,
-            weights,
-            w64,
-            c.mask,
-            case=case,
-            mistakes=[inverted_mask_mistake(c.mask), *_sa_mistakes(c, x64, W64, 1)],
-            otherwise=named("mask_not_applied_before_softmax"),
-        )
-    ctx.expect_close(
-        weights,
-        w64,
-        what="weights",
-        case=case,
-        mistakes=_sa_mistakes(c, x64, W64, 1),
-        fallback=rows_not_summing_to_one(c.mask),
-        **tol,
-    )
-    ctx.expect_close(
+    ctx.expect_array(weights, x.new_zeros(w64.shape), what="weights", case=case)
+    ctx.expect_array(out, x.new_zeros(out64.shape), what="out", case=case)
+    expect_attention_values(
+        ctx,
         out,
+        weights,
         out64,
-        what="out",
+        w64,
         case=case,
-        mistakes=_sa_mistakes(c, x64, W64, 0),
-        hint="the weights are right: out = weights @ v with v = self.w_v(x).",
-        **tol,
+        allowed=c.mask,
+        mistakes=lambda which: _sa_mistakes(c, x64, W64, which),
+        tol=TOL[dtype],
+        out_hint="the weights are right: out = weights @ v with v = self.w_v(x).",
+        otherwise=named("mask_not_applied_before_softmax"),
+        masked_mistakes=(inverted_mask_mistake(c.mask),) if c.mask is not None else (),
     )
 
 

@@ -30,13 +30,12 @@ from .toolkit import (
     build_module,
     causal_mask,
     dtype_name,
+    expect_attention_values,
     expect_exact_tensor,
-    expect_masked_weights_zero,
     load_linear_weights,
     normal,
     padding_mask,
     random_mask,
-    rows_not_summing_to_one,
 )
 
 # ----------------------------------------------------------------------------- split_heads
@@ -421,31 +420,19 @@ def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
     _expect_mha_shapes(ctx, c, out, weights, out64.shape, w64.shape, case)
     ctx.expect_array(weights, q.new_zeros(w64.shape), what="weights", case=case)
     ctx.expect_array(out, q.new_zeros(out64.shape), what="out", case=case)
-    allowed = None if c.mask is None else c.mask[:, None] if c.mask_3d else c.mask
-    if allowed is not None:
-        expect_masked_weights_zero(
-            ctx,
-            weights,
-            w64,
-            allowed,
-            case=case,
-            mistakes=_mha_mistakes(c, args64, P64, 1),
-            otherwise=named("mask_not_applied_heads"),
-            axes="batch, head, query, key",
-        )
-    ctx.expect_close(
+    expect_attention_values(
+        ctx,
+        out,
         weights,
+        out64,
         w64,
-        what="weights",
         case=case,
-        mistakes=_mha_mistakes(c, args64, P64, 1),
-        fallback=rows_not_summing_to_one(allowed),
-        **TOL[dtype],
-    )
-    hint = "the weights are right: out = W_O(merge_heads(weights @ v))."
-    out_mistakes = _mha_mistakes(c, args64, P64, 0)
-    ctx.expect_close(
-        out, out64, what="out", case=case, mistakes=out_mistakes, hint=hint, **TOL[dtype]
+        allowed=None if c.mask is None else c.mask[:, None] if c.mask_3d else c.mask,
+        mistakes=lambda which: _mha_mistakes(c, args64, P64, which),
+        tol=TOL[dtype],
+        out_hint="the weights are right: out = W_O(merge_heads(weights @ v)).",
+        otherwise=named("mask_not_applied_heads"),
+        axes="batch, head, query, key",
     )
 
 

@@ -486,6 +486,77 @@ def expect_masked_weights_zero(
     )
 
 
+def expect_not_swapped(
+    ctx: Context,
+    out,
+    weights,
+    out_shape: tuple,
+    w_shape: tuple,
+    *,
+    case: str,
+    types=(torch.Tensor, np.ndarray),
+) -> None:
+    """An attention's ``(out, weights)`` did not come back as ``(weights, out)``, judged
+    from the shapes of what came back (arrays of ``types``) before anything else, so the
+    feedback says so rather than that a shape is wrong."""
+    if (
+        isinstance(out, types)
+        and isinstance(weights, types)
+        and tuple(out.shape) == tuple(w_shape)
+        and tuple(weights.shape) == tuple(out_shape)
+        and tuple(w_shape) != tuple(out_shape)
+    ):
+        ctx.fail(
+            "the outputs come back in the wrong order.", case=case, mistake="outputs_swapped_order"
+        )
+
+
+def expect_attention_values(
+    ctx: Context,
+    out,
+    weights,
+    out64: np.ndarray,
+    w64: np.ndarray,
+    *,
+    case: str,
+    allowed: np.ndarray | None,
+    mistakes,
+    tol: dict,
+    out_hint: str,
+    otherwise: Named,
+    masked_mistakes: tuple = (),
+    axes: str = "",
+) -> None:
+    """The values of an attention's ``out (..., n_q, d_v)`` and ``weights (..., n_q, n_k)``
+    against the float64 ``out64``, ``w64``, in the order a learner can act on: the masked
+    weights are exactly 0 (``allowed``: the mask, broadcast to the weights; a violation names
+    the mistake among ``masked_mistakes`` and ``mistakes(1)`` that explains it, else
+    ``otherwise``), then the weights (when no mistake model explains them, the row that does
+    not sum to 1), then out (``out_hint`` when no mistake explains it: the weights are
+    right). ``mistakes(which)`` gives the mistake models of out (0) or the weights (1)."""
+    if allowed is not None:
+        expect_masked_weights_zero(
+            ctx,
+            weights,
+            w64,
+            allowed,
+            case=case,
+            mistakes=[*masked_mistakes, *mistakes(1)],
+            otherwise=otherwise,
+            axes=axes,
+        )
+    ctx.expect_close(
+        weights,
+        w64,
+        what="weights",
+        case=case,
+        mistakes=mistakes(1),
+        fallback=rows_not_summing_to_one(allowed),
+        **tol,
+    )
+    ctx.expect_close(out, out64, what="out", case=case, mistakes=mistakes(0), hint=out_hint, **tol)
+
+
 def expect_tensor(ctx: Context, got, what: str, case: str, like: torch.Tensor | None = None):
     """``got`` is a tensor (and, given ``like``, of its shape): checked first, so that the
     checks after it can name a mistake from the values."""
