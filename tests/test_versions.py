@@ -1,0 +1,84 @@
+"""`make versions` (tools/versions.py) tests what pyproject.toml claims: its floors are the
+lower bounds written there, its newest end the ranges themselves, and what it leaves out
+of the suite exists. No network: the environments themselves are made by `make versions`."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("versions", ROOT / "tools" / "versions.py")
+versions = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(versions)
+
+PYPROJECT = (ROOT / "pyproject.toml").read_text()
+
+
+def declared() -> list[str]:
+    project = tomllib.loads(PYPROJECT)["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+
+
+def test_oldest_pins_every_declared_requirement_to_its_lower_bound():
+    pins = [Requirement(p) for p in versions.requirements_for("oldest", PYPROJECT)]
+    reqs = [Requirement(r) for r in declared()]
+    assert [p.name for p in pins] == [r.name for r in reqs]
+    for pin, req in zip(pins, reqs, strict=True):
+        (spec,) = pin.specifier
+        assert spec.operator == "==", pin
+        assert pin.extras == req.extras, pin
+        lower = [s.version for s in req.specifier if s.operator == ">="]
+        assert lower == [spec.version], (pin, req)
+        # The floor is inside the range it was read from.
+        assert Version(spec.version) in req.specifier, (pin, req)
+
+
+def test_newest_installs_the_ranges_as_written():
+    assert versions.requirements_for("newest", PYPROJECT) == [
+        str(Requirement(r)) for r in declared()
+    ]
+
+
+def test_torch_floor_is_the_one_the_fully_masked_row_needs():
+    pins = versions.requirements_for("oldest", PYPROJECT)
+    assert "torch==2.5" in pins
+
+
+@pytest.mark.parametrize(
+    ("req", "pin"),
+    [
+        ("numpy>=1.26,<3", "numpy==1.26"),
+        ("psycopg[binary]>=3.2,<4", "psycopg[binary]==3.2"),
+        ("nbgrader~=0.9.5", "nbgrader==0.9.5"),
+        ('tomli>=2; python_version < "3.11"', 'tomli==2; python_version < "3.11"'),
+    ],
+)
+def test_floor(req, pin):
+    assert versions.floor(Requirement(req)) == pin
+
+
+@pytest.mark.parametrize("req", ["numpy", "numpy<3", "numpy>1.26", "numpy==1.*"])
+def test_a_requirement_without_an_installable_floor_is_refused_by_name(req):
+    with pytest.raises(ValueError, match="numpy"):
+        versions.floor(Requirement(req))
+
+
+def test_the_tests_left_out_exist_and_include_the_makefile_grading_lane():
+    makefile = (ROOT / "Makefile").read_text()
+    skipped = versions.skipped_tests(makefile)
+    for path in skipped:
+        assert (ROOT / path).is_file(), f"tools/versions.py leaves out {path}, which is gone"
+    assert "tests/test_grading.py" in skipped and "tests/test_environment.py" in skipped
+    assert "tests/test_notebooks.py" not in skipped and "tests/test_versions.py" not in skipped
+
+
+def test_the_marks_of_the_other_lane_are_read_from_its_recipe():
+    makefile = 'test-other-lane: $(STAMP)\n\t$(BIN)/python -m pytest -m "not slow" --ignore=x\n'
+    assert versions.other_lane_marks(makefile) == ["-m", "not slow"]
+    assert versions.other_lane_marks("test-other-lane: $(STAMP)\n\tpytest --ignore=x\n") == []

@@ -1,0 +1,275 @@
+"""Prove the version ranges in pyproject.toml at both ends (`make versions`).
+
+    python tools/versions.py [oldest] [newest] [--serial]
+
+For each end of the ranges it makes its own virtual environment (.venv-oldest, .venv-newest),
+installs there the package and every requirement of pyproject.toml (the dependencies and
+the [dev] extra, read from the file, never listed here), and runs the unit tests and every
+solution notebook (nbval) with that environment's Python.
+
+- oldest: each direct requirement at its floor, the version its lower bound names
+  (`torch>=2.5,<3` installs torch 2.5.0); what they need in turn resolves as pip resolves it.
+  This is uv's `--resolution lowest-direct`, written out so that it needs nothing but pip.
+- newest: the newest versions the ranges allow (upgraded on every run).
+
+The tests are those `make test-other-lane` runs, read from the Makefile: all but its
+GRADING_LANE (nbgrader, the sandbox, PostgreSQL and Chromium, which prove the grading
+machinery rather than the libraries' numerics, and take as long again), with its `-m`
+selection; and of those, not the ones in UNIT_TESTS_SKIP: the JupyterHub test (it needs
+configurable-http-proxy from npm) and tests/test_environment.py (it asserts the locked
+versions, which these two environments by design are not). The notebooks, the checks,
+the mistake catalogs, the student-notebook runs and `make release` all run.
+
+Both environments run side by side, one PyTorch thread each; a summary names the versions
+installed, the pass/fail counts and the seconds each step took. Logs and JUnit files go
+to build/versions/. Exit status 1 when either environment fails.
+
+PyTorch from PyPI on Linux comes with its CUDA libraries (some GB); `import torch` fails
+without them even on CPU, so they are installed too (pip's cache keeps them for next time).
+Extra pip arguments come from $PIP_ARGS, as in the Makefile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "build" / "versions"
+ENDS = ("oldest", "newest")
+# Beyond the Makefile's GRADING_LANE (read from the Makefile), and why:
+UNIT_TESTS_SKIP = {
+    "tests/test_hub.py": "a real JupyterHub; needs configurable-http-proxy from npm",
+    "tests/test_environment.py": "asserts the locked versions, which these envs are not",
+}
+# Printed first in the summary; every other direct requirement follows.
+KEY_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "nbgrader", "jupyterlab")
+
+_install_lock = threading.Lock()
+
+
+def declared_requirements(pyproject: str) -> list[Requirement]:
+    """The package's dependencies and its [dev] extra, as written in pyproject.toml."""
+    project = tomllib.loads(pyproject)["project"]
+    dev = project.get("optional-dependencies", {}).get("dev", [])
+    return [Requirement(r) for r in [*project["dependencies"], *dev]]
+
+
+def floor(req: Requirement) -> str:
+    """``req`` pinned to the version its lower bound names: `torch>=2.5,<3` -> `torch==2.5`
+    (PEP 440 pads: 2.5 is 2.5.0). Extras and markers are kept."""
+    bounds = [s.version for s in req.specifier if s.operator in (">=", "~=", "==", "===")]
+    if any(s.operator == ">" for s in req.specifier):
+        raise ValueError(f"{req}: a '>' bound names no installable floor; write '>=' instead")
+    if len(bounds) != 1 or "*" in bounds[0]:
+        raise ValueError(
+            f"{req}: needs exactly one lower bound ('>=X') to test its oldest version; "
+            f"found {[str(s) for s in req.specifier] or 'none'}"
+        )
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    marker = f"; {req.marker}" if req.marker else ""
+    return f"{req.name}{extras}=={bounds[0]}{marker}"
+
+
+def requirements_for(end: str, pyproject: str) -> list[str]:
+    reqs = declared_requirements(pyproject)
+    return [floor(r) for r in reqs] if end == "oldest" else [str(r) for r in reqs]
+
+
+def grading_lane(makefile: str) -> list[str]:
+    """The test files of the Makefile's `GRADING_LANE = ...` (backslash continuations)."""
+    m = re.search(r"^GRADING_LANE\s*:?=((?:.*\\\n)*.*)$", makefile, re.M)
+    if not m:
+        raise ValueError("Makefile: no GRADING_LANE = ... line found")
+    return m.group(1).replace("\\\n", " ").split()
+
+
+def skipped_tests(makefile: str) -> list[str]:
+    return [*grading_lane(makefile), *UNIT_TESTS_SKIP]
+
+
+def other_lane_marks(makefile: str) -> list[str]:
+    """The `-m "..."` that the Makefile's test-other-lane selects its tests by, if any."""
+    m = re.search(r"^test-other-lane:.*\n\t(.*)$", makefile, re.M)
+    marks = re.search(r'-m\s+"([^"]+)"', m.group(1)) if m else None
+    return ["-m", marks.group(1)] if marks else []
+
+
+def run(cmd: list[str], log, **kwargs) -> None:
+    log.write(f"$ {shlex.join(cmd)}\n")
+    log.flush()
+    proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, **kwargs)
+    if proc.returncode:
+        raise RuntimeError(f"`{shlex.join(cmd)}` exited with {proc.returncode}")
+
+
+def install(end: str, reqs: list[str], log) -> Path:
+    """Make .venv-END and install ``reqs`` and the package (editable) there."""
+    venv = ROOT / f".venv-{end}"
+    py = venv / "bin" / "python"
+    stamp = venv / ".versions-installed"
+    key = hashlib.sha256("\n".join([sys.version, *reqs]).encode()).hexdigest()
+    if end == "oldest" and stamp.exists() and stamp.read_text() == key:
+        log.write(f"{venv.name}: already holds these floors\n")
+        return py
+    if not py.exists():
+        run([sys.executable, "-m", "venv", str(venv)], log)
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar=off"]
+    pip += shlex.split(os.environ.get("PIP_ARGS", ""))
+    upgrade = ["--upgrade", "--upgrade-strategy", "eager"] if end == "newest" else []
+    run([*pip, *upgrade, *reqs], log)
+    with _install_lock:  # both write attention_ref.egg-info in the source tree
+        run([*pip, "--no-deps", "-e", "."], log)
+    run([str(py), "-m", "pip", "check"], log)
+    stamp.write_text(key)
+    return py
+
+
+def versions(py: Path, names: list[str]) -> dict[str, str]:
+    code = (
+        "import json, sys, importlib.metadata as m\n"
+        "print(json.dumps({'python': sys.version.split()[0],"
+        " **{n: m.version(n) for n in sys.argv[1:]}}))"
+    )
+    out = subprocess.run([str(py), "-c", code, *names], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{py}: cannot read the installed versions:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def check_kernel(py: Path) -> None:
+    """nbval's `python3` kernel must be this environment's Python, not .venv's."""
+    out = subprocess.run(
+        [str(py), "-m", "jupyter", "kernelspec", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env_for(py),
+    )
+    spec = json.loads(out.stdout)["kernelspecs"]["python3"]
+    exe = spec["spec"]["argv"][0]
+    # jupyter_client starts a bare "python" with the Python that asks for the kernel.
+    ours = exe in ("python", "python3") or Path(exe).parent.resolve() == py.parent.resolve()
+    if not ours or not Path(spec["resource_dir"]).resolve().is_relative_to(py.parents[1]):
+        raise RuntimeError(f"the python3 kernel ({spec['resource_dir']}) runs {exe}, not {py}")
+
+
+def env_for(py: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{py.parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("VIRTUAL_ENV", None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+def junit_counts(path: Path) -> dict[str, int]:
+    suite = ET.parse(path).getroot()
+    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    n["passed"] = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    return n
+
+
+def prove(end: str, pyproject: str, makefile: str) -> dict:
+    """Install one end of the ranges and run the tests there; the result for the summary."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    result: dict = {"end": end, "log": LOGS / f"{end}.log", "ok": False}
+    reqs = requirements_for(end, pyproject)
+    with open(result["log"], "w") as log:
+        try:
+            t0 = time.monotonic()
+            py = install(end, reqs, log)
+            result["install_s"] = time.monotonic() - t0
+            names = [Requirement(r).name for r in reqs]
+            result["versions"] = versions(py, names)
+            check_kernel(py)
+            junit = LOGS / f"{end}.xml"
+            t0 = time.monotonic()
+            cmd = [str(py), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+            cmd += other_lane_marks(makefile)
+            cmd += [f"--ignore={p}" for p in skipped_tests(makefile)]
+            log.write(f"$ {shlex.join(cmd)}\n")
+            log.flush()
+            rc = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env_for(py)
+            ).returncode
+            result["test_s"] = time.monotonic() - t0
+            result["counts"] = junit_counts(junit) if junit.exists() else None
+            result["ok"] = rc == 0
+            if rc:
+                result["error"] = f"pytest exited with {rc}"
+        except (RuntimeError, OSError, ValueError) as err:
+            result["error"] = str(err)
+    return result
+
+
+def report(r: dict) -> str:
+    lines = [f"== {r['end']}: {'PASSED' if r['ok'] else 'FAILED'}"]
+    if "versions" in r:
+        v = dict(r["versions"])
+        key = [f"python {v.pop('python')}"]
+        key += [f"{n} {v.pop(n)}" for n in KEY_PACKAGES if n in v]
+        lines.append("   " + ", ".join(key))
+        lines.append("   also: " + ", ".join(f"{n} {x}" for n, x in v.items()))
+    if "install_s" in r:
+        lines.append(f"   install: {r['install_s']:.0f} s")
+    if r.get("counts"):
+        c = r["counts"]
+        lines.append(
+            f"   tests: {c['passed']} passed, {c['failures']} failed, {c['errors']} errors, "
+            f"{c['skipped']} skipped in {r['test_s']:.0f} s"
+        )
+    if not r["ok"]:
+        lines.append(f"   error: {r.get('error')}; full log: {r['log'].relative_to(ROOT)}")
+    return "\n".join(lines)
+
+
+def failure_tail(r: dict, n: int = 60) -> str:
+    text = r["log"].read_text(errors="replace") if r["log"].exists() else ""
+    i = text.rfind("short test summary info")
+    tail = text[text.rfind("\n", 0, i) + 1 :] if i >= 0 else "\n".join(text.splitlines()[-n:])
+    return f"---- {r['end']} ({r['log'].relative_to(ROOT)}), last part:\n{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ends", nargs="*", metavar="oldest|newest", help="default: both")
+    ap.add_argument("--serial", action="store_true", help="one environment at a time")
+    args = ap.parse_args(argv)
+    ends = args.ends or list(ENDS)
+    if unknown := set(ends) - set(ENDS):
+        ap.error(f"unknown end(s) {sorted(unknown)}; choose from {list(ENDS)}")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    for end in ends:  # a bad range fails here, before any download
+        requirements_for(end, pyproject)
+    print(f"versions: {' and '.join(ends)} from pyproject.toml; logs in build/versions/")
+    print(f"versions: not run here: {', '.join(skipped_tests(makefile))}", flush=True)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(1 if args.serial else len(ends)) as pool:
+        results = list(pool.map(lambda e: prove(e, pyproject, makefile), ends))
+    for r in results:
+        if not r["ok"]:
+            print(failure_tail(r))
+    for r in results:
+        print(report(r))
+    print(f"versions: {time.monotonic() - t0:.0f} s in all")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
