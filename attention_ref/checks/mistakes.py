@@ -867,6 +867,11 @@ _TABLE = """
   hint: end backward with return dq, dk, dv, None, None.
 [flash_bwd_no_gradient] backward returns None in place of a gradient of q, k or v.
   hint: return dq, dk and dv, each of its input's shape, then None, None.
+[flash_bwd_gradient_order] a gradient is not its input's: backward must return the gradients
+    in the order of forward's inputs (autograd matches them by position: q, k, v, block_size,
+    causal), each of its input's shape.
+  hint: return dq, dk, dv, None, None, with dq of q's shape, dk of k's and dv of v's (dk =
+    torch.zeros_like(k), not like q).
 [flash_bwd_no_delta] D is missing: dS = P * dP leaves out the term the softmax's normalisation
     contributes, dS = P * (dP - D) with D = rowsum(dO * O).
   hint: before the loop, D = (grad_out * out).sum(-1, keepdim=True) (one number per query); in

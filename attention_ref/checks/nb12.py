@@ -696,6 +696,8 @@ def _flash_backward(ctx: Context, cls: type, out, leaves, do, case: str):
     except CheckFailure as err:
         if "incorrect number of gradients" in str(err):
             raise naming(err, named("flash_bwd_gradient_count")) from None
+        if "returned an invalid gradient at index" in str(err):
+            raise naming(err, named("flash_bwd_gradient_order")) from None
         raise
     for name, grad in zip("qkv", grads, strict=True):
         if grad is None:
@@ -744,6 +746,10 @@ def _flash_case(ctx: Context, cls: type, q, k, v, bs: int, causal: bool, label: 
         mistakes = [
             Mistake.of(mid, model=lambda i=i, index=index: model(i, index))
             for i, (mid, _) in enumerate(_flash_mistakes(q.shape[-1]))
+        ] + [  # another input's gradient in this place (same shapes here)
+            Mistake.of("flash_bwd_gradient_order", model=lambda other=other: want[other])
+            for other in range(3)
+            if other != index
         ]
         ctx.expect_close(got, exp, what=what, case=case, mistakes=mistakes, **tol)
 

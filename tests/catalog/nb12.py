@@ -662,6 +662,17 @@ class FlashNoValueGradient(torch.autograd.Function):
         return dq, dk, None, None, None
 
 
+class FlashGradientsSwapped(torch.autograd.Function):
+    """dk and dv returned in each other's place."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, dv, _, _ = _flash_backward(ctx, do)
+        return dq, dv, dk, None, None
+
+
 class FlashForwardAccNotRescaled(torch.autograd.Function):
     """The forward pass of exercise 2 with its accumulator not rescaled."""
 
@@ -689,6 +700,7 @@ for _cls, _id in [
     (FlashBackwardAllKeysAtOnce, "flash_bwd_full_matrix"),
     (FlashThreeGradients, "flash_bwd_gradient_count"),
     (FlashNoValueGradient, "flash_bwd_no_gradient"),
+    (FlashGradientsSwapped, "flash_bwd_gradient_order"),
     (FlashForwardAccNotRescaled, "flash_accumulator_rescaled_when"),
 ]:
     mistake("flash_attention", id=_id)(_cls)
