@@ -12,8 +12,11 @@ from .mistakes import named
 from .toolkit import (
     TOL,
     additive_softmax,
+    causal_mask,
     expect_masked_weights_zero,
     inverted_mask_mistake,
+    padding_mask,
+    random_mask,
     rows_not_summing_to_one,
 )
 
@@ -122,47 +125,29 @@ def _uniform_fully_masked(mask, dim):
 def check_masked_softmax(candidate, ctx: Context) -> None:
     rng = ctx.rng(4)
     g = ctx.torch_gen(4)
-    m1 = torch.from_numpy(rng.random((4, 6)) < 0.6)
-    m1[:, 0] = True
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    m1 = torch.from_numpy(random_mask(rng, (4, 6), 0.6, attend=0))
     m_dead = m1.clone()
     m_dead[2] = False
-    pad = torch.ones(2, 1, 5, dtype=torch.bool)
-    pad[0, :, 2:] = False
-    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    pad = torch.from_numpy(padding_mask([2, 5], 5))
+    causal = torch.from_numpy(causal_mask(5))
     cases = [
-        ("scores (4, 6), a random mask", torch.randn(4, 6, generator=g), m1, -1),
-        ("scores (4, 6), row 2 fully masked", torch.randn(4, 6, generator=g), m_dead, -1),
-        ("scores (2, 3, 5), padding mask (2, 1, 5)", torch.randn(2, 3, 5, generator=g), pad, -1),
-        ("scores (5, 5), causal mask", torch.randn(5, 5, generator=g), causal, -1),
-        (
-            "scores (6, 4) normalised over dim=0, mask (6, 4)",
-            torch.randn(6, 4, generator=g),
-            m1.T.contiguous(),
-            0,
-        ),
-        (
-            "scores (3, 4), all allowed",
-            torch.randn(3, 4, generator=g),
-            torch.ones(3, 4, dtype=torch.bool),
-            -1,
-        ),
-        ("large scores (around 1000)", 1000 * torch.randn(4, 6, generator=g), m1, -1),
+        ("scores (4, 6), a random mask", randn(4, 6), m1, -1),
+        ("scores (4, 6), row 2 fully masked", randn(4, 6), m_dead, -1),
+        ("scores (2, 3, 5), padding mask (2, 1, 5)", randn(2, 3, 5), pad, -1),
+        ("scores (5, 5), causal mask", randn(5, 5), causal, -1),
+        ("scores (6, 4) normalised over dim=0, mask (6, 4)", randn(6, 4), m1.T.contiguous(), 0),
+        ("scores (3, 4), all allowed", randn(3, 4), torch.ones(3, 4, dtype=torch.bool), -1),
+        ("large scores (around 1000)", 1000 * randn(4, 6), m1, -1),
     ]
     if ctx.thorough:
-        m3 = torch.from_numpy(rng.random((2, 3, 4, 7)) < 0.5)
+        m3 = torch.from_numpy(random_mask(rng, (2, 3, 4, 7), 0.5, attend=None))
         cases += [
-            (
-                "scores (2, 3, 4, 7), random mask with dead rows",
-                torch.randn(2, 3, 4, 7, generator=g),
-                m3,
-                -1,
-            ),
-            (
-                "one position only",
-                torch.randn(3, 1, generator=g),
-                torch.tensor([[True], [False], [True]]),
-                -1,
-            ),
+            ("scores (2, 3, 4, 7), random mask with dead rows", randn(2, 3, 4, 7), m3, -1),
+            ("one position only", randn(3, 1), torch.tensor([[True], [False], [True]]), -1),
         ]
     for label, scores, mask, dim in cases:
         # float64 first: there an additive mask keeps the scores of a fully masked row (and

@@ -32,8 +32,11 @@ from .toolkit import (
     LAYER_TOL,
     assign_tensor,
     build_module,
+    causal_mask,
     dtype_name,
     materialize_with,
+    normal,
+    padding_mask,
     substitute,
 )
 
@@ -479,41 +482,28 @@ class LayerCase:
 
 
 def _layer_cases(ctx: Context) -> list[LayerCase]:
+    """Rows: label, EncoderLayer(D, H, d_ff, norm_first), x's (B, T), the mask, [x's scale]."""
     rng = ctx.rng(66)
-
-    def r(*shape, scale=1.0):
-        return scale * rng.normal(size=shape)
-
-    pad = np.ones((3, 1, 1, 6), dtype=bool)
-    pad[1, ..., 3:] = False  # length 3
-    pad[2, ..., 1:] = False  # length 1
-    causal = np.tril(np.ones((5, 5), dtype=bool))
-    cases = [
-        LayerCase("post-norm (the defaults), T=5, d_model=8, 2 heads", 8, 2, 16, None, r(2, 5, 8)),
-        LayerCase("pre-norm, T=5, d_model=8, 2 heads", 8, 2, 16, True, r(2, 5, 8)),
-        LayerCase(
-            "post-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1",
-            *(8, 2, 12, False),
-            r(3, 6, 8),
-            pad,
-        ),
-        LayerCase(
-            "pre-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1",
-            *(8, 4, 12, True),
-            r(3, 6, 8),
-            pad,
-        ),
-        LayerCase("post-norm, a causal mask (5, 5)", 12, 3, 24, False, r(2, 5, 12), causal),
-        LayerCase("pre-norm, one token, a batch of one, one head", 6, 1, 8, True, r(1, 1, 6)),
-        LayerCase("post-norm, large inputs", 8, 2, 16, False, r(2, 4, 8, scale=5.0)),
+    pad = padding_mask([6, 3, 1], 6)[:, None]  # (3, 1, 1, 6)
+    rows = [
+        ("post-norm (the defaults), T=5, d_model=8, 2 heads", (8, 2, 16, None), (2, 5), None),
+        ("pre-norm, T=5, d_model=8, 2 heads", (8, 2, 16, True), (2, 5), None),
+        ("post-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1", (8, 2, 12, False), (3, 6), pad),
+        ("pre-norm, a padding mask (3, 1, 1, 6): lengths 6, 3, 1", (8, 4, 12, True), (3, 6), pad),
+        ("post-norm, a causal mask (5, 5)", (12, 3, 24, False), (2, 5), causal_mask(5)),
+        ("pre-norm, one token, a batch of one, one head", (6, 1, 8, True), (1, 1), None),
+        ("post-norm, large inputs", (8, 2, 16, False), (2, 4), None, 5.0),  # x's scale
     ]
     if ctx.thorough:
-        cases += [
-            LayerCase("pre-norm, T=9, d_model=16, 4 heads", 16, 4, 32, True, r(3, 9, 16)),
-            LayerCase("pre-norm, a causal mask (5, 5)", 8, 2, 16, True, r(2, 5, 8), causal),
-            LayerCase("post-norm, d_ff < d_model", 16, 8, 8, False, r(2, 3, 16)),
+        rows += [
+            ("pre-norm, T=9, d_model=16, 4 heads", (16, 4, 32, True), (3, 9), None),
+            ("pre-norm, a causal mask (5, 5)", (8, 2, 16, True), (2, 5), causal_mask(5)),
+            ("post-norm, d_ff < d_model", (16, 8, 8, False), (2, 3), None),
         ]
-    return cases
+    return [
+        LayerCase(label, *layer, normal(rng, *bt, layer[0], scale=scale[0] if scale else 1.0), m)
+        for label, layer, bt, m, *scale in rows
+    ]
 
 
 def _layer_build(cls, ctx, c: LayerCase, P, dtype, case, dropout=None) -> nn.Module:

@@ -645,14 +645,16 @@ def random_mask(
     shape: tuple[int, ...],
     p: float,
     *,
-    attend: int,
+    attend: int | None,
     fully_masked: tuple[tuple[int, ...], ...] = (),
 ) -> np.ndarray:
     """A random mask ``(..., n_q, n_k)``, True (may attend) with probability ``p``, in which
-    every query may attend to key ``attend`` except the rows ``fully_masked`` (indices of the
-    leading axes and the query), which may attend to nothing."""
+    every query may attend to key ``attend`` (None: rows may come out fully masked by
+    chance) except the rows ``fully_masked`` (indices of the leading axes and the query),
+    which may attend to nothing."""
     mask = rng.random(shape) < p
-    mask[..., attend] = True
+    if attend is not None:
+        mask[..., attend] = True
     for row in fully_masked:
         mask[row] = False
     return mask
