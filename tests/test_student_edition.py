@@ -27,7 +27,7 @@ from course_tools import (
 )
 from test_grading import solved_submission, submit
 
-# The graded exercises' reference implementations (notebooks 01-07), by exercise id.
+# The graded exercises' reference implementations, by the name attention_ref exports.
 REFERENCES = [
     "softmax_np",
     "sdpa_np",
@@ -43,7 +43,16 @@ REFERENCES = [
     "FeedForward",
     "EncoderLayer",
     "DecoderLayer",
+    "GPTBlock",
+    "GroupedQueryAttention",
+    "sample_next_token",
     "online_softmax_attention",
+    "cached_self_attention",
+    "FlashAttention",
+    "flash_attention",
+    "RMSNorm",
+    "SwiGLU",
+    "RotaryAttention",
 ]
 # Lines of the reference sdpa that must never show up in what a student can see.
 SDPA_LINES = ["def sdpa(", "softmax", "math.sqrt", "@"]
