@@ -17,7 +17,7 @@ import torch
 
 from .. import positional as ref
 from ._core import Context, Mistake, _as_np, exercise
-from .mistakes import named, pair
+from .mistakes import named
 
 
 def _forbid_sinusoidal():
@@ -109,9 +109,6 @@ def _matches_where_resolvable(model: np.ndarray, angles: np.ndarray, limit: floa
     return applies
 
 
-HALF_LAYOUT = pair("pe_sin_cos_half")
-
-
 def _is_half_layout(got: np.ndarray, expected: np.ndarray) -> bool:
     """Any [sin | cos] table: row 0 is (0, ..., 0, 1, ..., 1) and column j is the cosine
     partner of column j - d/2 (sin^2 + cos^2 = 1), whatever the frequencies."""
@@ -136,7 +133,7 @@ def _pe_mistakes(n: int, d: int) -> list[Mistake]:
             )
         else:
             out.append(Mistake.of(mistake_id, model=lambda v=v: pe_model(n, d, v)))
-    out.append(Mistake(*HALF_LAYOUT, applies=_is_half_layout))  # any other frequencies
+    out.append(Mistake.of("pe_sin_cos_half", applies=_is_half_layout))  # any other frequencies
     return out
 
 

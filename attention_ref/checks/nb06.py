@@ -122,10 +122,6 @@ FF_SPECS = {
     "linear1": "nn.Linear(d_model, d_ff)",
     "linear2": "nn.Linear(d_ff, d_model)",
 }
-NO_RELU = named("relu_missing")
-RELU_AFTER = named("relu_after_linear2")
-GELU = named("activation_gelu")
-GELU_TANH = named("activation_gelu_tanh")
 
 
 def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "relu", prefix: str = ""):
@@ -170,7 +166,7 @@ def _ff_mistakes(x64, P, prefix="") -> list[Mistake]:
         m("relu_missing", "none"),
         m("relu_after_linear2", "after"),
         m("relu_after_linear2", "both"),
-        Mistake(GELU_TANH, GELU_TANH.hint, applies=nearer("gelu_tanh", "gelu")),
+        Mistake.of("activation_gelu_tanh", applies=nearer("gelu_tanh", "gelu")),
         m("activation_gelu", "gelu"),
     ]
 
