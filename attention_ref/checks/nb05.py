@@ -330,41 +330,38 @@ def check_rope(candidate, ctx: Context) -> None:
     def r(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
-    cases = [
-        ("x (T=6, d=8), default positions", r(6, 8), None, 10000.0),
-        ("x (B=2, T=5, d=4), default positions", r(2, 5, 4), None, 10000.0),
-        ("x (B=2, H=3, T=4, d=16) (heads), default positions", r(2, 3, 4, 16), None, 10000.0),
-        ("one token (T=1, d=6), default positions", r(1, 6), None, 10000.0),
-        ("x (T=3, d=2), positions given", r(3, 2), torch.tensor([4, 9, 2]), 10000.0),
+    def pos(*p):  # the positions p
+        return torch.tensor(p)
+
+    def shuffled(n):
+        return torch.from_numpy(rng.permutation(n))
+
+    base = 10000.0  # the default
+    cases = [  # label, x, positions (None: the default 0, 1, ...), base
+        ("x (T=6, d=8), default positions", r(6, 8), None, base),
+        ("x (B=2, T=5, d=4), default positions", r(2, 5, 4), None, base),
+        ("x (B=2, H=3, T=4, d=16) (heads), default positions", r(2, 3, 4, 16), None, base),
+        ("one token (T=1, d=6), default positions", r(1, 6), None, base),
+        ("x (T=3, d=2), positions given", r(3, 2), pos(4, 9, 2), base),
         (
             "x (T=5, d=8), positions 10..14 (as with a KV cache)",
             r(5, 8),
             torch.arange(10, 15),
-            10000.0,
+            base,
         ),
-        (
-            "x (B=2, T=6, d=8), shuffled positions",
-            r(2, 6, 8),
-            torch.from_numpy(rng.permutation(6)),
-            10000.0,
-        ),
+        ("x (B=2, T=6, d=8), shuffled positions", r(2, 6, 8), shuffled(6), base),
         ("x (T=4, d=8), base=100", r(4, 8), None, 100.0),
     ]
     if ctx.thorough:
         cases += [
-            ("x (T=64, d=64), default positions", r(64, 64), None, 10000.0),
+            ("x (T=64, d=64), default positions", r(64, 64), None, base),
             (
                 "x (B=3, T=7, d=10), positions 1000..1006",
                 r(3, 7, 10),
                 torch.arange(1000, 1007),
-                10000.0,
+                base,
             ),
-            (
-                "x (T=5, d=12), base=500, positions given",
-                r(5, 12),
-                torch.tensor([0, 3, 3, 8, 1]),
-                500.0,
-            ),
+            ("x (T=5, d=12), base=500, positions given", r(5, 12), pos(0, 3, 3, 8, 1), 500.0),
         ]
     # The first case settles the type, shape and dtype before the property check.
     label, x, pos, base = cases[0]
