@@ -82,6 +82,14 @@ class RMSPyTorchFunctional(_RMS):
         return nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+@mistake("rms_norm", id="reference_used")
+class RMSPyTorchModule(nn.RMSNorm):
+    """PyTorch's own RMSNorm (its parameter is even named weight): forbidden by the spec."""
+
+    def __init__(self, d_model, eps=1e-6):
+        super().__init__(d_model, eps=eps)
+
+
 @alternative("rms_norm")
 class RMSRsqrt(_RMS):
     def forward(self, x):
