@@ -1,6 +1,9 @@
 """The toolkit the checks share: the dtype names and tolerances, building a learner's
 module and loading known weights into it (lazy layers, parametrizations, raw parameters),
-seeded reference weights, and the reference parts a module exercise is graded with.
+seeded reference weights, the reference parts a module exercise is graded with, the case
+generators (shapes, masks with fully masked rows, large logits), the properties every
+attention exercise has (masked weights 0, rows sum to 1, causality, the outputs' order) and
+the mistakes of attention itself.
 
 Every check of a module exercise builds the learner's class with :func:`build_module`
 (guarded, lazy layers set up), then loads known weights with :func:`load_linear_weights`
