@@ -124,16 +124,16 @@ FF_SPECS = {
 }
 
 
-def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "relu", prefix: str = ""):
+def ff_model(x: torch.Tensor, P: dict[str, torch.Tensor], act: str = "correct", prefix: str = ""):
     """The feed-forward network in float64 with one knob per mistake.
 
-    act: "relu", "none", "after" (ReLU after linear2 only), "both" (after each layer),
+    act: "correct" (ReLU), "none", "after" (ReLU after linear2 only), "both" (after each layer),
     "gelu" (exact), "gelu_tanh" (the tanh approximation).
     """
     w1, b1 = P[f"{prefix}linear1.weight"], P[f"{prefix}linear1.bias"]
     w2, b2 = P[f"{prefix}linear2.weight"], P[f"{prefix}linear2.bias"]
     h = F.linear(x, w1, b1)
-    if act in ("relu", "both"):
+    if act in ("correct", "both"):
         h = torch.relu(h)
     elif act == "gelu":
         h = F.gelu(h)
@@ -385,7 +385,7 @@ def layer_model(
     res_ff: bool = True,
     swap_norms: bool = False,
     use_mask: bool = True,
-    act: str = "relu",
+    act: str = "correct",
     ff_input: str = "correct",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The encoder layer in float64 (with the reference's weights), one knob per mistake.

@@ -87,12 +87,15 @@ def decoder_model(
     norm_first: bool,
     use_self_mask: bool = True,
     use_memory_mask: bool = True,
-    kv_from: str = "memory",
+    kv_from: str = "correct",
     residual: bool = True,
+    norm_order: str = "correct",
 ):
-    """The decoder layer in float64 with the reference's sub-modules, one knob per mistake:
-    ``kv_from`` "memory" (right) or "decoder" (keys and values of the cross-attention from
-    the decoder's own states); ``residual=False`` drops every skip connection."""
+    """The decoder layer ``(out, self_weights, cross_weights)`` in float64 with the
+    reference's sub-modules, one knob per mistake (each knob's right value is its default):
+    ``kv_from`` "decoder" (keys and values of the cross-attention from the decoder's own
+    states); ``residual=False`` drops every skip connection; ``norm_order`` "flipped" (the
+    other norm order than ``norm_first`` asks for)."""
     sm = self_mask if use_self_mask else None
     mm = memory_mask if use_memory_mask else None
 
@@ -100,7 +103,7 @@ def decoder_model(
         return r.self_attn(h, h, h, sm)
 
     def cross_block(h):
-        if kv_from == "memory":
+        if kv_from == "correct":  # from the encoder's memory
             return r.cross_attn(h, memory, memory, mm)
         return r.cross_attn(h, h, h, None)
 
@@ -117,37 +120,41 @@ def decoder_model(
 
         return f
 
-    order = "pre" if norm_first else "post"
+    pre_norm = norm_first if norm_order == "correct" else not norm_first  # or "flipped"
+    order = "pre" if pre_norm else "post"
     for fn, norm in ((self_block, r.norm1), (cross_block, r.norm2), (ff_block, r.norm3)):
         x = M.sublayer(x, keeping_weights(fn), norm, order, residual=residual)
     return x, ws[0], ws[1]
 
 
+#: The decoder layer's mistake models: (id, the model's options, the cases it shows on: a
+#: "self_mask" or a "memory_mask" given, "any"), tried in this order.
+DEC_MISTAKES = [
+    ("decoder_self_mask_ignored", dict(use_self_mask=False), "self_mask"),
+    ("decoder_memory_mask_ignored", dict(use_memory_mask=False), "memory_mask"),
+    ("decoder_cross_kv_from_decoder", dict(kv_from="decoder"), "any"),
+    ("decoder_residual_missing", dict(residual=False), "any"),
+    ("decoder_norm_order", dict(norm_order="flipped"), "any"),
+]
+
+
 def _dec_mistakes(r, y, memory, sm, mm, norm_first, which: int) -> list[Mistake]:
-    def m(mistake_id, params=None, **kw):
-        return Mistake.of(
-            mistake_id,
-            **(params or {}),
-            model=lambda: decoder_model(r, y, memory, sm, mm, **{"norm_first": norm_first, **kw})[
+    """The mistake models that apply to these masks; ``which`` 0 = out, 1 = self_weights,
+    2 = cross_weights."""
+    shows_on = {"any"} | {n for n, m in (("self_mask", sm), ("memory_mask", mm)) if m is not None}
+    computed = {"computed": "post-norm" if norm_first else "pre-norm", "norm_first": norm_first}
+    params = {"decoder_norm_order": computed}
+    return [
+        Mistake.of(
+            i,
+            model=lambda kw=kw: decoder_model(r, y, memory, sm, mm, norm_first=norm_first, **kw)[
                 which
             ],
+            **params.get(i, {}),
         )
-
-    out = []
-    if sm is not None:
-        out.append(m("decoder_self_mask_ignored", use_self_mask=False))
-    if mm is not None:
-        out.append(m("decoder_memory_mask_ignored", use_memory_mask=False))
-    out += [
-        m("decoder_cross_kv_from_decoder", kv_from="decoder"),
-        m("decoder_residual_missing", residual=False),
-        m(
-            "decoder_norm_order",
-            {"computed": "post-norm" if norm_first else "pre-norm", "norm_first": norm_first},
-            norm_first=not norm_first,
-        ),
+        for i, kw, shows in DEC_MISTAKES
+        if shows in shows_on
     ]
-    return out
 
 
 def _dec_forbidden():

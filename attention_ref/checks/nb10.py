@@ -36,7 +36,10 @@ def _sentence_ids(rng: np.random.Generator, B: int, T: int, S: int, empty_slot: 
     return out
 
 
-def _pool_model(h, ids, S, *, mode="mean"):
+def _pool_model(h, ids, S, *, mode="correct"):
+    """Each sentence's mean vector ``(B, S, D)`` as (possibly mistaken) pooling computes it:
+    mode "correct" (the mean over the sentence's tokens), "sum", "all_tokens" (divided by
+    T), "real_tokens" (by the number of non-padding tokens), "clamp" (ids clamped at 0)."""
     h = h.double()
     B, T, D = h.shape
     out = torch.zeros(B, S, D, dtype=torch.float64)
