@@ -200,3 +200,18 @@ def test_the_hub_is_not_tried_offline(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_reachable() is False
+
+
+def test_the_benchmark_line_lists_each_seed_of_each_model():
+    from attention_ref.apps.modern_lm import ModernResult, Run
+
+    runs = [
+        Run("GPT (notebook 11)", 0, 128064, 1500, 60.0, 1.0026, 0.978),
+        Run("modern", 0, 128000, 1300, 60.0, 1.0023, 0.988),
+        Run("GPT (notebook 11)", 1, 128064, 1400, 60.0, 1.0031, 0.981),
+        Run("modern", 1, 128000, 1200, 60.0, 1.0030, 0.975),
+    ]
+    line = ModernResult("modern_cross_entropy_over_floor", 1.003, 60.0, runs).extras()
+    assert "gpt_ce_over_floor=1.0026/1.0031" in line
+    assert "modern_grammatical=0.988/0.975" in line
+    assert "modern_steps=1300/1200" in line and "gpt_params=128064" in line
