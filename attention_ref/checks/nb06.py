@@ -34,9 +34,11 @@ from .toolkit import (
     build_module,
     causal_mask,
     dtype_name,
+    expect_dropout_applied,
     materialize_with,
     normal,
     padding_mask,
+    same_in_both_modes,
     substitute,
 )
 
@@ -310,13 +312,7 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
         hint="in eval mode dropout does nothing: FFN(x) = linear2(relu(linear1(x))).",
         **LAYER_TOL[torch.float64],
     )
-    if torch.allclose(train_out, eval_out):
-        ctx.fail(
-            "with dropout=0.5 the output in training mode equals the eval-mode output: no "
-            "dropout was applied.",
-            case=case,
-            mistake="ff_dropout_ignored",
-        )
+    expect_dropout_applied(ctx, train_out, eval_out, p=p, case=case, mistake="ff_dropout_ignored")
     # Solve linear2 for the hidden activations it was given: each must be 0 (dropped) or
     # relu(linear1(x)) / (1 - p) (kept and rescaled).
     w2, b2 = P["linear2.weight"], P["linear2.bias"]
@@ -687,23 +683,14 @@ def _check_layer_dropout(cls, ctx: Context) -> None:
             hint="in eval mode dropout does nothing.",
             **LAYER_TOL[torch.float64],
         )
-        if isinstance(train_out, torch.Tensor) and torch.allclose(train_out, eval_out):
-            ctx.fail(
-                "with dropout=0.3 the output in training mode equals the eval-mode output: "
-                "no dropout was applied.",
-                case=case,
-                mistake="encoder_dropout_ignored",
-            )
+        expect_dropout_applied(
+            ctx, train_out, eval_out, p=0.3, case=case, mistake="encoder_dropout_ignored"
+        )
         mod.train()
         _, train_w = _layer_call(ctx, mod, x, None, case + ", training mode")
         mod.eval()
         _, eval_w = _layer_call(ctx, mod, x, None, case + ", eval mode")
-        if (
-            isinstance(train_w, torch.Tensor)
-            and isinstance(eval_w, torch.Tensor)
-            and train_w.shape == eval_w.shape
-            and torch.allclose(train_w, eval_w)
-        ):
+        if same_in_both_modes(train_w, eval_w):
             ctx.fail(
                 "with dropout=0.3 the attention weights in training mode are the eval-mode "
                 "weights: the attention weights are not dropped. nn.TransformerEncoderLayer "

@@ -45,9 +45,11 @@ from .toolkit import (
     build_module,
     dropout_p,
     dtype_name,
+    expect_dropout_applied,
     load_reference_weights,
     materialize_with,
     randomize_parameters,
+    same_in_both_modes,
     substitute,
 )
 
@@ -310,23 +312,19 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
         mod.train()
         torch.manual_seed(ctx.seed)
         out, w_self, w_cross = _dec_call(ctx, mod, y, memory, None, None, case + ", training")
-        if isinstance(out, torch.Tensor) and torch.allclose(out, eval_out):
-            ctx.fail(
-                "with dropout=0.3 the output in training mode equals the eval-mode output: "
-                "no dropout was applied.",
-                case=case + ", training mode",
-                mistake="decoder_dropout_ignored",
-            )
+        expect_dropout_applied(
+            ctx,
+            out,
+            eval_out,
+            p=0.3,
+            case=case + ", training mode",
+            mistake="decoder_dropout_ignored",
+        )
         for got, ev, name in (
             (w_self, eval_self, "self_attn"),
             (w_cross, eval_cross, "cross_attn"),
         ):
-            if (
-                isinstance(got, torch.Tensor)
-                and isinstance(ev, torch.Tensor)
-                and got.shape == ev.shape
-                and torch.allclose(got, ev)
-            ):
+            if same_in_both_modes(got, ev):
                 ctx.fail(
                     f"with dropout=0.3 the {name} weights in training mode are the eval-mode "
                     "weights: the attention weights are not dropped. nn.TransformerDecoderLayer "

@@ -609,6 +609,30 @@ def expect_exact_tensor(
     )
 
 
+def same_in_both_modes(train, evaluated) -> bool:
+    """Against the dropout property: what a module returned in training mode is, as a
+    tensor of the same shape, what it returned in eval mode on the same input."""
+    return (
+        isinstance(train, torch.Tensor)
+        and isinstance(evaluated, torch.Tensor)
+        and train.shape == evaluated.shape
+        and torch.allclose(train, evaluated)
+    )
+
+
+def expect_dropout_applied(ctx: Context, train_out, eval_out, *, p: float, case: str, mistake: str):
+    """The dropout property of a module built with dropout ``p`` > 0: its output in training
+    mode is not its output in eval mode (``eval_out``, already checked against the
+    reference)."""
+    if isinstance(train_out, torch.Tensor) and torch.allclose(train_out, eval_out):
+        ctx.fail(
+            f"with dropout={p} the output in training mode equals the eval-mode output: no "
+            "dropout was applied.",
+            case=case,
+            mistake=mistake,
+        )
+
+
 def earlier_position_changed(before, after, atol: float) -> int | None:
     """The causality property: ``before`` and ``after`` are outputs ``(1, T, ...)`` for
     inputs that differ only in the last token; the first earlier position whose output
