@@ -119,3 +119,24 @@ def test_unknown_architectures_are_refused():
 
     with pytest.raises(NotImplementedError, match="bert"):
         from_hf(Model())
+
+
+def test_llama_with_wider_heads_and_every_bias():
+    """head_dim larger than hidden_size / heads, biases on all four projections and on the
+    feed-forward network: every optional path of the converter."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+        mlp_bias=True, max_position_embeddings=64, rope_theta=500.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape))
+    ours = from_hf(model)
+    assert ours.blocks[0].attn.d_head == 16 and ours.blocks[0].attn.w_o.bias is not None
+    assert ours.blocks[0].ff.w_up.bias is not None
+    assert _worst(ours, model, torch.Generator().manual_seed(8)) <= 1e-5
