@@ -467,8 +467,10 @@ _TABLE = """
     in forward.
 [dropout_after_linear2] dropout is applied to the output of linear2 instead of the hidden
     activations between the layers.
+  hint: linear2(self.dropout(torch.relu(self.linear1(x)))).
 [dropout_misplaced] dropout is not applied (only) to the hidden activations: it belongs between
     relu(linear1(x)) and linear2, once.
+  hint: linear2(self.dropout(torch.relu(self.linear1(x)))).
 [encoder_dropout_hard_coded] dropout is active although dropout=0.0: the dropout argument is
     ignored (e.g. nn.Dropout(0.1) hard-coded).
   hint: self.dropout1 = nn.Dropout(dropout), and pass dropout on to FeedForward(d_model, d_ff,
@@ -488,6 +490,8 @@ _TABLE = """
 
 # --- 07 the decoder
 [dropout_not_passed_on] the dropout is not passed on to {name}.
+  hint: self.{name} = MultiHeadAttention(d_model, n_heads, dropout=dropout) (as a keyword: the
+    third positional argument is bias).
 [decoder_norm_order] wrong norm order: the layer computes {computed} although
     norm_first={norm_first}.
   hint: norm_first=True: y = y + sublayer(norm(y)); norm_first=False: y = norm(y + sublayer(y)).
@@ -535,6 +539,8 @@ _TABLE = """
 [self_mask_not_applied] the causal self_mask is not applied in the self-attention.
 [tgt_embed_init] tgt_embed keeps nn.Embedding's N(0, 1) initialisation; multiplied by
     sqrt(d_model), the tokens would drown the positional encoding.
+  hint: self.tgt_embed = init_embedding(nn.Embedding(tgt_vocab, d_model)), with init_embedding
+    from attention_ref.encoder.
 [decoder_no_causal_mask] no causal mask in the decoder's self-attention.
   hint: self_mask = causal (T, T) AND target padding -> (B, 1, T, T).
 [cross_q_from_memory] the cross-attention takes its queries from memory and keys from y.
@@ -912,6 +918,13 @@ _TABLE = """
     all keys at once, or a full mask), in the forward or the backward pass.
   hint: in both passes work on one tile at a time: s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT
     and its causal mask from the tile's positions.
+[flash_bwd_quadratic_memory] the backward pass holds n_q x n_k numbers at once, in pieces
+    (autograd's graph through recomputed tiles, from torch.autograd.grad or .backward() inside
+    backward, or a list of every tile): its memory grows with n^2 although no one tensor is
+    that large.
+  hint: compute each tile's contributions yourself with the formulas, dv += p.mT @ do_blk, ds =
+    p * (dp - D), dq += ds @ k_blk * scale, dk += ds.mT @ q_blk, and let the tile go before
+    the next one.
 
 # --- 13 the modern decoder
 [rms_eps_outside_root] epsilon is added outside the square root: x / (sqrt(mean(x^2)) + eps).

@@ -809,11 +809,12 @@ def check_flash_attention(candidate, ctx: Context) -> None:
 
 def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
     """Nothing of n_q x n_k kept by the forward pass for the backward pass, no such tensor
-    in either pass, and future tiles skipped by the backward pass as by the forward."""
+    in either pass, future tiles skipped by the backward pass as by the forward, and the
+    backward pass's peak memory growing about linearly with n (n = 256, then 512)."""
     n, bs, batch, d = 256, 64, 2, 8
     full = batch * n * n * 4  # bytes of the float32 score matrices of the batch
     q, k, v = _attn_inputs(g, (batch, n, d), (batch, n, d), d, torch.float32)
-    work = {}
+    work, peak_backward = {}, {}
     for causal in (False, True):
         case = (
             f"q, k, v ({batch}, {n}, {d}) float32, block_size={bs}, causal={causal} (watching "
@@ -825,8 +826,9 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
             expect_tensor(ctx, out, "the output", case, like=q)
             kept = mem.current - out.untyped_storage().nbytes()
         do = torch.randn(out.shape, generator=g, dtype=torch.float32)
-        with OpRecorder() as rec_b:
+        with OpRecorder() as rec_b, PeakMemory() as mem_b:
             grads = _flash_backward(ctx, cls, out, leaves, do, case)
+        peak_backward[causal] = mem_b.peak
         ref_leaves = _leaves(q.double(), k.double(), v.double())
         expected = _expected_attention(*ref_leaves, causal)
         want = torch.autograd.grad(expected, ref_leaves, do.double())
@@ -867,3 +869,26 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
                 case=f"q, k, v ({batch}, {n}, {d}) float32, block_size={bs}",
                 mistake=mistake,
             )
+    # No tensor of n_q x n_k elements is not enough: the backward pass must not hold that
+    # many numbers at once in pieces either (autograd's graph through recomputed tiles, a
+    # list of tiles). Its peak grows about linearly (x1.1 to x2 when n doubles for correct
+    # answers, float64 copies and all queries at once included); in pieces, about x4.
+    n2 = 2 * n
+    q, k, v = _attn_inputs(g, (batch, n2, d), (batch, n2, d), d, torch.float32)
+    case = f"q, k, v ({batch}, {n2}, {d}) float32, block_size={bs}, causal=False"
+    leaves = _leaves(q, k, v)
+    out = _flash_forward(ctx, cls, leaves, bs, False, case)
+    expect_tensor(ctx, out, "the output", case, like=q)
+    do = torch.randn(out.shape, generator=g, dtype=torch.float32)
+    with PeakMemory() as mem_b:
+        _flash_backward(ctx, cls, out, leaves, do, case)
+    growth = mem_b.peak / max(peak_backward[False], 1)
+    if growth > 3.0:
+        ctx.fail(
+            f"the peak memory of your backward pass grows {growth:.1f} times when n doubles "
+            f"({peak_backward[False] / 2**10:.0f} KiB at n={n}, {mem_b.peak / 2**10:.0f} KiB "
+            f"at n={n2}, block_size={bs}): it holds about n_q x n_k numbers at once. It "
+            "should grow about linearly (at most 3 times).",
+            case=case,
+            mistake="flash_bwd_quadratic_memory",
+        )

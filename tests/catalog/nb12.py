@@ -643,6 +643,22 @@ class FlashBackwardAllKeysAtOnce(torch.autograd.Function):
         return _flash_backward(ctx, do, full=True)
 
 
+class FlashBackwardThroughAutograd(torch.autograd.Function):
+    """backward recomputes the tiled forward pass under autograd and calls
+    torch.autograd.grad: the right gradients, but the graph holds every tile's weights at
+    once (no one tensor of n_q x n_k elements)."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, _, _ = ctx.saved_tensors
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with torch.enable_grad():
+            out = _online_attention(*leaves, ctx.block_size, ctx.causal)
+        return (*torch.autograd.grad(out, leaves, do), None, None)
+
+
 class FlashThreeGradients(torch.autograd.Function):
     forward = staticmethod(_flash_forward)
 
@@ -698,6 +714,7 @@ for _cls, _id in [
     (FlashSavesTheWeights, "flash_bwd_saves_weights"),
     (FlashAutogradThroughTiles, "flash_bwd_saves_weights"),
     (FlashBackwardAllKeysAtOnce, "flash_bwd_full_matrix"),
+    (FlashBackwardThroughAutograd, "flash_bwd_quadratic_memory"),
     (FlashThreeGradients, "flash_bwd_gradient_count"),
     (FlashNoValueGradient, "flash_bwd_no_gradient"),
     (FlashGradientsSwapped, "flash_bwd_gradient_order"),
