@@ -328,8 +328,7 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
             "in training mode the output is not linear2 of the (randomly dropped, rescaled "
             "by 1/(1-p)) hidden activations.",
             case=case + ", training mode",
-            likely=likely,
-            hint="linear2(self.dropout(torch.relu(self.linear1(x)))).",
+            mistake=likely,
         )
 
 

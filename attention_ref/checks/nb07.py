@@ -330,9 +330,7 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
                     "weights: the attention weights are not dropped. nn.TransformerDecoderLayer "
                     "applies its dropout to the attention weights too.",
                     case=case + ", training mode",
-                    likely=named("dropout_not_passed_on", name=name),
-                    hint=f"self.{name} = MultiHeadAttention(d_model, n_heads, dropout=dropout) "
-                    "(as a keyword: the third positional argument is bias).",
+                    mistake=named("dropout_not_passed_on", name=name),
                 )
 
 
@@ -461,8 +459,7 @@ def _tf_prepare(ctx, mod, c: TfCase, case) -> None:
                 f"about d_model**-0.5 = {want:.3g} (the course's embedding scheme).",
                 case=case,
                 likely=likely,
-                hint="self.tgt_embed = init_embedding(nn.Embedding(tgt_vocab, d_model)), "
-                "with init_embedding from attention_ref.encoder.",
+                hint=named("tgt_embed_init").hint,
             )
     layers = getattr(mod, "decoder_layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) != c.L:
