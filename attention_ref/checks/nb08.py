@@ -513,10 +513,7 @@ def check_beam_search(candidate, ctx: Context) -> None:
             (
                 f"random table #{i}, V=10, beam_size={2 + i}",
                 lambda i=i: TableLM(10, 1, 2, s + 10 + i, temp=1.0 + 0.3 * i),
-                1,
-                2,
-                2 + i,
-                10,
+                *(1, 2, 2 + i, 10),
             )
         )
     for label, make, bos, eos, k, max_len in cases:
