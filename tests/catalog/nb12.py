@@ -852,3 +852,68 @@ class FlashSavesMaxAndSum(torch.autograd.Function):
                 dq[..., i0:i1, :] += ds @ k[..., j0:j1, :] * scale
                 dk[..., j0:j1, :] += ds.mT @ q[..., i0:i1, :] * scale
         return dq, dk, dv, None, None
+
+
+@alternative(
+    "flash_attention",
+    check_only="its later cells were run by hand (issue 21 review); a fourth notebook run "
+    "would add a minute to make test",
+)
+class FlashRunningLogSumExp(torch.autograd.Function):
+    """The forward pass keeps a running log-sum-exp (torch.logsumexp on a tile,
+    torch.logaddexp to merge) instead of m and l; L of shape (..., n_q) and the output kept
+    as ctx attributes, not with save_for_backward; dq accumulated per query block and
+    concatenated; the backward's peak memory still linear."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_size=64, causal=False):
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        scale = q.shape[-1] ** -0.5
+        outs, lses = [], []
+        for i0 in range(0, n_q, block_size):
+            i1 = min(i0 + block_size, n_q)
+            qb = q[..., i0:i1, :] * scale
+            lse = q.new_full((*q.shape[:-2], i1 - i0), -math.inf)
+            acc = q.new_zeros((*q.shape[:-2], i1 - i0, v.shape[-1]))
+            for j0 in range(0, min(n_k, i1) if causal else n_k, block_size):
+                j1 = min(j0 + block_size, n_k)
+                s = qb @ k[..., j0:j1, :].mT
+                if causal and j1 - 1 > i0:
+                    allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                    s = s.masked_fill(~allowed, -math.inf)
+                new = torch.logaddexp(lse, torch.logsumexp(s, -1))
+                p = torch.exp(s - new[..., None])
+                acc = acc * torch.exp(lse - new)[..., None] + p @ v[..., j0:j1, :]
+                lse = new
+            outs.append(acc)
+            lses.append(lse)
+        out = torch.cat(outs, -2)
+        ctx.save_for_backward(q, k, v)
+        ctx.out, ctx.lse, ctx.bs, ctx.causal = out, torch.cat(lses, -1), block_size, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        out, lse, bs, causal = ctx.out, ctx.lse, ctx.bs, ctx.causal
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        scale = q.shape[-1] ** -0.5
+        dk, dv, dqs = torch.zeros_like(k), torch.zeros_like(v), []
+        for i0 in range(0, n_q, bs):
+            i1 = min(i0 + bs, n_q)
+            qb, dob = q[..., i0:i1, :] * scale, do[..., i0:i1, :]
+            d = torch.einsum("...id,...id->...i", dob, out[..., i0:i1, :])[..., None]
+            dqb = torch.zeros_like(qb)
+            for j0 in range(0, min(n_k, i1) if causal else n_k, bs):
+                j1 = min(j0 + bs, n_k)
+                s = qb @ k[..., j0:j1, :].mT
+                if causal and j1 - 1 > i0:
+                    allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                    s = s.masked_fill(~allowed, -math.inf)
+                p = torch.exp(s - lse[..., i0:i1, None])
+                dv[..., j0:j1, :] += p.mT @ dob
+                ds = p * (dob @ v[..., j0:j1, :].mT - d)
+                dqb = dqb + ds @ k[..., j0:j1, :]
+                dk[..., j0:j1, :] += ds.mT @ qb
+            dqs.append(dqb * scale)
+        return torch.cat(dqs, -2), dk, dv, None, None
