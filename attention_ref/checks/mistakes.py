@@ -48,6 +48,9 @@ _TABLE = """
   hint: a comparison such as `{comparison}` already gives a bool tensor; or pass
     dtype=torch.bool.
 [parameter_names]
+[unexpected_parameters]
+  hint: declare exactly the parts of the exercise ({parts}); anything else is left at a
+    random value and changes the output.
 [raw_parameter]
 [no_value_error]
   hint: start with: if {condition}: raise ValueError(f"{message}")

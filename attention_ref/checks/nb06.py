@@ -90,9 +90,7 @@ def load_named(
         ctx.fail(
             f"your module has parameters the exercise does not ask for: {', '.join(extra)}.",
             case=case,
-            hint="declare exactly the layers of the exercise ("
-            + ", ".join(specs)
-            + "); anything else is left at a random value and changes the output.",
+            mistake=named("unexpected_parameters", parts=", ".join(specs)),
         )
 
 

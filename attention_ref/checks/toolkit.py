@@ -241,8 +241,7 @@ def load_linear_weights(
             f"your module has parameters the exercise does not ask for: {', '.join(extra)}.",
             case=case,
             likely=why[0] if why else "",
-            hint=f"this module has exactly the parameters of {', '.join(layers)} as specified; "
-            "anything else is left at a random value and changes the output.",
+            mistake=named("unexpected_parameters", parts=", ".join(layers)),
         )
 
 
@@ -444,9 +443,7 @@ def load_reference_weights(
             + (" ..." if len(extra) > 6 else "")
             + ".",
             case=case,
-            hint="declare exactly the parts of the exercise ("
-            + ", ".join(specs)
-            + "); anything else is left at a random value and changes the output.",
+            mistake=named("unexpected_parameters", parts=", ".join(specs)),
         )
 
 

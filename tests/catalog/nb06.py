@@ -34,6 +34,16 @@ class FFReLUAfterLinear2(_FFBase):
         return torch.relu(self.linear2(self.dropout(self.linear1(x))))
 
 
+@mistake("feed_forward", id="unexpected_parameters")
+class FFLearnedOutputScale(_FFBase):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__(d_model, d_ff, dropout)
+        self.out_scale = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        return self.linear2(self.dropout(torch.relu(self.linear1(x)))) * self.out_scale
+
+
 @mistake("feed_forward", id="relu_after_linear2")
 class FFReLUAfterBoth(_FFBase):
     def forward(self, x):

@@ -62,6 +62,17 @@ class DecoderNoCausalMask(_DecoderBase):
         return self.run(y, memory, None, memory_mask)
 
 
+@mistake("decoder_layer", id="unexpected_parameters")
+class DecoderLearnedOutputScale(_DecoderBase):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.out_scale = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        out, w_self, w_cross = self.run(y, memory, self_mask, memory_mask)
+        return out * self.out_scale, w_self, w_cross
+
+
 @mistake("decoder_layer", id="cross_kv_from_decoder")
 class DecoderCrossKeysFromDecoder(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
