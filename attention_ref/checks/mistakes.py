@@ -102,6 +102,8 @@ _TABLE = """
     either sign) would not do.
   hint: drop the epsilon: once the maximum is subtracted, a softmax's sum includes exp(0) = 1,
     so it is never 0 (a fully masked row is the one case to handle, and not with an epsilon).
+[rows_not_normalised] the weights of row {row} sum to {total}, not {want}: each row of weights
+    is a softmax over the keys the query may attend to.
 
 # --- every exercise (check framework)
 [nan_or_inf] an exponential overflowed, or a row with no allowed position divided 0 by 0.

@@ -689,7 +689,8 @@ def rows_not_summing_to_one(allowed: np.ndarray | None = None, axis: int = -1):
     """The property that every row of attention weights (along ``axis``) sums to 1 (to 0 for
     a query that ``allowed``, broadcast to the weights, lets attend to nothing), as the
     ``fallback`` of ``Context.expect_close``: when no mistake model explains the weights,
-    the feedback says which row breaks it (``""`` when none does)."""
+    the feedback names the row that breaks it (``rows_not_normalised``; ``""`` when none
+    does)."""
 
     def explain(got: np.ndarray, expected: np.ndarray) -> str:
         if got.shape != expected.shape or not np.all(np.isfinite(got)):
@@ -702,10 +703,8 @@ def rows_not_summing_to_one(allowed: np.ndarray | None = None, axis: int = -1):
         if not bad.size:
             return ""
         idx = tuple(int(i) for i in bad[0])
-        return (
-            f"the weights of row {idx} sum to {sums[idx]:.6g}, not {want[idx]:g}: each row of "
-            "weights is a softmax over the keys the query may attend to."
-        )
+        total, one = f"{sums[idx]:.6g}", f"{want[idx]:g}"
+        return named("rows_not_normalised", row=idx, total=total, want=one)
 
     return explain
 

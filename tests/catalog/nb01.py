@@ -207,6 +207,16 @@ def sdpa_no_scale(q, k, v, mask=None):
     return w @ v, w
 
 
+@mistake("sdpa", id="rows_not_normalised")
+def sdpa_weights_scaled_by_keep_prob(q, k, v, mask=None):
+    # dropout's eval-time scaling by the keep probability (1 - 0.1), applied by hand
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = 0.9 * torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return w @ v, w
+
+
 @mistake("sdpa", id="scale_by_d_v")
 def sdpa_scale_by_dv(q, k, v, mask=None):
     s = q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1])
