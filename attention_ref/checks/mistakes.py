@@ -930,6 +930,11 @@ _TABLE = """
   hint: compute each tile's contributions yourself with the formulas, dv += p.mT @ do_blk, ds =
     p * (dp - D), dq += ds @ k_blk * scale, dk += ds.mT @ q_blk, and let the tile go before
     the next one.
+[flash_bwd_state_outside_ctx] what backward needs is kept outside ctx (on the class, in a
+    global or another object shared by every call): a second call of forward overwrites it
+    before the first call's backward pass, as the two attention layers of a model do.
+  hint: keep everything on ctx: ctx.save_for_backward(q, k, v, out, L) for the tensors and
+    ctx.block_size = block_size for the rest, never FlashAttention.L = L or a global.
 
 # --- 13 the modern decoder
 [rms_eps_outside_root] epsilon is added outside the square root: x / (sqrt(mean(x^2)) + eps).

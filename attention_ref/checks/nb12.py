@@ -28,7 +28,7 @@ from ..attention import sdpa, sdpa_np
 from ..efficient import OpRecorder, PeakMemory
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
-from .mistakes import named, pair
+from .mistakes import mistake_id, named, pair
 from .nb01 import BUILTIN_ATTENTION
 from .toolkit import TOL, dtype_name, expect_tensor
 
@@ -805,6 +805,64 @@ def check_flash_attention(candidate, ctx: Context) -> None:
         label = "large scores (up to about 150), float32" + (", causal" if causal else "")
         _flash_case(ctx, cls, q, k, v, 8, causal, label, dict(rtol=1e-3, atol=1e-4))
     _check_flash_memory_and_skipping(ctx, cls, g)
+    _check_flash_two_calls(ctx, cls, g)
+
+
+def _check_flash_two_calls(ctx: Context, cls: type, g) -> None:
+    """Two calls of forward before the backward pass of the first, as a model with two
+    attention layers makes: what backward needs must live on ctx, not on the class or in a
+    global (every case above called forward and backward in turn)."""
+    case = (
+        "two calls, q, k, v (2, 20, 4) float64 with block_size=8, then (2, 12, 4) with "
+        "block_size=4, causal=True, then the backward pass of the first (as two attention "
+        "layers of a model)"
+    )
+    calls = []
+    for n, bs, causal in ((20, 8, False), (12, 4, True)):
+        q, k, v = _attn_inputs(g, (2, n, 4), (2, n, 4), 4, torch.float64)
+        leaves = _leaves(q, k, v)
+        out = _flash_forward(ctx, cls, leaves, bs, causal, case)
+        expect_tensor(ctx, out, "the output", case, like=q)
+        calls.append((q, k, v, leaves, out))
+    q, k, v, leaves, out = calls[0]
+    do = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    ref_leaves = _leaves(q, k, v)
+    want = torch.autograd.grad(_expected_attention(*ref_leaves, False), ref_leaves, do)
+    try:
+        grads = _flash_backward(ctx, cls, out, leaves, do, case)
+        for name, got, exp in zip("qkv", grads, want, strict=True):
+            what = f"the gradient of {name}"
+            ctx.expect_array(got, exp, what=what, case=case)
+            if not torch.allclose(got, exp, **TOL[torch.float64]):
+                ctx.fail(f"{what} is wrong.", case=case, mistake="wrong_values")
+    except CheckFailure as err:
+        # Every case before called forward and backward in turn and was right: what goes
+        # wrong now comes from the second call.
+        found = mistake_id(str(err))
+        if found == "code_raised":
+            raise naming(err, named("flash_bwd_state_outside_ctx")) from None
+        if found not in _SECOND_CALL_SYMPTOMS:
+            raise
+        what = str(err).split("\n", 1)[0].split(": ", 1)[-1]
+        ctx.fail(
+            f"{what} It was right when forward and backward were called in turn: here forward "
+            "was called a second time before the first call's backward pass.",
+            case=case,
+            mistake="flash_bwd_state_outside_ctx",
+        )
+
+
+#: What a backward pass that uses the second call's state gives for the first call.
+_SECOND_CALL_SYMPTOMS = {
+    "wrong_values",
+    "wrong_shape",
+    "wrong_type",
+    "wrong_dtype",
+    "flash_bwd_gradient_order",
+    "flash_bwd_gradient_count",
+    "flash_bwd_no_gradient",
+    "nan_or_inf",
+}
 
 
 def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
