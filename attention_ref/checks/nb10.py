@@ -39,9 +39,12 @@ def _sentence_ids(rng: np.random.Generator, B: int, T: int, S: int, empty_slot: 
 def _pool_model(h, ids, S, *, mode="correct"):
     """Each sentence's mean vector ``(B, S, D)`` as (possibly mistaken) pooling computes it:
     mode "correct" (the mean over the sentence's tokens), "sum", "all_tokens" (divided by
-    T), "real_tokens" (by the number of non-padding tokens), "clamp" (ids clamped at 0)."""
+    T), "real_tokens" (by the number of non-padding tokens), "clamp" (ids clamped at 0),
+    "shifted" (sentence s pooled into slot s + 1)."""
     h = h.double()
     B, T, D = h.shape
+    if mode == "shifted":
+        ids = torch.where(ids >= 0, ids + 1, ids)
     out = torch.zeros(B, S, D, dtype=torch.float64)
     for s in range(S):
         sel = ids == s if mode != "clamp" else ids.clamp(min=0) == s
@@ -59,8 +62,16 @@ def _pool_model(h, ids, S, *, mode="correct"):
     return out
 
 
-def _pool_shifted(h, ids, S):
-    return _pool_model(h, torch.where(ids >= 0, ids + 1, ids), S)
+# (B, T, D, n_sentences, an empty sentence slot); float32 and float64 alternate.
+POOL_CASES = [(2, 12, 4, 3, True), (1, 5, 2, 2, False), (3, 20, 8, 5, True), (2, 9, 6, 1, False)]
+POOL_MORE_CASES = [(8, 60, 16, 9, True), (4, 30, 32, 7, True)]
+POOL_MISTAKES = [
+    ("pool_summed", "sum"),
+    ("pool_divided_by_length", "all_tokens"),
+    ("pool_divided_by_length", "real_tokens"),
+    ("pool_header_in_sentence_0", "clamp"),
+    ("pool_off_by_one", "shifted"),
+]
 
 
 @exercise(
@@ -70,10 +81,7 @@ def _pool_shifted(h, ids, S):
 )
 def check_pool_sentences(candidate, ctx: Context) -> None:
     rng, g = ctx.rng(101), ctx.torch_gen(101)
-    shapes = [(2, 12, 4, 3, True), (1, 5, 2, 2, False), (3, 20, 8, 5, True), (2, 9, 6, 1, False)]
-    if ctx.thorough:
-        shapes += [(8, 60, 16, 9, True), (4, 30, 32, 7, True)]
-    for i, (B, T, D, S, empty) in enumerate(shapes):
+    for i, (B, T, D, S, empty) in enumerate(POOL_CASES + (POOL_MORE_CASES if ctx.thorough else [])):
         dtype = torch.float64 if i % 2 else torch.float32
         h = torch.randn(B, T, D, generator=g, dtype=dtype) + 1.0
         ids = _sentence_ids(rng, B, T, S, empty)
@@ -82,22 +90,8 @@ def check_pool_sentences(candidate, ctx: Context) -> None:
         expected = ref.pool_sentences(h.double(), ids, S).to(dtype)
         ctx.expect_array(got, expected, what="the pooled sentences", case=case)
         mistakes = [
-            Mistake.of(
-                "pool_summed", model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="sum")
-            ),
-            Mistake.of(
-                "pool_divided_by_length",
-                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="all_tokens"),
-            ),
-            Mistake.of(
-                "pool_divided_by_length",
-                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="real_tokens"),
-            ),
-            Mistake.of(
-                "pool_header_in_sentence_0",
-                model=lambda h=h, ids=ids, S=S: _pool_model(h, ids, S, mode="clamp"),
-            ),
-            Mistake.of("pool_off_by_one", model=lambda h=h, ids=ids, S=S: _pool_shifted(h, ids, S)),
+            Mistake.of(name, model=lambda h=h, ids=ids, S=S, m=m: _pool_model(h, ids, S, mode=m))
+            for name, m in POOL_MISTAKES
         ]
         tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
         ctx.expect_close(
@@ -121,20 +115,10 @@ def _select_cases(ctx: Context):
         mask = torch.arange(S)[None, :] < n_real[:, None]
         scores = torch.randn(B, S, generator=g, dtype=torch.float64)
         scores = torch.where(mask, scores, scores.abs() + 5.0).to(dtype)  # padding scores high
-        if kind == "tensor":
-            kk = torch.from_numpy(rng.integers(1, S, size=B)).long()
-            label = f"k a (B,) tensor {kk.tolist()}"
-        else:
-            kk = k
-            label = f"k={k}"
-        cases.append(
-            (
-                f"scores {(B, S)} {dtype_name(dtype)}, real sentences {n_real.tolist()}, {label}",
-                scores,
-                mask,
-                kk,
-            )
-        )
+        kk = torch.from_numpy(rng.integers(1, S, size=B)).long() if kind == "tensor" else k
+        label = f"k a (B,) tensor {kk.tolist()}" if kind == "tensor" else f"k={k}"
+        label = f"scores {(B, S)} {dtype_name(dtype)}, real sentences {n_real.tolist()}, {label}"
+        cases.append((label, scores, mask, kk))
     # Positive scores that are all below zero / a threshold rule must still pick k.
     scores = -torch.rand(3, 6, generator=g) - 0.1
     mask = torch.ones(3, 6, dtype=torch.bool)
@@ -142,9 +126,14 @@ def _select_cases(ctx: Context):
     return cases
 
 
-def _topk_model(scores, mask, k, *, use_mask=True, largest=True):
+def _select_model(scores, mask, k, *, mode="correct"):
+    """The selection ``(B, S)`` as (possibly mistaken) code makes it: the k best real
+    sentences, or modes "no_mask", "lowest", "threshold" (score > 0), "threshold_no_mask"."""
+    if mode.startswith("threshold"):
+        return scores > 0 if mode == "threshold_no_mask" else (scores > 0) & mask
     B, S = scores.shape
     kk = k if isinstance(k, torch.Tensor) else torch.full((B,), k)
+    largest, use_mask = mode != "lowest", mode != "no_mask"
     x = scores.double()
     if use_mask:
         x = x.masked_fill(~mask, float("-inf") if largest else float("inf"))
@@ -153,6 +142,14 @@ def _topk_model(scores, mask, k, *, use_mask=True, largest=True):
     for b in range(B):
         out[b, order[b, : int(kk[b])]] = True
     return out & mask if use_mask else out
+
+
+SELECT_MISTAKES = [
+    ("select_padding", "no_mask"),
+    ("select_lowest", "lowest"),
+    ("select_threshold", "threshold"),
+    ("select_threshold", "threshold_no_mask"),
+]
 
 
 @exercise(
@@ -180,15 +177,9 @@ def check_select_sentences(candidate, ctx: Context) -> None:
         ctx.expect_array(got, expected, what="the selection", case=case)
         mistakes = [
             Mistake.of(
-                "select_padding",
-                model=lambda s=scores, m=mask, k=k: _topk_model(s, m, k, use_mask=False),
-            ),
-            Mistake.of(
-                "select_lowest",
-                model=lambda s=scores, m=mask, k=k: _topk_model(s, m, k, largest=False),
-            ),
-            Mistake.of("select_threshold", model=lambda s=scores, m=mask: (s > 0) & m),
-            Mistake.of("select_threshold", model=lambda s=scores: s > 0),
+                name, model=lambda s=scores, m=mask, k=k, o=o: _select_model(s, m, k, mode=o)
+            )
+            for name, o in SELECT_MISTAKES
         ]
         ctx.expect_close(
             got, expected, what="the selection", case=case, mistakes=mistakes, rtol=0, atol=0
