@@ -13,6 +13,7 @@ import torch
 
 from ..apps import qa as ref
 from ._core import Context, Mistake, exercise
+from .toolkit import dtype_name
 
 NEG = float("-inf")
 
@@ -44,16 +45,12 @@ def _argmax_pairs(scores: torch.Tensor, ok: torch.Tensor):
     return flat // T, flat % T
 
 
-def _tri(T: int, strict: bool = False) -> torch.Tensor:
-    i = torch.arange(T)
-    return i[:, None] < i[None, :] if strict else i[:, None] <= i[None, :]
-
-
 def _ok(mask, max_len=None, *, triangle=True, strict=False, use_mask=True):
+    """``(B, T, T)`` bool: the (start, end) pairs a (possibly mistaken) decoder allows."""
     T = mask.shape[1]
-    ok = _tri(T, strict) if triangle else torch.ones(T, T, dtype=torch.bool)
+    i = torch.arange(T)
+    ok = (i[:, None] < i[None, :] if strict else i[:, None] <= i[None, :]) | (not triangle)
     if max_len is not None:
-        i = torch.arange(T)
         ok = ok & (i[None, :] - i[:, None] < max_len)
     ok = ok[None].expand(mask.shape[0], T, T)
     if use_mask:
@@ -90,7 +87,7 @@ def _best_span_cases(ctx: Context):
         T = mask.shape[1]
         ramp = torch.linspace(2.0, -2.0, T, dtype=torch.float64).to(dtype)
         s, e = s - ramp, e + ramp
-        out.append((f"{label}, {str(dtype).replace('torch.', '')}", s, e, mask, max_len))
+        out.append((f"{label}, {dtype_name(dtype)}", s, e, mask, max_len))
     # Logits exactly -inf outside the context (what SpanScorer gives).
     mask = _context_masks(rng, 4, 11)
     s = torch.randn(4, 11, generator=g).masked_fill(~mask, NEG)
@@ -99,42 +96,28 @@ def _best_span_cases(ctx: Context):
     return out
 
 
-def _best_span_mistakes(s, e, mask, max_len):
-    scores = _span_scores(s, e)
-    T = mask.shape[1]
+def _span_model(s, e, mask, max_len, *, mode="correct"):
+    """``(start, end)`` stacked, as (possibly mistaken) code picks them: modes "independent"
+    (best start and best end apart), "no_mask", "no_mask_unordered", "strict" (no one-token
+    span), "no_max_len", "max_len_plus_one", "swapped" (the flat index read end first)."""
+    if mode == "independent":
+        return torch.stack([x.double().masked_fill(~mask, NEG).argmax(1) for x in (s, e)])
+    if mode in ("no_max_len", "max_len_plus_one"):
+        max_len = None if max_len is None or mode == "no_max_len" else max_len + 1
+    kw = dict(use_mask=not mode.startswith("no_mask"), triangle=mode != "no_mask_unordered")
+    ss, ee = _argmax_pairs(_span_scores(s, e), _ok(mask, max_len, strict=mode == "strict", **kw))
+    return torch.stack([ee, ss] if mode == "swapped" else [ss, ee])
 
-    def independent():
-        ss = s.double().masked_fill(~mask, NEG).argmax(1)
-        ee = e.double().masked_fill(~mask, NEG).argmax(1)
-        return torch.stack([ss, ee])
 
-    def pairs(**kw):
-        return torch.stack(_argmax_pairs(scores, _ok(mask, max_len, **kw)))
-
-    def swapped_index():
-        ss, ee = _argmax_pairs(scores, _ok(mask, max_len))
-        flat = ss * T + ee
-        return torch.stack([flat % T, flat // T])
-
-    return [
-        Mistake.of("span_end_before_start", model=independent),
-        Mistake.of("span_mask_ignored", model=lambda: pairs(use_mask=False)),
-        Mistake.of(
-            "span_mask_ignored_unordered", model=lambda: pairs(use_mask=False, triangle=False)
-        ),
-        Mistake.of("span_no_single_token", model=lambda: pairs(strict=True)),
-        Mistake.of(
-            "span_max_len_ignored",
-            model=lambda: torch.stack(_argmax_pairs(scores, _ok(mask, None))),
-        ),
-        Mistake.of(
-            "span_max_len_off_by_one",
-            model=lambda: torch.stack(
-                _argmax_pairs(scores, _ok(mask, None if max_len is None else max_len + 1))
-            ),
-        ),
-        Mistake.of("span_start_end_swapped", model=swapped_index),
-    ]
+SPAN_MISTAKES = [
+    ("span_end_before_start", "independent"),
+    ("span_mask_ignored", "no_mask"),
+    ("span_mask_ignored_unordered", "no_mask_unordered"),
+    ("span_no_single_token", "strict"),
+    ("span_max_len_ignored", "no_max_len"),
+    ("span_max_len_off_by_one", "max_len_plus_one"),
+    ("span_start_end_swapped", "swapped"),
+]
 
 
 @exercise(
@@ -173,7 +156,10 @@ def check_best_span(candidate, ctx: Context) -> None:
         gs, ge = (t.long().cpu() for t in got)
         es, ee = ref.best_span(s, e, mask, max_len)
         got_pair = torch.stack([gs, ge])
-        mistakes = _best_span_mistakes(s, e, mask, max_len)
+        mistakes = [
+            Mistake.of(name, model=lambda mode=mode: _span_model(s, e, mask, max_len, mode=mode))
+            for name, mode in SPAN_MISTAKES
+        ]
         # Properties first, with the likely mistake named when a model reproduces it.
         likely, hint = ctx.diagnose(got_pair, torch.stack([es, ee]), mistakes, (), {})
         rows = torch.arange(B)
@@ -242,7 +228,7 @@ def _span_loss_cases(ctx: Context):
             pos = torch.nonzero(mask[b]).flatten()
             a, c = sorted(int(pos[j]) for j in rng.integers(0, len(pos), size=2))
             start[b], end[b] = a, c
-        label = f"B={B}, T={T}, {str(dtype).replace('torch.', '')}"
+        label = f"B={B}, T={T}, {dtype_name(dtype)}"
         out.append((label, s, e, start, end, mask))
     return out
 
@@ -254,6 +240,30 @@ def _ce(logits, target, mask=None, *, reduce="mean", log=True):
     p = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
     picked = p[torch.arange(len(target)), target]
     return -(picked.mean() if reduce == "mean" else picked.sum())
+
+
+def _loss_model(s, e, start, end, mask, *, mode="correct"):
+    """(CE_start + CE_end) / 2 as (possibly mistaken) code computes it (see LOSS_MISTAKES)."""
+    m = None if mode == "no_mask" else mask
+    start, end = (end, start) if mode == "swapped" else (start, end)
+    kw = dict(reduce="sum" if mode == "batch_sum" else "mean", log=mode != "probabilities")
+    total = _ce(s, start, m, **kw) + _ce(e, end, m, **kw)
+    return total if mode == "ends_summed" else total / 2
+
+
+def _one_end(s, e, start, end, mask):
+    ends = (_ce(s, start, mask).item(), _ce(e, end, mask).item())
+    return lambda g_, e_: any(np.isclose(g_, v / d, rtol=1e-3) for d in (2, 1) for v in ends)
+
+
+LOSS_MISTAKES = [
+    ("span_loss_mask_not_applied", "no_mask"),
+    ("span_loss_summed_ends", "ends_summed"),
+    ("span_loss_summed_batch", "batch_sum"),
+    ("span_loss_one_end", "one_end"),
+    ("span_loss_probabilities", "probabilities"),
+    ("span_loss_start_end_swapped", "swapped"),
+]
 
 
 @exercise(
@@ -284,35 +294,10 @@ def check_span_loss(candidate, ctx: Context) -> None:
             )
         ctx.expect_array(got, expected, what="the loss", case=case)
         mistakes = [
-            Mistake.of(
-                "span_loss_mask_not_applied", model=lambda: (_ce(s, start) + _ce(e, end)) / 2
-            ),
-            Mistake.of(
-                "span_loss_summed_ends", model=lambda: _ce(s, start, mask) + _ce(e, end, mask)
-            ),
-            Mistake.of(
-                "span_loss_summed_batch",
-                model=lambda: (
-                    (_ce(s, start, mask, reduce="sum") + _ce(e, end, mask, reduce="sum")) / 2
-                ),
-            ),
-            Mistake.of(
-                "span_loss_one_end",
-                applies=lambda g_, e_: bool(
-                    np.isclose(g_, _ce(s, start, mask).item() / 2, rtol=1e-3)
-                    or np.isclose(g_, _ce(e, end, mask).item() / 2, rtol=1e-3)
-                    or np.isclose(g_, _ce(s, start, mask).item(), rtol=1e-3)
-                    or np.isclose(g_, _ce(e, end, mask).item(), rtol=1e-3)
-                ),
-            ),
-            Mistake.of(
-                "span_loss_probabilities",
-                model=lambda: (_ce(s, start, mask, log=False) + _ce(e, end, mask, log=False)) / 2,
-            ),
-            Mistake.of(
-                "span_loss_start_end_swapped",
-                model=lambda: (_ce(s, end, mask) + _ce(e, start, mask)) / 2,
-            ),
+            Mistake.of(name, applies=_one_end(*args))
+            if mode == "one_end"
+            else Mistake.of(name, model=lambda mode=mode: _loss_model(*args, mode=mode))
+            for name, mode in LOSS_MISTAKES
         ]
         tol = dict(rtol=1e-5, atol=1e-6) if s.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
         ctx.expect_close(got, expected, what="the loss", case=case, mistakes=mistakes, **tol)
