@@ -930,7 +930,9 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
     # No tensor of n_q x n_k elements is not enough: the backward pass must not hold that
     # many numbers at once in pieces either (autograd's graph through recomputed tiles, a
     # list of tiles). Its peak grows about linearly (x1.1 to x2 when n doubles for correct
-    # answers, float64 copies and all queries at once included); in pieces, about x4.
+    # answers, float64 copies and all queries at once included: linear plus a constant never
+    # more than doubles); in pieces, about x4; every tile's (bk, d) contributions kept in
+    # lists, n^2 d / block_size numbers, x3. At most x2.5, as notebook 12 asserts at 2048.
     n2 = 2 * n
     q, k, v = _attn_inputs(g, (batch, n2, d), (batch, n2, d), d, torch.float32)
     case = f"q, k, v ({batch}, {n2}, {d}) float32, block_size={bs}, causal=False"
@@ -941,12 +943,13 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
     with PeakMemory() as mem_b:
         _flash_backward(ctx, cls, out, leaves, do, case)
     growth = mem_b.peak / max(peak_backward[False], 1)
-    if growth > 3.0:
+    if growth > 2.5:
         ctx.fail(
             f"the peak memory of your backward pass grows {growth:.1f} times when n doubles "
             f"({peak_backward[False] / 2**10:.0f} KiB at n={n}, {mem_b.peak / 2**10:.0f} KiB "
-            f"at n={n2}, block_size={bs}): it holds about n_q x n_k numbers at once. It "
-            "should grow about linearly (at most 3 times).",
+            f"at n={n2}, block_size={bs}): it keeps something of every tile at once, a "
+            "number of values that grows with n^2. It should grow about linearly (at most "
+            "2.5 times).",
             case=case,
             mistake="flash_bwd_quadratic_memory",
         )

@@ -660,6 +660,41 @@ class FlashBackwardThroughAutograd(torch.autograd.Function):
         return (*torch.autograd.grad(out, leaves, do), None, None)
 
 
+class FlashBackwardKeepsTileParts(torch.autograd.Function):
+    """backward appends every tile's contributions to dq, dk and dv to lists and sums them
+    at the end: n^2 d / block_size numbers at once, memory x3 when n doubles."""
+
+    forward = staticmethod(_flash_forward)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        bs, causal = ctx.block_size, ctx.causal
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        scale = 1 / math.sqrt(q.shape[-1])
+        D = (do * out).sum(-1, keepdim=True)  # noqa: N806
+        dq_parts, dk_parts, dv_parts = [], [], []
+        for i0 in range(0, n_q, bs):
+            i1 = min(i0 + bs, n_q)
+            qs = q[..., i0:i1, :] * scale
+            for j0 in range(0, min(n_k, i1) if causal else n_k, bs):
+                j1 = min(j0 + bs, n_k)
+                s = qs @ k[..., j0:j1, :].mT
+                if causal:
+                    allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                    s = s.masked_fill(~allowed, -math.inf)
+                p = torch.exp(s - lse[..., i0:i1, :])
+                ds = p * (do[..., i0:i1, :] @ v[..., j0:j1, :].mT - D[..., i0:i1, :])
+                dv_parts.append((j0, p.mT @ do[..., i0:i1, :]))
+                dk_parts.append((j0, ds.mT @ qs))
+                dq_parts.append((i0, ds @ k[..., j0:j1, :] * scale))
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for grad, parts in ((dq, dq_parts), (dk, dk_parts), (dv, dv_parts)):
+            for start, part in parts:
+                grad[..., start : start + part.shape[-2], :] += part
+        return dq, dk, dv, None, None
+
+
 class FlashStateOnTheClass(torch.autograd.Function):
     """Keeps the output, L and the block size on the class instead of ctx: right for one
     call at a time, wrong once a second call comes before the first one's backward pass."""
@@ -734,6 +769,7 @@ for _cls, _id in [
     (FlashBackwardAllKeysAtOnce, "flash_bwd_full_matrix"),
     (FlashBackwardThroughAutograd, "flash_bwd_quadratic_memory"),
     (FlashStateOnTheClass, "flash_bwd_state_outside_ctx"),
+    (FlashBackwardKeepsTileParts, "flash_bwd_quadratic_memory"),
     (FlashThreeGradients, "flash_bwd_gradient_count"),
     (FlashNoValueGradient, "flash_bwd_no_gradient"),
     (FlashGradientsSwapped, "flash_bwd_gradient_order"),
