@@ -67,16 +67,13 @@ DEC_SPECS = {
 def _dec_substitute(ctx, mod, D, H, Fd, case) -> None:
     """Grade the layer with the reference attention (notebook 04) and feed-forward network
     (notebook 06) in place of the learner's, each with the learner's dropout probability."""
-    for name in ("self_attn", "cross_attn"):
-        substitute(
-            ctx,
-            mod,
-            name,
-            lambda p: ref_mha.MultiHeadAttention(D, H, dropout=p),
-            case,
-            DEC_SPECS[name],
-        )
-    substitute(ctx, mod, "ff", lambda p: ref_enc.FeedForward(D, Fd, p), case, DEC_SPECS["ff"])
+
+    def mha(p):
+        return ref_mha.MultiHeadAttention(D, H, dropout=p)
+
+    parts = {"self_attn": mha, "cross_attn": mha, "ff": lambda p: ref_enc.FeedForward(D, Fd, p)}
+    for name, make in parts.items():
+        substitute(ctx, mod, name, make, case, DEC_SPECS[name])
 
 
 def decoder_model(
@@ -146,14 +143,12 @@ def _dec_mistakes(r, y, memory, sm, mm, norm_first, which: int) -> list[Mistake]
     shows_on = {"any"} | {n for n, m in (("self_mask", sm), ("memory_mask", mm)) if m is not None}
     computed = {"computed": "post-norm" if norm_first else "pre-norm", "norm_first": norm_first}
     params = {"decoder_norm_order": computed}
+
+    def model(kw):
+        return lambda: decoder_model(r, y, memory, sm, mm, norm_first=norm_first, **kw)[which]
+
     return [
-        Mistake.of(
-            i,
-            model=lambda kw=kw: decoder_model(r, y, memory, sm, mm, norm_first=norm_first, **kw)[
-                which
-            ],
-            **params.get(i, {}),
-        )
+        Mistake.of(i, model=model(kw), **params.get(i, {}))
         for i, kw, shows in DEC_MISTAKES
         if shows in shows_on
     ]
@@ -334,6 +329,12 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
                 )
 
 
+DEC_OUT_HINT = (
+    "both attention maps are right; look at the residual connections, the norms and the "
+    "feed-forward sub-layer."
+)
+
+
 def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
     gen = ctx.torch_gen(700 + i)
     nf = bool(c.norm_first)
@@ -379,20 +380,11 @@ def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
         ]
         for _, got, exp, what in outputs:
             ctx.expect_array(got, y.new_zeros(exp.shape), what=what, case=case)
-        hint = (
-            "both attention maps are right; look at the residual connections, the norms and "
-            "the feed-forward sub-layer."
-        )
         for which, got, exp, what in outputs:
             mistakes = _dec_mistakes(r, y64, m64, sm, mm, nf, which)
+            hint = "" if which else DEC_OUT_HINT
             ctx.expect_close(
-                got,
-                exp,
-                what=what,
-                case=case,
-                mistakes=mistakes,
-                hint=hint if what == "out" else "",
-                **TOL[dtype],
+                got, exp, what=what, case=case, mistakes=mistakes, hint=hint, **TOL[dtype]
             )
 
 
