@@ -108,4 +108,4 @@ lock:
 	rm -rf .lock-venv
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache gradebook.db autograded feedback grades.csv report
+	rm -rf $(VENV) .venv-oldest .venv-newest build/versions .pytest_cache .ruff_cache gradebook.db autograded feedback grades.csv report
