@@ -10,7 +10,9 @@ import torch
 
 from attention_ref import MultiHeadAttention
 from attention_ref.apps.language_model import (
+    batch_loss,
     cross_entropy,
+    encode_sentences,
     fit,
     make_gpt,
     per_token_standard_error,
@@ -21,6 +23,7 @@ from attention_ref.apps.language_model import (
 )
 from attention_ref.checks.nb11 import next_token_distribution
 from attention_ref.data.grammar import make_grammar_data
+from attention_ref.data.vocab import BOS_ID, PAD_ID
 from attention_ref.gpt import GPT, GroupedQueryAttention, kv_cache_bytes_per_token
 from attention_ref.sampling import generate, sample_next_token
 
@@ -138,6 +141,33 @@ def test_a_short_training_run_lowers_the_loss_and_samples_are_scored():
     assert hist.steps == 40 and after < before - 1.0
     quality = sample_quality(sample_sentences(model, data.vocab, 20), data)
     assert set(quality) == {"grammatical", "novel", "distinct_2", "distinct_3"}
+
+
+def test_encoding_pads_and_shifts_each_sentence():
+    data = make_grammar_data(50, 10, 20, seed=3)
+    rows = [s.words for s in data.test]
+    inputs, targets, mask = encode_sentences(rows, data.vocab)
+    assert inputs.shape == targets.shape == (20, max(map(len, rows)))
+    for i, words in enumerate(rows):
+        ids = [data.vocab.stoi[w] for w in words]
+        n = len(ids)
+        assert targets[i, :n].tolist() == ids and inputs[i, :n].tolist() == [BOS_ID, *ids[:-1]]
+        assert (targets[i, n:] == PAD_ID).all() and (inputs[i, n:] == PAD_ID).all()
+        assert mask[i].tolist() == [j < n for j in range(mask.shape[1])]
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7, 40])
+def test_batch_loss_in_length_sorted_parts_is_the_whole_batch_loss(parts):
+    """fit computes each batch in groups of similar length: same loss, same gradient."""
+    data = make_grammar_data(200, 10, 10, seed=2)
+    torch.manual_seed(0)
+    model = make_gpt(len(data.vocab), d_model=16, n_heads=2, n_layers=1, d_ff=32).double()
+    inputs, targets, mask = encode_sentences(data.train[:30], data.vocab)
+    whole = batch_loss(model, inputs, targets, mask)
+    (g_whole,) = torch.autograd.grad(whole, model.tok.weight)
+    split = batch_loss(model, inputs, targets, mask, parts)
+    (g_split,) = torch.autograd.grad(split, model.tok.weight)
+    assert torch.allclose(whole, split, rtol=1e-12) and torch.allclose(g_whole, g_split)
 
 
 def test_sentence_nll_sums_to_the_cross_entropy_and_its_standard_error():
