@@ -872,7 +872,7 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
     n, bs, batch, d = 256, 64, 2, 8
     full = batch * n * n * 4  # bytes of the float32 score matrices of the batch
     q, k, v = _attn_inputs(g, (batch, n, d), (batch, n, d), d, torch.float32)
-    work, peak_backward = {}, {}
+    work, peak_backward, kept_by = {}, {}, {}
     for causal in (False, True):
         case = (
             f"q, k, v ({batch}, {n}, {d}) float32, block_size={bs}, causal={causal} (watching "
@@ -886,7 +886,7 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
         do = torch.randn(out.shape, generator=g, dtype=torch.float32)
         with OpRecorder() as rec_b, PeakMemory() as mem_b:
             grads = _flash_backward(ctx, cls, out, leaves, do, case)
-        peak_backward[causal] = mem_b.peak
+        peak_backward[causal], kept_by[causal] = mem_b.peak, kept
         ref_leaves = _leaves(q.double(), k.double(), v.double())
         expected = _expected_attention(*ref_leaves, causal)
         want = torch.autograd.grad(expected, ref_leaves, do.double())
@@ -937,8 +937,22 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
     q, k, v = _attn_inputs(g, (batch, n2, d), (batch, n2, d), d, torch.float32)
     case = f"q, k, v ({batch}, {n2}, {d}) float32, block_size={bs}, causal=False"
     leaves = _leaves(q, k, v)
-    out = _flash_forward(ctx, cls, leaves, bs, False, case)
-    expect_tensor(ctx, out, "the output", case, like=q)
+    with PeakMemory() as mem:
+        out = _flash_forward(ctx, cls, leaves, bs, False, case)
+        expect_tensor(ctx, out, "the output", case, like=q)
+        kept = mem.current - out.untyped_storage().nbytes()
+    # The same for what forward keeps: something of every tile (a partial output per tile,
+    # n^2 d / block_size numbers) stays under the limit above at n = 256 but grows x4.
+    kept_growth = kept / max(kept_by[False], 1)
+    if kept_growth > 2.5:
+        ctx.fail(
+            f"what your forward pass keeps for the backward pass grows {kept_growth:.1f} "
+            f"times when n doubles ({kept_by[False] / 2**10:.0f} KiB at n={n}, "
+            f"{kept / 2**10:.0f} KiB at n={n2}, block_size={bs}): it keeps something of every "
+            "tile. It should grow about linearly (at most 2.5 times).",
+            case=case,
+            mistake="flash_bwd_saves_weights",
+        )
     do = torch.randn(out.shape, generator=g, dtype=torch.float32)
     with PeakMemory() as mem_b:
         _flash_backward(ctx, cls, out, leaves, do, case)
