@@ -30,11 +30,11 @@ from .mistakes import named
 from .toolkit import (
     BUILTIN_ATTENTION,
     LAYER_TOL,
-    assign_tensor,
     build_module,
     causal_mask,
     dtype_name,
     expect_dropout_applied,
+    load_reference_weights,
     materialize_with,
     normal,
     padding_mask,
@@ -43,55 +43,6 @@ from .toolkit import (
 )
 
 # ----------------------------------------------------------------------------- loading
-
-
-def load_named(
-    ctx: Context,
-    mod: nn.Module,
-    values: dict[str, torch.Tensor],
-    specs: dict[str, str],
-    case: str,
-    likely: dict[str, str] | None = None,
-) -> None:
-    """Copy ``values`` (parameter name -> tensor) into ``mod`` by name.
-
-    ``specs`` maps a submodule name (``"ff.linear1"``) to how the learner must declare it.
-    A parameter reachable under several names (e.g. a layer that is also inside an
-    ``nn.Sequential``) counts once; a parametrized weight is set through its
-    parametrization. Missing, misshapen and extra parameters are reported. Call
-    :func:`materialize_with` first when the module may hold lazy parameters.
-    """
-    likely = likely or {}
-    used: set[int] = set()
-    for name, value in values.items():
-        owner = name.rsplit(".", 1)[0]
-        spec = specs.get(owner, "")
-        ids = assign_tensor(ctx, mod, name, value, case, spec)
-        if ids is None:
-            params = dict(mod.named_parameters(remove_duplicate=False))
-            has = ", ".join(dict(mod.named_parameters())) or "none"
-            if name.endswith(".bias") and f"{owner}.weight" in params:
-                ctx.fail(
-                    f"{owner} has no bias (its parameters: {has}); declare self.{owner} = {spec}.",
-                    case=case,
-                    likely=likely.get(f"no bias {owner}", named("built_without_bias")),
-                )
-            ctx.fail(
-                f"your module has no parameter named {name} (its parameters: {has}): the "
-                "check copies known weights in by name, so use exactly the attribute names "
-                f"of the exercise: self.{owner} = {spec}.",
-                case=case,
-                mistake="parameter_names",
-                likely=likely.get(f"missing {owner}", ""),
-            )
-        used |= ids
-    extra = [n for n, p in mod.named_parameters() if id(p) not in used]
-    if extra:
-        ctx.fail(
-            f"your module has parameters the exercise does not ask for: {', '.join(extra)}.",
-            case=case,
-            mistake=named("unexpected_parameters", parts=", ".join(specs)),
-        )
 
 
 def _random_values(
@@ -196,7 +147,7 @@ def _ff_build(cls, ctx, D, Fd, dropout, P, dtype, case) -> nn.Module:
     materialize_with(
         ctx, mod, lambda: ctx.call(mod, torch.zeros(1, D, dtype=dtype), case=case), case
     )
-    load_named(ctx, mod, P, FF_SPECS, case)
+    load_reference_weights(ctx, mod, P, FF_SPECS, case)
     return mod
 
 
@@ -515,7 +466,7 @@ def _layer_build(cls, ctx, c: LayerCase, P, dtype, case, dropout=None) -> nn.Mod
     mod.to(dtype)
     x0 = torch.zeros(1, 2, c.D, dtype=dtype)
     materialize_with(ctx, mod, lambda: ctx.call(mod, x0, case=case), case)
-    load_named(
+    load_reference_weights(
         ctx,
         mod,
         P,

@@ -405,13 +405,23 @@ def randomize_parameters(module: nn.Module, gen: torch.Generator) -> None:
 
 
 def load_reference_weights(
-    ctx: Context, mod: nn.Module, ref: nn.Module, specs: dict[str, str], case: str
+    ctx: Context,
+    mod: nn.Module,
+    ref: nn.Module | dict[str, torch.Tensor],
+    specs: dict[str, str],
+    case: str,
+    likely: dict[str, str] | None = None,
 ) -> None:
-    """Copy the reference's parameters into the learner's module by name, reporting
-    missing, misshapen and extra parameters with the declaration the spec asks for.
-    Parametrized weights are set through their parametrization; lazy parameters must have
-    been materialised first (:func:`~attention_ref.checks.nb06.materialize_with`)."""
-    ours = dict(ref.named_parameters())
+    """Copy the reference's parameters (a module's, or a dict name -> tensor) into the
+    learner's module by name, reporting missing (``parameter_names``; a missing bias
+    ``built_without_bias``), misshapen and extra (``unexpected_parameters``) parameters with
+    the declaration ``specs`` asks for (attribute -> declaration). ``likely`` maps
+    ``"missing <attribute>"`` or ``"no bias <attribute>"`` to a likelier mistake. A
+    parameter reachable under several names counts once; parametrized weights are set
+    through their parametrization; lazy parameters must have been materialised first
+    (:func:`materialize_with`)."""
+    ours = dict(ref.named_parameters()) if isinstance(ref, nn.Module) else ref
+    likely = likely or {}
 
     def spec_for(name: str) -> str:
         for prefix, spec in specs.items():
@@ -427,6 +437,14 @@ def load_reference_weights(
         )
         if ids is None:
             theirs = dict(mod.named_parameters(remove_duplicate=False))
+            if name.endswith(".bias") and f"{owner}.weight" in theirs:
+                has = ", ".join(dict(mod.named_parameters())) or "none"
+                ctx.fail(
+                    f"{owner} has no bias (its parameters: {has}); declare "
+                    f"{spec_for(name) or 'self.' + owner}.",
+                    case=case,
+                    likely=likely.get(f"no bias {owner}", named("built_without_bias")),
+                )
             has = ", ".join(sorted({n.split(".")[0] for n in theirs})) or "none"
             ctx.fail(
                 f"your module has no parameter named {name} (its top-level parts: {has}): the "
@@ -434,6 +452,7 @@ def load_reference_weights(
                 f"of the exercise: {spec_for(name) or owner}.",
                 case=case,
                 mistake="parameter_names",
+                likely=likely.get(f"missing {owner}", ""),
             )
         used |= ids
     extra = sorted(n for n, p in mod.named_parameters() if id(p) not in used)
