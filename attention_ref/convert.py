@@ -233,7 +233,16 @@ def from_llama(
             for kind in ("weight", "bias"):
                 if f"{h}mlp.{theirs}.{kind}" in sd:
                     new[f"{b}ff.{ours}.{kind}"] = sd[f"{h}mlp.{theirs}.{kind}"]
-    model.load_state_dict(new)
+    # Every parameter comes from the checkpoint; buffers the learner's classes may keep
+    # (an eps, cos/sin tables) keep the values their __init__ gave them.
+    result = model.load_state_dict(new, strict=False)
+    params = dict(model.named_parameters())
+    missing = [k for k in result.missing_keys if k in params]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"the weights do not fit the model: parameters not loaded {missing}, unexpected "
+            f"{result.unexpected_keys}"
+        )
     return model.eval()
 
 

@@ -21,7 +21,7 @@ from attention_ref.convert import (  # noqa: E402
 from attention_ref.positional import frequencies, rope  # noqa: E402
 from attention_ref.sampling import generate  # noqa: E402
 
-from catalog.nb13 import RMSRsqrt, SwiGLUEinsum  # noqa: E402
+from catalog.nb13 import RMSRsqrt, RMSVectorNormEpsBuffer, SwiGLUEinsum  # noqa: E402
 
 V = 97
 
@@ -103,10 +103,12 @@ def test_the_permutation_turns_rotate_half_into_adjacent_pairs():
     torch.testing.assert_close(rope(x[..., perm]), halves[..., perm])
 
 
-def test_the_learners_parts_run_the_architecture():
+@pytest.mark.parametrize("norm", [RMSRsqrt, RMSVectorNormEpsBuffer])
+def test_the_learners_parts_run_the_architecture(norm):
+    """Any RMSNorm the check accepts, one that keeps eps as a buffer included."""
     model = tiny_hf_model("qwen2", seed=1, vocab_size=V)
-    ours = from_llama(model, norm=RMSRsqrt, ff=SwiGLUEinsum)
-    assert isinstance(ours.blocks[0].norm1, RMSRsqrt)
+    ours = from_llama(model, norm=norm, ff=SwiGLUEinsum)
+    assert isinstance(ours.blocks[0].norm1, norm)
     assert _worst(ours, model, torch.Generator().manual_seed(7)) <= 1e-5
 
 

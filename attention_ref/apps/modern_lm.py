@@ -1,5 +1,7 @@
 """Notebook 13 as an application: the modern decoder against notebook 11's GPT on the
-grammar of notebook 11, at equal parameter count and for the same wall-clock time.
+grammar of notebook 11, at equal parameter count and for the same training time (on a CPU
+the training thread's CPU time, PyTorch held to one thread; on a GPU the wall clock: see
+:func:`fit_for`).
 
 - :func:`make_modern`: a :class:`~attention_ref.modern.ModernGPT` whose SwiGLU hidden size is
   chosen so that it has as many parameters as notebook 11's GPT (:func:`matched_d_ff`);

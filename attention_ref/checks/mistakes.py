@@ -958,6 +958,12 @@ _TABLE = """
   hint: store eps in __init__ (self.eps = eps) and use self.eps in forward.
 [rms_default_eps] the default epsilon is not 1e-6 as the spec asks.
   hint: def __init__(self, d_model, eps=1e-6).
+[rms_mean_not_squared] the mean of x is used instead of the mean of its squares: where a
+    vector's mean is negative, the square root of mean(x) + eps is NaN.
+  hint: mean_square = x.pow(2).mean(-1, keepdim=True), then x / sqrt(mean_square + eps).
+[rms_weight_init] the scale weight does not start at ones, as the spec asks (a model built
+    from your class would start with every feature scaled by it).
+  hint: self.weight = nn.Parameter(torch.ones(d_model)).
 [swiglu_silu_on_up] SiLU is applied to the wrong branch: silu(w_up(x)) * w_gate(x). The gate
     goes through SiLU: silu(w_gate(x)) * w_up(x).
   hint: self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)).

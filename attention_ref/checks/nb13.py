@@ -65,6 +65,8 @@ def rms_model(x: torch.Tensor, w: torch.Tensor, eps: float, mode: str = "correct
         return x / (x.pow(2).mean() + eps).sqrt() * w
     if mode == "no_weight":
         return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+    if mode == "mean_not_squared":  # NaN wherever the mean of x is below -eps
+        return x / (x.mean(-1, keepdim=True) + eps).sqrt() * w
     eps = {"eps_ignored": 1e-6, "default_eps_1e-5": 1e-5, "default_eps_1e-8": 1e-8}.get(mode, eps)
     return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w
 
@@ -76,6 +78,7 @@ RMS_MISTAKES = [
     ("rms_std", "std"),
     ("rms_mean_all_axes", "all_axes"),
     ("rms_no_weight", "no_weight"),
+    ("rms_mean_not_squared", "mean_not_squared"),
 ]
 
 
@@ -118,6 +121,7 @@ def check_rms_norm(cls, ctx: Context) -> None:
                 f"{label}"
             )
             mod = build_module(ctx, cls, args, kwargs, case)
+            _expect_ones(ctx, mod, D, case)
             reference = ref.RMSNorm(D).double()
             with torch.no_grad():
                 reference.weight.copy_(w64)
@@ -127,6 +131,9 @@ def check_rms_norm(cls, ctx: Context) -> None:
             with torch.no_grad():
                 got = ctx.call(mod, x, case=case)
             expected = rms_model(x, w64, used_eps)
+            _nan_from_mean_not_squared(
+                ctx, got, rms_model(x, w64, used_eps, "mean_not_squared"), case
+            )
             ctx.expect_array(got, expected.to(dtype), what="the output", case=case)
             modes = list(RMS_MISTAKES)
             if eps is None:
@@ -143,6 +150,33 @@ def check_rms_norm(cls, ctx: Context) -> None:
             ctx.expect_close(
                 got, expected, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
             )
+
+
+def _expect_ones(ctx: Context, mod, D: int, case: str) -> None:
+    """The spec's initial scale: ``weight`` all ones (a model built from the learner's class
+    and not loaded from a checkpoint starts as the identity map up to the normalisation)."""
+    try:
+        w = getattr(mod, "weight", None)
+        ones = bool((w.detach() == 1).all()) if tuple(w.shape) == (D,) else True
+    except Exception:  # no weight, a lazy one, not a tensor: judged when weights are loaded
+        return
+    if not ones:
+        ctx.fail(
+            f"a new RMSNorm({D}) has weight {w.detach().flatten()[:4].tolist()}..., "
+            "expected all ones.",
+            case=case,
+            mistake="rms_weight_init",
+        )
+
+
+def _nan_from_mean_not_squared(ctx: Context, got, wrong: torch.Tensor, case: str) -> None:
+    """NaN exactly where the square root of mean(x) + eps is the square root of a negative
+    number: the mean of x was taken, not the mean of its squares."""
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(wrong.shape):
+        return
+    nan = torch.isnan(got.detach().cpu())
+    if bool(nan.any()) and torch.equal(nan, torch.isnan(wrong)):
+        ctx.fail("the output contains NaN.", case=case, mistake="rms_mean_not_squared")
 
 
 # ----------------------------------------------------------------------------- swiglu
@@ -257,14 +291,19 @@ def rotary_model(P: dict, x: torch.Tensor, H: int, G: int, base: float, mode: st
     if mode == "heads_as_positions":
         q = rope(q_flat.view(B, T, H, dh), base=base).transpose(1, 2)  # (B, H, T, dh)
         k = rope(k_flat.view(B, T, G, dh), base=base).transpose(1, 2)  # (B, G, T, dh)
+    elif mode == "split_view":  # (B, T, n * dh) viewed as (B, n, T, dh): tokens mixed
+        q, k = q_flat.reshape(B, H, T, dh), k_flat.reshape(B, G, T, dh)
     else:
         q, k = split_heads(q_flat, H), split_heads(k_flat, G)  # (B, H, T, dh), (B, G, T, dh)
-    v = split_heads(v_flat, G)  # (B, G, T, dh)
+    v = v_flat.reshape(B, G, T, dh) if mode == "split_view" else split_heads(v_flat, G)
     b = 10000.0 if mode == "base_ignored" else base
+    if mode == "half_exponent":  # base^(-i/d) = sqrt(base)^(-2i/d)
+        b = math.sqrt(base)
+    positions = -torch.arange(T) if mode == "reversed" else None  # sin's sign flipped
     if mode == "rotate_half":
         q, k = _rotate_half_rope(q, b), _rotate_half_rope(k, b)
-    elif mode in ("correct", "values", "base_ignored", "repeat", "no_mask", "no_scale"):
-        q, k = rope(q, base=b), rope(k, base=b)
+    elif mode not in ("no_rope", "before_split", "heads_as_positions", "queries_only"):
+        q, k = rope(q, positions, base=b), rope(k, positions, base=b)
         if mode == "values":
             v = rope(v, base=b)
     elif mode == "queries_only":
@@ -276,9 +315,12 @@ def rotary_model(P: dict, x: torch.Tensor, H: int, G: int, base: float, mode: st
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     if mode == "no_scale":
         q = q * math.sqrt(dh)
+    if mode == "scale_d_model":  # divided by sqrt(D) instead of sqrt(dh)
+        q = q * math.sqrt(dh / D)
     mask = None if mode == "no_mask" else torch.ones(T, T, dtype=torch.bool).tril()
     out, w = sdpa(q, k, v, mask)  # (B, H, T, dh), (B, H, T, T)
-    return merge_heads(out) @ P["w_o"].T, w
+    merged = out.reshape(B, T, D) if mode == "merge_view" else merge_heads(out)  # (B, T, D)
+    return merged @ P["w_o"].T, w
 
 
 ROTARY_MISTAKES = [
@@ -292,6 +334,11 @@ ROTARY_MISTAKES = [
     ("gqa_repeat", "repeat"),
     ("rotary_no_causal_mask", "no_mask"),
     ("gqa_no_scale", "no_scale"),
+    ("scale_by_d_model", "scale_d_model"),
+    ("rope_reversed", "reversed"),
+    ("rope_half_exponent", "half_exponent"),
+    ("split_view_without_transpose", "split_view"),
+    ("merge_without_transpose", "merge_view"),
 ]
 
 ROTARY_LAYOUT = (

@@ -76,6 +76,19 @@ class RMSLayerNormDefaultEps(_RMS):
         super().__init__(d_model, eps)
 
 
+@mistake("rms_norm", id="rms_mean_not_squared")
+class RMSMeanNotSquared(_RMS):
+    def denominator(self, x):
+        return torch.sqrt(x.mean(-1, keepdim=True) + self.eps)
+
+
+@mistake("rms_norm", id="rms_weight_init")
+class RMSZeroInitialWeight(_RMS):
+    def __init__(self, d_model, eps=1e-6):
+        super().__init__(d_model, eps)
+        self.weight = nn.Parameter(torch.zeros(d_model))  # as a bias would be
+
+
 @mistake("rms_norm", id="reference_used")
 class RMSPyTorchFunctional(_RMS):
     def forward(self, x):
@@ -105,7 +118,15 @@ class RMSFloat64Accumulation(_RMS):
 
 
 @alternative("rms_norm")
-class RMSVectorNorm(_RMS):
+class RMSVectorNormEpsBuffer(_RMS):
+    """The root mean square from the vector's norm; eps kept as a buffer (so it is in the
+    module's state_dict, and follows .to(dtype))."""
+
+    def __init__(self, d_model, eps=1e-6):
+        super().__init__(d_model, eps)
+        del self.eps
+        self.register_buffer("eps", torch.tensor(float(eps)))
+
     def denominator(self, x):
         d = x.shape[-1]
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
@@ -327,9 +348,89 @@ class RotaryNoScale(_Rotary):
         return self.w_o(merge_heads(w @ v)), w
 
 
+@mistake("rotary_attention", id="scale_by_d_model")
+class RotaryScaledByDModel(_Rotary):
+    def forward(self, x):
+        B, T, D = x.shape
+        H, G = self.n_heads, self.n_kv_heads
+        q = self.rotate(split_heads(self.w_q(x), H)) * math.sqrt(self.d_head / D)
+        k = self.rotate(split_heads(self.w_k(x), G)).repeat_interleave(H // G, 1)
+        v = split_heads(self.w_v(x), G).repeat_interleave(H // G, 1)
+        out, w = sdpa(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())  # q.k / sqrt(D)
+        return self.w_o(merge_heads(out)), w
+
+
+class _RotaryOwnTables(_Rotary):
+    """Cos and sin tables for up to ``max_len`` positions built once in __init__ (float64,
+    cast to the input's dtype), adjacent pairs rotated by hand."""
+
+    exponent = 2  # angle of pair i: p * base^(-exponent * i / d_head)
+    sign = 1.0
+
+    def __init__(self, d_model, n_heads, n_kv_heads, base=10000.0, max_len=256):
+        super().__init__(d_model, n_heads, n_kv_heads, base)
+        i = torch.arange(self.d_head // 2, dtype=torch.float64)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * base ** (
+            -self.exponent * i / self.d_head
+        )  # (max_len, d_head / 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", self.sign * angles.sin(), persistent=False)
+
+    def rotate(self, t):
+        T = t.shape[-2]
+        cos, sin = self.cos[:T].to(t.dtype), self.sin[:T].to(t.dtype)
+        even, odd = t[..., 0::2], t[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
+
+
+@mistake("rotary_attention", id="rope_reversed")
+class RotaryReversed(_RotaryOwnTables):
+    sign = -1.0
+
+
+@mistake("rotary_attention", id="rope_half_exponent")
+class RotaryHalfExponent(_RotaryOwnTables):
+    exponent = 1
+
+
+@mistake("rotary_attention", id="split_view_without_transpose")
+class RotarySplitByView(_Rotary):
+    def forward(self, x):
+        B, T, D = x.shape
+        H, G, dh = self.n_heads, self.n_kv_heads, self.d_head
+        q = self.rotate(self.w_q(x).view(B, H, T, dh))  # should be view(B, T, H, dh).transpose
+        k = self.rotate(self.w_k(x).view(B, G, T, dh)).repeat_interleave(H // G, 1)
+        v = self.w_v(x).view(B, G, T, dh).repeat_interleave(H // G, 1)
+        out, w = sdpa(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())
+        return self.w_o(merge_heads(out)), w
+
+
+@mistake("rotary_attention", id="merge_without_transpose")
+class RotaryMergeByReshape(_Rotary):
+    def forward(self, x):
+        B, T, D = x.shape
+        H, G = self.n_heads, self.n_kv_heads
+        q = self.rotate(split_heads(self.w_q(x), H))
+        k = self.rotate(split_heads(self.w_k(x), G)).repeat_interleave(H // G, 1)
+        v = split_heads(self.w_v(x), G).repeat_interleave(H // G, 1)
+        out, w = sdpa(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())
+        return self.w_o(out.reshape(B, T, D)), w  # (B, H, T, dh) read as (B, T, D)
+
+
 @alternative("rotary_attention")
-class RotaryWithCourseRope(_Rotary):
-    pass
+class RotaryOwnTables(_RotaryOwnTables):
+    """Cos/sin tables built once in __init__ for up to max_len positions; the key/value
+    heads repeated first and the repeated keys rotated (the same rotation, H // G times)."""
+
+    def forward(self, x):
+        T = x.shape[1]
+        H, G = self.n_heads, self.n_kv_heads
+        q = split_heads(self.w_q(x), H)
+        k = split_heads(self.w_k(x), G).repeat_interleave(H // G, 1)
+        v = split_heads(self.w_v(x), G).repeat_interleave(H // G, 1)
+        q, k = self.rotate(q), self.rotate(k)
+        out, w = sdpa(q, k, v, torch.ones(T, T, dtype=torch.bool, device=x.device).tril())
+        return self.w_o(merge_heads(out)), w
 
 
 @alternative("rotary_attention")
