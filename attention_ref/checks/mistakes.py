@@ -977,6 +977,11 @@ _TABLE = """
 [swiglu_up_unused] the up projection is not used: w_down(silu(w_gate(x))) is the ungated
     feed-forward.
   hint: multiply the activated gate by w_up(x) elementwise before w_down.
+[swiglu_relu_gate] the gate uses ReLU (ReGLU) instead of SiLU.
+  hint: F.silu(self.w_gate(x)), not F.relu.
+[swiglu_no_activation] the gate has no activation: w_down(w_gate(x) * w_up(x)) is a bilinear
+    layer, not SwiGLU.
+  hint: pass the gate through SiLU: F.silu(self.w_gate(x)) * self.w_up(x).
 [swiglu_default_hidden] without d_ff the hidden size must be 8 * d_model // 3 (2/3 of 4 *
     d_model, so the three matrices hold as many weights as a 4 * d_model ReLU feed-forward).
   hint: if d_ff is None: d_ff = 8 * d_model // 3.

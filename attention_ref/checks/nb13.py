@@ -190,6 +190,8 @@ def swiglu_model(P: dict, x: torch.Tensor, mode: str = "correct") -> torch.Tenso
         "sigmoid": lambda: torch.sigmoid(gate) * up,
         "gelu": lambda: nn.functional.gelu(gate) * up,
         "up_unused": lambda: nn.functional.silu(gate),
+        "relu": lambda: torch.relu(gate) * up,
+        "no_activation": lambda: gate * up,
     }.get(mode, lambda: nn.functional.silu(gate) * up)()
     return act @ P["w_down"].T  # (..., d_model)
 
@@ -200,6 +202,8 @@ SWIGLU_MISTAKES = [
     ("swiglu_sigmoid_gate", "sigmoid"),
     ("swiglu_gelu", "gelu"),
     ("swiglu_up_unused", "up_unused"),
+    ("swiglu_relu_gate", "relu"),
+    ("swiglu_no_activation", "no_activation"),
 ]
 
 

@@ -185,6 +185,18 @@ class SwiGLUUpUnused(_SwiGLU):
         return nn.functional.silu(gate)
 
 
+@mistake("swiglu", id="swiglu_relu_gate")
+class SwiGLUReLU(_SwiGLU):
+    def act(self, gate, up):
+        return torch.relu(gate) * up
+
+
+@mistake("swiglu", id="swiglu_no_activation")
+class SwiGLUBilinear(_SwiGLU):
+    def act(self, gate, up):
+        return gate * up
+
+
 @mistake("swiglu", id="swiglu_default_hidden")
 class SwiGLUHidden4d(_SwiGLU):
     @staticmethod
