@@ -21,6 +21,7 @@ from .toolkit import (
     as_float64,
     attention_mistakes,
     causal_mask,
+    dtype_name,
     earlier_position_changed,
     expect_attention_values,
     expect_not_swapped,  # BUILTIN_ATTENTION, ADDITIVE_MASK, ...: their old home was here
@@ -191,7 +192,7 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             )
         )
         if torch_dtype is not None:
-            case += f", {str(torch_dtype).replace('torch.', '')}"
+            case += f", {dtype_name(torch_dtype)}"
         call_args = args if mask is None else [*args, mask]
         got = ctx.call(candidate, *call_args, case=case)
         got = ctx.expect_tuple(got, ("out", "weights"), case=case)

@@ -13,6 +13,7 @@ from .toolkit import (
     TOL,
     additive_softmax,
     causal_mask,
+    dtype_name,
     expect_masked_weights_zero,
     inverted_mask_mistake,
     padding_mask,
@@ -154,7 +155,7 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
         # is named as such); in float32 a constant of -1e10 swamps them (uniform weights).
         for dtype in (torch.float64, torch.float32):
             s = scores.to(dtype)
-            case = f"{label}; {str(dtype).replace('torch.', '')}"
+            case = f"{label}; {dtype_name(dtype)}"
             got = ctx.call(candidate, s, mask, dim=dim, case=case)
             expected = ref.masked_softmax(s.double(), mask, dim=dim)
             s64, mnp = s.double().numpy(), mask.numpy()

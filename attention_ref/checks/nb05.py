@@ -18,6 +18,7 @@ import torch
 from .. import positional as ref
 from ._core import Context, Mistake, _as_np, exercise
 from .mistakes import named
+from .toolkit import dtype_name
 
 
 def _forbid_sinusoidal():
@@ -370,7 +371,7 @@ def check_rope(candidate, ctx: Context) -> None:
     for label, x, pos, base in cases:
         for dtype in (torch.float32, torch.float64):
             xd = x.to(dtype)
-            case = f"{label}; {str(dtype).replace('torch.', '')}"
+            case = f"{label}; {dtype_name(dtype)}"
             if pos is not None:
                 case += f"; positions={pos.tolist()}"
             got = _call_rope(candidate, ctx, xd, pos, base, case)

@@ -454,15 +454,12 @@ def _layer_build(cls, ctx, c: LayerCase, P, dtype, case, dropout=None) -> nn.Mod
     if c.norm_first is not None:
         kwargs["norm_first"] = c.norm_first
     mod = build_module(ctx, cls, args, kwargs, case)
-    substitute(
-        ctx,
-        mod,
-        "self_attn",
-        lambda p: ref_mha.MultiHeadAttention(c.D, c.H, dropout=p),
-        case,
-        LAYER_SPECS["self_attn"],
-    )
-    substitute(ctx, mod, "ff", lambda p: ref.FeedForward(c.D, c.Fd, p), case, LAYER_SPECS["ff"])
+    parts = {
+        "self_attn": lambda p: ref_mha.MultiHeadAttention(c.D, c.H, dropout=p),
+        "ff": lambda p: ref.FeedForward(c.D, c.Fd, p),
+    }
+    for name, make in parts.items():
+        substitute(ctx, mod, name, make, case, LAYER_SPECS[name])
     mod.to(dtype)
     x0 = torch.zeros(1, 2, c.D, dtype=dtype)
     materialize_with(ctx, mod, lambda: ctx.call(mod, x0, case=case), case)
