@@ -34,6 +34,7 @@ from .toolkit import (
     causal_mask,
     dtype_name,
     expect_dropout_applied,
+    expect_not_swapped,
     load_reference_weights,
     materialize_with,
     normal,
@@ -521,13 +522,7 @@ def _check_layer_case(cls, ctx: Context, c: LayerCase, P, dtype, first: bool) ->
     mod = _layer_build(cls, ctx, c, P, dtype, case)  # training mode, dropout 0.0
     out, weights = _layer_call(ctx, mod, x, mask, case)
     B, T, D = x.shape
-    if (
-        isinstance(out, torch.Tensor)
-        and isinstance(weights, torch.Tensor)
-        and tuple(out.shape) == (B, c.H, T, T)
-        and tuple(weights.shape) == (B, T, D)
-    ):
-        ctx.fail("returned (weights, out) instead of (out, weights).", case=case)
+    expect_not_swapped(ctx, out, weights, (B, T, D), (B, c.H, T, T), case=case, types=torch.Tensor)
     ctx.expect_array(out, x, what="out", case=case)
     if isinstance(weights, torch.Tensor) and tuple(weights.shape) != (B, c.H, T, T):
         ctx.fail(

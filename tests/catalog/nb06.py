@@ -363,6 +363,14 @@ class LayerWrongAttributeName(nn.Module):
         return self.norm2(x + self.ff(x)), w
 
 
+@mistake("encoder_layer", id="outputs_swapped_order")
+class LayerReturnsWeightsFirst(_LayerBase):
+    def forward(self, x, mask=None):
+        a, w = self.attn(x, mask)
+        x = self.norm1(x + a)
+        return w, self.norm2(x + self.dropout2(self.ff(x)))
+
+
 @mistake("encoder_layer", id="not_a_tuple")
 class LayerReturnsOnlyOut(_LayerBase):
     def forward(self, x, mask=None):
