@@ -405,21 +405,13 @@ def randomize_parameters(module: nn.Module, gen: torch.Generator) -> None:
 
 
 def load_reference_weights(
-    ctx: Context,
-    mod: nn.Module,
-    ref: nn.Module | dict[str, torch.Tensor],
-    specs: dict[str, str],
-    case: str,
-    likely: dict[str, str] | None = None,
+    ctx: Context, mod: nn.Module, ref, specs: dict[str, str], case: str, likely: dict | None = None
 ) -> None:
-    """Copy the reference's parameters (a module's, or a dict name -> tensor) into the
-    learner's module by name, reporting missing (``parameter_names``; a missing bias
-    ``built_without_bias``), misshapen and extra (``unexpected_parameters``) parameters with
-    the declaration ``specs`` asks for (attribute -> declaration). ``likely`` maps
-    ``"missing <attribute>"`` or ``"no bias <attribute>"`` to a likelier mistake. A
-    parameter reachable under several names counts once; parametrized weights are set
-    through their parametrization; lazy parameters must have been materialised first
-    (:func:`materialize_with`)."""
+    """Copy the reference's parameters (``ref``: a module, or a dict name -> tensor) into the
+    learner's module by name. Missing: ``parameter_names`` (a bias: ``built_without_bias``),
+    or ``likely["missing <part>"]`` / ``["no bias <part>"]``; extra: ``unexpected_parameters``.
+    Parametrized weights are set through their parametrization; lazy parameters must have
+    been materialised first (:func:`materialize_with`)."""
     ours = dict(ref.named_parameters()) if isinstance(ref, nn.Module) else ref
     likely = likely or {}
 
@@ -708,8 +700,7 @@ def rows_not_summing_to_one(allowed: np.ndarray | None = None, axis: int = -1):
     """The property that every row of attention weights (along ``axis``) sums to 1 (to 0 for
     a query that ``allowed``, broadcast to the weights, lets attend to nothing), as the
     ``fallback`` of ``Context.expect_close``: when no mistake model explains the weights,
-    the feedback names the row that breaks it (``rows_not_normalised``; ``""`` when none
-    does)."""
+    the feedback names the row that breaks it (``rows_not_normalised``; ``""``: none)."""
 
     def explain(got: np.ndarray, expected: np.ndarray) -> str:
         if got.shape != expected.shape or not np.all(np.isfinite(got)):
