@@ -66,9 +66,6 @@ def _forbidden():
     ]
 
 
-# ----------------------------------------------------------------------------- weights
-
-
 # ----------------------------------------------------------------------------- cases
 @dataclass
 class SACase:
@@ -188,16 +185,8 @@ def _prepare(cls, ctx: Context, d_in, d_k, d_v, W, dtype, case) -> nn.Module:
         "w_k": (torch.from_numpy(W["w_k"].T).to(dtype), None, _spec(d_in, d_k, "d_k")),
         "w_v": (torch.from_numpy(W["w_v"].T).to(dtype), None, _spec(d_in, d_v, "d_v")),
     }
-    load_linear_weights(
-        ctx,
-        mod,
-        layers,
-        case,
-        raw_ok=True,
-        likely={
-            "extra w_o": named("sa_extra_w_o"),
-        },
-    )
+    likely = {"extra w_o": named("sa_extra_w_o")}
+    load_linear_weights(ctx, mod, layers, case, raw_ok=True, likely=likely)
     return mod
 
 
