@@ -464,14 +464,8 @@ def _layer_build(cls, ctx, c: LayerCase, P, dtype, case, dropout=None) -> nn.Mod
     mod.to(dtype)
     x0 = torch.zeros(1, 2, c.D, dtype=dtype)
     materialize_with(ctx, mod, lambda: ctx.call(mod, x0, case=case), case)
-    load_reference_weights(
-        ctx,
-        mod,
-        P,
-        LAYER_SPECS,
-        case,
-        likely={"missing norm2": "each sublayer has its own LayerNorm: norm1 and norm2."},
-    )
+    likely = {"missing norm2": "each sublayer has its own LayerNorm: norm1 and norm2."}
+    load_reference_weights(ctx, mod, P, LAYER_SPECS, case, likely=likely)
     return mod
 
 

@@ -307,13 +307,9 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
         mod.train()
         torch.manual_seed(ctx.seed)
         out, w_self, w_cross = _dec_call(ctx, mod, y, memory, None, None, case + ", training")
+        training = case + ", training mode"
         expect_dropout_applied(
-            ctx,
-            out,
-            eval_out,
-            p=0.3,
-            case=case + ", training mode",
-            mistake="decoder_dropout_ignored",
+            ctx, out, eval_out, p=0.3, case=training, mistake="decoder_dropout_ignored"
         )
         for got, ev, name in (
             (w_self, eval_self, "self_attn"),
@@ -324,7 +320,7 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
                     f"with dropout=0.3 the {name} weights in training mode are the eval-mode "
                     "weights: the attention weights are not dropped. nn.TransformerDecoderLayer "
                     "applies its dropout to the attention weights too.",
-                    case=case + ", training mode",
+                    case=training,
                     mistake=named("dropout_not_passed_on", name=name),
                 )
 
