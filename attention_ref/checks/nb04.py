@@ -52,6 +52,8 @@ SPLIT_THOROUGH_CASES = [
     ("a batch of 4, T=9, D=32, 8 heads", 4, 9, 32, 8, "float64"),
     ("T=2, D=10, 5 heads", 3, 2, 10, 5, "float32"),
 ]
+#: id, the mode of _split (the one model) that makes the mistake.
+SPLIT_MISTAKES = [("split_view_without_transpose", "view"), ("split_interleaved", "interleave")]
 
 
 @exercise(
@@ -81,12 +83,8 @@ def check_split_heads(candidate, ctx: Context) -> None:
                 (B, H, dh, T): "split_heads_last_axes_swapped",
             },
             mistakes=[
-                Mistake.of(
-                    "split_view_without_transpose", model=lambda: _split(as_float64(x), H, "view")
-                ),
-                Mistake.of(
-                    "split_interleaved", model=lambda: _split(as_float64(x), H, "interleave")
-                ),
+                Mistake.of(i, model=lambda m=m: _split(as_float64(x), H, m))
+                for i, m in SPLIT_MISTAKES
             ],
             hint="head h must hold features h*D/H .. (h+1)*D/H - 1 of every token: "
             "result[b, h, t] == x[b, t, h*D//H:(h+1)*D//H].",
