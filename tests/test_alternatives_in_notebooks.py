@@ -4,13 +4,15 @@ later cell fail (issue 21: a correct online attention broke notebook 12's cell 1
 
 The notebook runs as the autograder runs it (training cells take a token few steps), so
 the cells that check a trained model are skipped, and every cell that depends on the
-learner's code alone still runs. Each run puts one alternative into every answer cell
-that has one, so a notebook needs as many runs as its longest list of alternatives.
+learner's code alone still runs; the cheap notebooks run once more as the learner runs
+them (LEARNER_RUN), where assertions skipped while grading hold too. Each run puts one
+alternative into every answer cell that has one, so a notebook needs as many runs as its
+longest list of alternatives.
 
 Every notebook is checked, in two places: `make test` runs the notebooks written last
 (RECENT), whose alternatives are the likeliest to break a later cell, and `make
 test-alternatives` (run by `.ci/run` after `make test`) runs the others, marked
-`all_alternatives`; together they are every notebook (a test below says so). They are kept
+`all_alternatives`, and the learner runs; together they are every notebook. They are kept
 apart because the 44 runs of notebooks 01-10 take several minutes on two cores.
 """
 
@@ -28,6 +30,10 @@ from course_tools import assignment_ids, execute, solution_path
 TESTS = Path(__file__).parent
 #: Checked by `make test`; every other notebook by `make test-alternatives`.
 RECENT = ["11_gpt", "12_efficient_attention", "13_modern_llm"]
+#: Also run as the learner runs them (no autograde: full sizes, and the `GRADING or ...`
+#: assertions about the learner's own code are checked), by `make test-alternatives`:
+#: notebooks cheap enough to run in full once per alternative.
+LEARNER_RUN = ["12_efficient_attention", "13_modern_llm"]
 AIDS = assignment_ids()
 _DEFINES = re.compile(r"^(?:def|class) (\w+)", re.MULTILINE)
 
@@ -61,10 +67,15 @@ CASES = [
     pytest.param(
         aid,
         r,
+        "autograde",
         id=f"{aid}-{r}",
         marks=() if aid in RECENT else pytest.mark.all_alternatives,
     )
     for aid in AIDS
+    for r in range(len(_runs(aid)))
+] + [
+    pytest.param(aid, r, "learner", id=f"{aid}-{r}-learner", marks=pytest.mark.all_alternatives)
+    for aid in LEARNER_RUN
     for r in range(len(_runs(aid)))
 ]
 
@@ -72,12 +83,16 @@ CASES = [
 def test_the_notebooks_make_test_runs_exist():
     """A renamed notebook must not silently move its runs out of `make test`."""
     assert set(RECENT) <= set(AIDS), sorted(set(RECENT) - set(AIDS))
+    assert set(LEARNER_RUN) <= set(AIDS), sorted(set(LEARNER_RUN) - set(AIDS))
 
 
 @pytest.mark.notebooks
-@pytest.mark.parametrize(("aid", "run"), CASES)
-def test_every_cell_passes_with_the_catalogued_alternatives(aid, run, monkeypatch):
-    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+@pytest.mark.parametrize(("aid", "run", "mode"), CASES)
+def test_every_cell_passes_with_the_catalogued_alternatives(aid, run, mode, monkeypatch):
+    if mode == "autograde":
+        monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
+    else:
+        monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
     nb = nbformat.read(solution_path(aid), as_version=4)
     cells = _answer_cells(nb)
     chosen = _runs(aid)[run]
