@@ -9,11 +9,12 @@
   prints one line per application, e.g. ``app=translation metric=exact_match value=0.995
   train_seconds=48.1``; the GPT of notebook 11 adds its agreement, grammatical and novel
   samples, bigram baseline and training speed (``app=gpt metric=cross_entropy_over_floor
-  value=1.003 train_seconds=48.3 agreement=1.000 grammatical=0.985 ...``). Notebook 13 adds
-  two lines: ``app=modern``, its modern model against notebook 11's GPT at equal parameter
-  count, 60 s of training each on two seeds (cross-entropy over the floor and grammatical
-  samples per seed), and ``app=convert``, the Hugging Face models converted (the max
-  |logit difference| per architecture and dtype, and whether 32 greedy tokens are equal).
+  value=1.002 train_seconds=... steps=1500 agreement=1.000 grammatical=0.978 ...``).
+  Notebook 13 adds two lines: ``app=modern``, its modern model against notebook 11's GPT at
+  equal parameter count, 60 s of training each on two seeds (cross-entropy over the floor
+  and grammatical samples per seed), and ``app=convert``, the Hugging Face models converted
+  (the max |logit difference| per architecture and dtype, and whether 32 greedy tokens are
+  equal).
 - ``grading`` (``make grade``): what one submission of notebook 01 that loops forever in
   ``sdpa`` costs (its grading time minus a solution's); then, in the same run, the grading
   of issue 13 (one worker, every model trained in full: ``ATTENTION_REF_GRADING_STEPS=all``)
