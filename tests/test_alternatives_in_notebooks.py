@@ -9,11 +9,9 @@ them (LEARNER_RUN), where assertions skipped while grading hold too. Each run pu
 alternative into every answer cell that has one, so a notebook needs as many runs as its
 longest list of alternatives.
 
-Every notebook is checked, in two places: `make test` runs the notebooks written last
-(RECENT), whose alternatives are the likeliest to break a later cell, and `make
-test-alternatives` (run by `.ci/run` after `make test`) runs the others, marked
-`all_alternatives`, and the learner runs; together they are every notebook. They are kept
-apart because the 44 runs of notebooks 01-10 take several minutes on two cores.
+They run in `make test-alternatives` (marked `all_alternatives`), which `.ci/run` runs after
+`make test`: the 59 runs take several minutes on two cores, which `make test` (within 10
+minutes, install included) cannot spare.
 """
 
 from __future__ import annotations
@@ -28,8 +26,6 @@ from catalog import ALTERNATIVES
 from course_tools import assignment_ids, execute, solution_path
 
 TESTS = Path(__file__).parent
-#: Checked by `make test`; every other notebook by `make test-alternatives`.
-RECENT = ["11_gpt", "12_efficient_attention", "13_modern_llm"]
 #: Also run as the learner runs them (no autograde: full sizes, and the `GRADING or ...`
 #: assertions about the learner's own code are checked), by `make test-alternatives`:
 #: notebooks cheap enough to run in full once per alternative.
@@ -69,7 +65,7 @@ CASES = [
         r,
         "autograde",
         id=f"{aid}-{r}",
-        marks=() if aid in RECENT else pytest.mark.all_alternatives,
+        marks=pytest.mark.all_alternatives,
     )
     for aid in AIDS
     for r in range(len(_runs(aid)))
@@ -80,9 +76,8 @@ CASES = [
 ]
 
 
-def test_the_notebooks_make_test_runs_exist():
-    """A renamed notebook must not silently move its runs out of `make test`."""
-    assert set(RECENT) <= set(AIDS), sorted(set(RECENT) - set(AIDS))
+def test_the_notebooks_run_as_learners_run_them_exist():
+    """A renamed notebook must not silently lose its learner runs."""
     assert set(LEARNER_RUN) <= set(AIDS), sorted(set(LEARNER_RUN) - set(AIDS))
 
 

@@ -14,8 +14,7 @@ solution notebook (nbval) with that environment's Python.
 
 The tests are those `make test-other-lane` runs, read from the Makefile: all but its
 GRADING_LANE (nbgrader, the sandbox, PostgreSQL and Chromium, which prove the grading
-machinery rather than the libraries' numerics, and take as long again; the lane also holds
-the alternatives' runs through notebooks 11-13, there to balance the lanes), with its `-m`
+machinery rather than the libraries' numerics, and take as long again), with its `-m`
 selection; and of those, not the ones in UNIT_TESTS_SKIP: the JupyterHub test (it needs
 configurable-http-proxy from npm) and tests/test_environment.py (it asserts the locked
 versions, which these two environments by design are not). The notebooks, the checks,
