@@ -150,6 +150,14 @@ def online_softmax_attention(
     return _online_attention(q, k, v, block_size, causal, q_block_size)[0]
 
 
+def _q_block_size(n_q: int, block_size: int, causal: bool, q_block_size: int | None) -> int:
+    """Queries per tile: ``q_block_size`` checked, or by default ``block_size`` when causal
+    (so that whole future tiles can be skipped), else up to :data:`DEFAULT_Q_BLOCK_SIZE`."""
+    if q_block_size is None:
+        q_block_size = block_size if causal else min(DEFAULT_Q_BLOCK_SIZE, max(n_q, 1))
+    return _require_block("q_block_size", q_block_size)
+
+
 def _online_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -164,9 +172,7 @@ def _online_attention(
     it zero weights). FlashAttention's backward pass (:mod:`attention_ref.flash`) recomputes
     the weights of each tile from it."""
     n_q, n_k, d_k, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    if q_block_size is None:
-        q_block_size = block_size if causal else min(DEFAULT_Q_BLOCK_SIZE, max(n_q, 1))
-    q_block_size = _require_block("q_block_size", q_block_size)
+    q_block_size = _q_block_size(n_q, block_size, causal, q_block_size)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     offset = n_k - n_q  # query i sits at key position i + offset
     q = q * (1.0 / math.sqrt(d_k))  # scale once, not every tile

@@ -33,7 +33,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .efficient import _causal_allowed, _online_attention, _require_block, _require_qkv
+from .efficient import (
+    _causal_allowed,
+    _online_attention,
+    _q_block_size,
+    _require_block,
+    _require_qkv,
+)
 
 
 def _flash_backward(
@@ -109,9 +115,7 @@ class FlashAttention(torch.autograd.Function):
     ) -> torch.Tensor:
         _require_qkv(q, k, v)
         block_size = _require_block("block_size", block_size)
-        if q_block_size is None:
-            q_block_size = block_size if causal else min(256, max(q.shape[-2], 1))
-        q_block_size = _require_block("q_block_size", q_block_size)
+        q_block_size = _q_block_size(q.shape[-2], block_size, causal, q_block_size)
         out, lse = _online_attention(q, k, v, block_size, causal, q_block_size)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.block_size, ctx.causal, ctx.q_block_size = block_size, bool(causal), q_block_size

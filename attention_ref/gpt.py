@@ -77,7 +77,9 @@ class GroupedQueryAttention(nn.Module):
         return split_heads(self.w_k(x), self.n_kv_heads), split_heads(self.w_v(x), self.n_kv_heads)
 
     def attend(self, q, k, v, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q (B, H, n_q, d_head)`` over ``k, v (B, n_kv_heads, n_k, d_head)``."""
+        """``q (B, H, n_q, d_head)`` over ``k, v (B, n_kv_heads, n_k, d_head)``: each key/value
+        head serves ``n_heads // n_kv_heads`` consecutive query heads; ``(out, weights)``.
+        (Notebook 13's :class:`~attention_ref.modern.RotaryAttention` attends the same way.)"""
         group = self.n_heads // self.n_kv_heads
         k = k.repeat_interleave(group, dim=1)  # (B, H, n_k, d_head): head h uses kv h // group
         v = v.repeat_interleave(group, dim=1)

@@ -27,8 +27,7 @@ import torch
 from torch import nn
 
 from ._validate import describe, require_tensor
-from .attention import sdpa
-from .multihead import merge_heads
+from .gpt import GroupedQueryAttention
 from .positional import rope
 
 
@@ -174,13 +173,8 @@ class RotaryAttention(nn.Module):
             k = rope(k, positions, self.base)  # the values are not rotated
         return q, k, v
 
-    def attend(self, q, k, v, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q (B, H, n_q, d_head)`` over ``k, v (B, G, n_k, d_head)``."""
-        group = self.n_heads // self.n_kv_heads
-        k = k.repeat_interleave(group, dim=1)  # (B, H, n_k, d_head): head h uses kv h // group
-        v = v.repeat_interleave(group, dim=1)
-        out, weights = sdpa(q, k, v, mask)  # (B, H, n_q, d_head), (B, H, n_q, n_k)
-        return self.w_o(merge_heads(out)), weights
+    # q (B, H, n_q, d_head) over k, v (B, G, n_k, d_head): notebook 11's grouped heads.
+    attend = GroupedQueryAttention.attend
 
     def forward(
         self,
