@@ -68,7 +68,7 @@ test-other-lane: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives" $(addprefix --ignore=,$(GRADING_LANE))
 
 # The catalog's correct alternatives through every notebook (tests/test_alternatives_in_notebooks.py:
-# 59 notebook runs, too many for make test's 10 minutes). .ci/run runs it after make test.
+# 61 notebook runs, too many for make test's 10 minutes). .ci/run runs it after make test.
 test-alternatives: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m all_alternatives \
 		tests/test_alternatives_in_notebooks.py

@@ -10,7 +10,7 @@ alternative into every answer cell that has one, so a notebook needs as many run
 longest list of alternatives.
 
 They run in `make test-alternatives` (marked `all_alternatives`), which `.ci/run` runs after
-`make test`: the 59 runs take several minutes on two cores, which `make test` (within 10
+`make test`: the 61 runs take several minutes on two cores, which `make test` (within 10
 minutes, install included) cannot spare.
 """
 

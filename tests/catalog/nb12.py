@@ -928,11 +928,7 @@ class FlashSavesMaxAndSum(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-@alternative(
-    "flash_attention",
-    check_only="its later cells were run by hand (issue 21 review); a fourth notebook run "
-    "would add a minute to make test",
-)
+@alternative("flash_attention")
 class FlashRunningLogSumExp(torch.autograd.Function):
     """The forward pass keeps a running log-sum-exp (torch.logsumexp on a tile,
     torch.logaddexp to merge) instead of m and l; L of shape (..., n_q) and the output kept
