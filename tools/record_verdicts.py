@@ -15,7 +15,9 @@ as JSON. Compare two recordings with ``--diff``::
     .venv/bin/python tools/record_verdicts.py /tmp/after.json
     .venv/bin/python tools/record_verdicts.py --diff /tmp/before.json /tmp/after.json
 
-``--diff`` exits 1 if any verdict differs (or an entry is missing); changed messages are
+``--only sdpa,masked_softmax`` records (or compares) only those exercises, for a quick
+round while working on one file; finish with a whole recording. ``--diff`` exits 1 if
+any verdict differs (or an entry is missing); changed messages are
 listed, for the author to account for each. ``--messages-only`` leaves the listing out.
 """
 
@@ -71,7 +73,7 @@ def _candidates():
         yield ex, f"legal:{variant}", fuzz.VARIANTS[variant](fuzz._module_alternative(ex))
 
 
-def record(path: str) -> None:
+def record(path: str, only: set[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -80,6 +82,8 @@ def record(path: str) -> None:
     results: dict[str, dict[str, str]] = {}
     t0 = time.monotonic()
     for exercise, name, candidate in _candidates():
+        if only and exercise not in only:
+            continue
         for mode, res in _run(check, exercise, candidate).items():
             key = f"{exercise}|{name}|{mode}"
             if key in results:
@@ -95,11 +99,16 @@ def _strip_id(message: str) -> str:
     return re.sub(r"\n  \[mistake: [a-z0-9_]+\]", "", message)
 
 
-def diff(before_path: str, after_path: str, listing: bool = True) -> int:
+def diff(
+    before_path: str, after_path: str, listing: bool = True, only: set[str] | None = None
+) -> int:
     with open(before_path) as f:
         before = json.load(f)
     with open(after_path) as f:
         after = json.load(f)
+    if only:
+        before = {k: v for k, v in before.items() if k.split("|")[0] in only}
+        after = {k: v for k, v in after.items() if k.split("|")[0] in only}
     missing = sorted(set(before) - set(after))
     added = sorted(set(after) - set(before))
     verdicts = [k for k in before if k in after and before[k]["verdict"] != after[k]["verdict"]]
@@ -151,10 +160,16 @@ def main() -> int:
     ap.add_argument("paths", nargs="+", help="OUT.json, or BEFORE.json AFTER.json with --diff")
     ap.add_argument("--diff", action="store_true")
     ap.add_argument("--messages-only", action="store_true", help="with --diff: counts only")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated exercise ids: record (or compare) only these exercises",
+    )
     args = ap.parse_args()
+    only = {e for e in args.only.split(",") if e} or None
     if args.diff:
-        return diff(*args.paths, listing=not args.messages_only)
-    record(args.paths[0])
+        return diff(*args.paths, listing=not args.messages_only, only=only)
+    record(args.paths[0], only)
     return 0
 
 
