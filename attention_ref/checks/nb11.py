@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import partial
 
 import numpy as np
 import torch
@@ -23,12 +24,18 @@ from torch import nn
 from .. import gpt as ref
 from .. import sampling
 from ..attention import sdpa
-from ..encoder import FeedForward
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from . import _models as M
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named
-from .toolkit import BUILTIN_ATTENTION, TOL, build_module, dtype_name, earlier_position_changed
+from .toolkit import (
+    BUILTIN_ATTENTION,
+    TOL,
+    build_module,
+    dtype_name,
+    earlier_position_changed,
+    load_reference_weights,
+)
 
 
 def random_state_dict(module: nn.Module, g: torch.Generator, scale: float = 0.4) -> dict:
@@ -40,49 +47,30 @@ def random_state_dict(module: nn.Module, g: torch.Generator, scale: float = 0.4)
     return sd
 
 
-def _load(ctx: Context, mod: nn.Module, sd: dict, dtype, case: str, layout: str) -> None:
-    """Load ``sd`` into the learner's module by parameter name (explaining any mismatch).
-    Only parameters are compared: a buffer the learner registers (e.g. a causal mask) is
-    not a parameter, and is left as it is."""
-    got = {k: tuple(v.shape) for k, v in mod.named_parameters()}
-    want = {k: tuple(v.shape) for k, v in sd.items()}
-    missing = sorted(set(want) - set(got))
-    extra = sorted(set(got) - set(want))
-    if missing or extra:
-        ctx.fail(
-            "your module's parameters do not have the names the exercise specifies"
-            + (f"; missing: {', '.join(missing[:6])}" if missing else "")
-            + (f"; unexpected: {', '.join(extra[:6])}" if extra else "")
-            + ".",
-            case=case,
-            mistake="parameter_names",
-            hint=f"declare exactly these sub-modules: {layout}.",
-        )
-    for k in want:
-        if got[k] != want[k]:
-            likely = ""
-            if k.split(".")[0] in ("w_k", "w_v") and got[k][0] != want[k][0]:
-                likely = named("gqa_full_projections")
-            ctx.fail(
-                f"{k} has shape {got[k]}, expected {want[k]}.",
-                case=case,
-                likely=likely,
-                hint=f"declare exactly these sub-modules: {layout}.",
-                mistake="wrong_shape",
-            )
+def _loaded(ctx: Context, mod, P: dict, dtype, case: str, layout: str, likely=None):
+    """The learner's module ``mod`` in ``dtype`` and eval mode, holding exactly the parameters
+    ``P`` (by name; a buffer, e.g. a causal mask, is left as it is)."""
     mod.to(dtype)
-    with torch.no_grad():
-        params = dict(mod.named_parameters())
-        for k, v in sd.items():
-            params[k].copy_(v.to(dtype))
-    mod.eval()
+    load_reference_weights(ctx, mod, P, {}, case, likely, layout=layout)
+    return mod.eval()
 
 
-def _outputs(ctx: Context, got, like_out, like_w, case: str):
+def _expect_outputs(ctx: Context, got, model, mistakes: list, dtype, case: str) -> None:
+    """``got`` is ``(out, weights)`` as ``model("correct")`` computes them in float64: the
+    weights, then out, a difference named by the first of ``mistakes`` (id, the model's
+    mode) whose model reproduces it."""
+    exp_out, exp_w = model("correct")
     out, w = ctx.expect_tuple(got, ("out", "weights"), case=case)
-    ctx.expect_array(out, like_out, what="the output", case=case)
-    ctx.expect_array(w, like_w, what="the attention weights", case=case)
-    return out, w
+    ctx.expect_array(out, exp_out.to(dtype), what="the output", case=case)
+    ctx.expect_array(w, exp_w.to(dtype), what="the attention weights", case=case)
+    for what, value, expected, i in (
+        ("the attention weights", w, exp_w, 1),
+        ("the output", out, exp_out, 0),
+    ):
+        models = [
+            Mistake.of(m, model=lambda mode=mode, i=i: model(mode)[i]) for m, mode in mistakes
+        ]
+        ctx.expect_close(value, expected, what=what, case=case, mistakes=models, **TOL[dtype])
 
 
 # ----------------------------------------------------------------------------- gpt_block
@@ -91,6 +79,13 @@ BLOCK_LAYOUT = (
     "ln2 = nn.LayerNorm(d_model), ff = FeedForward(d_model, d_ff, dropout), "
     "dropout = nn.Dropout(dropout)"
 )
+#: label (the input), d_model, n_heads, d_ff, B, T
+BLOCK_CASES = [
+    ("d_model=16, n_heads=4, d_ff=32; x (2, 7, 16)", 16, 4, 32, 2, 7),
+    ("one token; x (3, 1, 8)", 8, 2, 16, 3, 1),
+    ("batch of one; d_model=12, n_heads=3, d_ff=20; x (1, 9, 12)", 12, 3, 20, 1, 9),
+]
+BLOCK_THOROUGH_CASES = [("d_model=24, n_heads=6, d_ff=48; x (2, 13, 24)", 24, 6, 48, 2, 13)]
 
 
 def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
@@ -157,50 +152,33 @@ BLOCK_MISTAKES = [
 )
 def check_gpt_block(cls, ctx: Context) -> None:
     g = ctx.torch_gen(1101)
-    cases = [
-        ("d_model=16, n_heads=4, d_ff=32; x (2, 7, 16)", 16, 4, 32, 2, 7),
-        ("one token; x (3, 1, 8)", 8, 2, 16, 3, 1),
-        ("batch of one; d_model=12, n_heads=3, d_ff=20; x (1, 9, 12)", 12, 3, 20, 1, 9),
-    ]
-    if ctx.thorough:
-        cases += [("d_model=24, n_heads=6, d_ff=48; x (2, 13, 24)", 24, 6, 48, 2, 13)]
-    for label, D, H, F, B, T in cases:
-        ref_block = ref.GPTBlock(D, H, F)
-        P = random_state_dict(ref_block, g)
+    for label, D, H, F, B, T in BLOCK_CASES + (BLOCK_THOROUGH_CASES if ctx.thorough else []):
+        P = random_state_dict(ref.GPTBlock(D, H, F), g)
         x64 = torch.randn(B, T, D, generator=g, dtype=torch.float64)
         for dtype in (torch.float64, torch.float32):
             case = f"GPTBlock({D}, {H}, {F}) in eval mode, {dtype_name(dtype)}; {label}"
             mod = build_module(ctx, cls, (D, H, F), {}, case)
-            _load(ctx, mod, P, dtype, case, BLOCK_LAYOUT)
+            mod = _loaded(ctx, mod, P, dtype, case, BLOCK_LAYOUT)
             x = x64.to(dtype)
             with torch.no_grad():
                 got = ctx.call(mod, x, case=case)
-                exp_out, exp_w = _block_model(P, x, H)
-            out, w = _outputs(ctx, got, exp_out.to(dtype), exp_w.to(dtype), case)
-            mistakes = [
-                Mistake.of(i, model=lambda mode=mode: _block_model(P, x, H, mode)[1])
-                for i, mode in BLOCK_MISTAKES
-            ]
-            ctx.expect_close(
-                w, exp_w, what="the attention weights", case=case, mistakes=mistakes, **TOL[dtype]
-            )
-            mistakes = [
-                Mistake.of(i, model=lambda mode=mode: _block_model(P, x, H, mode)[0])
-                for i, mode in BLOCK_MISTAKES
-            ]
-            ctx.expect_close(
-                out, exp_out, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
-            )
+            _expect_outputs(ctx, got, partial(_block_model, P, x, H), BLOCK_MISTAKES, dtype, case)
     _check_block_causal(cls, ctx, g)
     _check_block_dropout(cls, ctx, g)
 
 
+def _small_block(cls, ctx: Context, g, case: str, **kwargs) -> nn.Module:
+    """The learner's GPTBlock(8, 2, 16, **kwargs) in float64 with seeded weights."""
+    mod = build_module(ctx, cls, (8, 2, 16), kwargs, case)
+    P = random_state_dict(ref.GPTBlock(8, 2, 16), g)
+    return _loaded(ctx, mod, P, torch.float64, case, BLOCK_LAYOUT)
+
+
 def _check_block_causal(cls, ctx: Context, g) -> None:
-    D, H, F, T = 8, 2, 16, 6
-    case = f"GPTBlock({D}, {H}, {F}), x (1, {T}, {D}) float64: the last token changed"
-    mod = build_module(ctx, cls, (D, H, F), {}, case)
-    _load(ctx, mod, random_state_dict(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
-    x = torch.randn(1, T, D, generator=g, dtype=torch.float64)
+    """Changing the last token changes no earlier output."""
+    case = "GPTBlock(8, 2, 16), x (1, 6, 8) float64: the last token changed"
+    mod = _small_block(cls, ctx, g, case)
+    x = torch.randn(1, 6, 8, generator=g, dtype=torch.float64)
     x2 = x.clone()
     x2[:, -1] += 1.0
     with torch.no_grad():
@@ -209,7 +187,7 @@ def _check_block_causal(cls, ctx: Context, g) -> None:
     i = earlier_position_changed(a, b, atol=1e-9)
     if i is not None:
         ctx.fail(
-            f"future tokens change earlier outputs: changing token {T - 1} changed the "
+            "future tokens change earlier outputs: changing token 5 changed the "
             f"output at position {i}.",
             case=case,
             mistake="block_no_causal_mask",
@@ -217,11 +195,10 @@ def _check_block_causal(cls, ctx: Context, g) -> None:
 
 
 def _check_block_dropout(cls, ctx: Context, g) -> None:
-    D, H, F = 8, 2, 16
-    case = f"GPTBlock({D}, {H}, {F}, dropout=0.5), x (2, 5, {D}) float64, train mode"
-    mod = build_module(ctx, cls, (D, H, F), {"dropout": 0.5}, case)
-    _load(ctx, mod, random_state_dict(ref.GPTBlock(D, H, F), g), torch.float64, case, BLOCK_LAYOUT)
-    x = torch.randn(2, 5, D, generator=g, dtype=torch.float64)
+    """With dropout=0.5, the output in train mode is not the eval-mode output."""
+    case = "GPTBlock(8, 2, 16, dropout=0.5), x (2, 5, 8) float64, train mode"
+    mod = _small_block(cls, ctx, g, case, dropout=0.5)
+    x = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)
     with torch.no_grad():
         evaluated = ctx.call(mod, x, case=case)[0]
         mod.train()
@@ -305,68 +282,49 @@ SAMPLER_MISTAKES = [
 ]
 
 
-def _logits_for(probs: list[float]) -> torch.Tensor:
-    return torch.log(torch.tensor(probs, dtype=torch.float64))
-
-
 #: probabilities 0.125, 0.5, 0.125, 0.25 (exact in float32 and float64: logits -2 ln 2,
 #: 0, -2 ln 2, -ln 2): 0.5 + 0.25 reach top_p = 0.75 exactly, so "< top_p" and "<= top_p" differ
 #: and rounding cannot decide between them. Run in both dtypes.
 EXACT_TOP_P = "top_p=0.75, reached exactly by 0.5 + 0.25 (probabilities 0.125, 0.5, 0.125, 0.25)"
+#: label, the row of logits (named in _sampler_rows), temperature, top_k, top_p
+SAMPLER_CASES = [
+    ("plain sampling, T=1", "base", 1.0, None, None),
+    ("T=2 (flatter)", "base", 2.0, None, None),
+    ("T=0.5 (sharper)", "base", 0.5, None, None),
+    ("top_p=0.6 (0.4 + 0.25 cross it)", "base", 1.0, None, 0.6),
+    (EXACT_TOP_P, "exact", 1.0, None, 0.75),
+    ("top_k=2 with a tie at the 2nd place", "tie", 1.0, 2, None),
+    ("top_k=3, then top_p=0.7", "base", 1.0, 3, 0.7),
+    ("top_p=0.45 with three tokens tied at 0.2 after 0.3", "tied", 1.0, None, 0.45),
+    ("a token with logit -inf (never drawn), T=1.5", "-inf", 1.5, None, None),
+]
+SAMPLER_THOROUGH_CASES = [
+    ("random logits, T=0.8, top_k=5", "random", 0.8, 5, None),
+    ("random logits, T=1.3, top_p=0.75", "random", 1.3, None, 0.75),
+    ("random logits, top_k=4, top_p=0.8", "random", 1.0, 4, 0.8),
+]
 
 
-def _sampler_cases(ctx: Context) -> list[tuple]:
+def _sampler_rows(ctx: Context) -> dict[str, torch.Tensor]:
     rng = ctx.rng(1102)
     perm = rng.permutation(6)
-    base = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])[perm]
-    cases = [
-        # label, logits row, temperature, top_k, top_p
-        ("plain sampling, T=1", _logits_for(list(base)), 1.0, None, None),
-        ("T=2 (flatter)", _logits_for(list(base)), 2.0, None, None),
-        ("T=0.5 (sharper)", _logits_for(list(base)), 0.5, None, None),
-        ("top_p=0.6 (0.4 + 0.25 cross it)", _logits_for(list(base)), 1.0, None, 0.6),
-        (
-            EXACT_TOP_P,
-            torch.tensor([-2.0, 0.0, -2.0, -1.0], dtype=torch.float64) * math.log(2),
-            *(1.0, None, 0.75),
-        ),
-        (
-            "top_k=2 with a tie at the 2nd place",
-            torch.tensor([2.0, 1.0, 0.5, 1.0, -1.0, 0.0], dtype=torch.float64)[perm],
-            *(1.0, 2, None),
-        ),
-        ("top_k=3, then top_p=0.7", _logits_for(list(base)), 1.0, 3, 0.7),
-        (
-            "top_p=0.45 with three tokens tied at 0.2 after 0.3",
-            _logits_for([0.3, 0.2, 0.2, 0.2, 0.1]),
-            *(1.0, None, 0.45),
-        ),
-        (
-            "a token with logit -inf (never drawn), T=1.5",
-            torch.tensor([0.5, -math.inf, 1.0, 0.0, 2.0], dtype=torch.float64),
-            *(1.5, None, None),
-        ),
-    ]
-    if ctx.thorough:
-        rnd = torch.from_numpy(rng.normal(size=8) * 1.5)
-        cases += [
-            ("random logits, T=0.8, top_k=5", rnd, 0.8, 5, None),
-            ("random logits, T=1.3, top_p=0.75", rnd, 1.3, None, 0.75),
-            ("random logits, top_k=4, top_p=0.8", rnd, 1.0, 4, 0.8),
-        ]
-    return cases
+
+    def log(probs) -> torch.Tensor:
+        return torch.log(torch.tensor(probs, dtype=torch.float64))
+
+    return {
+        "base": log(np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])[perm]),
+        "exact": torch.tensor([-2.0, 0.0, -2.0, -1.0], dtype=torch.float64) * math.log(2),
+        "tie": torch.tensor([2.0, 1.0, 0.5, 1.0, -1.0, 0.0], dtype=torch.float64)[perm],
+        "tied": log([0.3, 0.2, 0.2, 0.2, 0.1]),
+        "-inf": torch.tensor([0.5, -math.inf, 1.0, 0.0, 2.0], dtype=torch.float64),
+        "random": torch.from_numpy(rng.normal(size=8) * 1.5),
+    }
 
 
-def _call_sampler(ctx, fn, logits, temperature, top_k, top_p, generator, case):
-    return ctx.call(
-        fn,
-        logits,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        generator=generator,
-        case=case,
-    )
+def _sample(ctx, fn, logits, temperature, top_k, top_p, generator, case):
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    return ctx.call(fn, logits, case=case, **kw)
 
 
 def _expect_ids(ctx: Context, got, shape: tuple, V: int, case: str) -> None:
@@ -400,20 +358,19 @@ def _expect_ids(ctx: Context, got, shape: tuple, V: int, case: str) -> None:
 def check_sample_next_token(fn, ctx: Context) -> None:
     _check_greedy(fn, ctx)
     N = 6000 if ctx.thorough else 4000
-    for label, row, T, k, p in _sampler_cases(ctx):
+    rows = _sampler_rows(ctx)
+    for label, name, T, k, p in SAMPLER_CASES + (SAMPLER_THOROUGH_CASES if ctx.thorough else []):
+        row = rows[name]
         for dtype in (torch.float32, torch.float64) if label == EXACT_TOP_P else (torch.float32,):
-            logits = row.to(dtype).expand(N, -1).contiguous()
             case = (
-                f"{label}: logits ({N}, {row.numel()}) {dtype_name(dtype)} "
-                f"(the same row {N} times), "
-                f"temperature={T}, top_k={k}, top_p={p}"
+                f"{label}: logits ({N}, {row.numel()}) {dtype_name(dtype)} (the same row {N} "
+                f"times), temperature={T}, top_k={k}, top_p={p}"
             )
             gen = torch.Generator().manual_seed(ctx.seed * 31 + N)
-            got = _call_sampler(ctx, fn, logits, T, k, p, gen, case)
+            got = _sample(ctx, fn, row.to(dtype).expand(N, -1).contiguous(), T, k, p, gen, case)
             _expect_ids(ctx, got, (N,), row.numel(), case)
             freq = np.bincount(got.numpy(), minlength=row.numel()) / N
-            expected = next_token_distribution(row, T, k, p)
-            _compare_distribution(ctx, freq, expected, row, T, k, p, N, case)
+            _compare_distribution(ctx, freq, row, T, k, p, N, case)
     _check_generator(fn, ctx)
     _check_batch_shape(fn, ctx)
 
@@ -425,10 +382,13 @@ def _fits(freq: np.ndarray, dist: np.ndarray, N: int) -> bool:
     return bool(np.all(np.abs(freq - dist) <= tol))
 
 
-def _compare_distribution(ctx, freq, expected, row, T, k, p, N, case) -> None:
+def _compare_distribution(ctx, freq, row, T, k, p, N, case) -> None:
+    """The frequencies ``freq`` of N draws fit the exact distribution; if not, the first of
+    SAMPLER_MISTAKES whose (different) distribution they fit names the mistake."""
+    expected = next_token_distribution(row, T, k, p)
     if _fits(freq, expected, N):
         return
-    likely = hint = ""
+    likely = ""
     for mistake_id, mode in SAMPLER_MISTAKES:
         try:
             alt = next_token_distribution(row, T, k, p, mode)
@@ -436,7 +396,6 @@ def _compare_distribution(ctx, freq, expected, row, T, k, p, N, case) -> None:
             continue
         if not np.allclose(alt, expected, atol=1e-3) and _fits(freq, alt, N):
             likely = named(mistake_id)
-            hint = likely.hint
             break
     never = np.nonzero((expected == 0) & (freq > 0))[0]
     if len(never):
@@ -455,7 +414,7 @@ def _compare_distribution(ctx, freq, expected, row, T, k, p, N, case) -> None:
         f"the samples do not follow the distribution the spec defines: {what}.",
         case=case,
         likely=likely,
-        hint=hint
+        hint=getattr(likely, "hint", "")
         or "follow the spec step by step: divide by T, top-k, softmax, top-p, "
         "renormalise, torch.multinomial.",
     )
@@ -479,7 +438,7 @@ def _check_greedy(fn, ctx: Context) -> None:
                 "with ties for the maximum"
             )
             try:
-                got = _call_sampler(ctx, fn, logits, 0.0, k, p, None, case)
+                got = _sample(ctx, fn, logits, 0.0, k, p, None, case)
             except CheckFailure as err:
                 said = str(err).split("\n")[0]  # the error itself, not the quoted line
                 if "Likely mistake" in str(err) or not _DIVIDED_BY_ZERO.search(said):
@@ -515,7 +474,7 @@ def _check_generator(fn, ctx: Context) -> None:
     for _ in range(2):
         torch.manual_seed(len(draws) + 12345)  # a different global state each time
         gen = torch.Generator().manual_seed(7)
-        draws.append(_call_sampler(ctx, fn, logits, 1.0, None, None, gen, case))
+        draws.append(_sample(ctx, fn, logits, 1.0, None, None, gen, case))
     _expect_ids(ctx, draws[0], (300,), 10, case)
     if not torch.equal(draws[0], draws[1]):
         ctx.fail(
@@ -529,7 +488,7 @@ def _check_batch_shape(fn, ctx: Context) -> None:
     g = ctx.torch_gen(1104)
     logits = torch.randn(2, 3, 5, generator=g)
     case = "logits (2, 3, 5): two leading batch dimensions, top_k=2, top_p=0.9"
-    got = _call_sampler(ctx, fn, logits, 1.0, 2, 0.9, torch.Generator().manual_seed(1), case)
+    got = _sample(ctx, fn, logits, 1.0, 2, 0.9, torch.Generator().manual_seed(1), case)
     _expect_ids(ctx, got, (2, 3), 5, case)
     for idx in np.ndindex(2, 3):
         dist = next_token_distribution(logits[idx], 1.0, 2, 0.9)
@@ -542,12 +501,6 @@ def _check_batch_shape(fn, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- GQA
-GQA_LAYOUT = (
-    "w_q = nn.Linear(d_model, d_model, bias=bias), w_k and w_v = nn.Linear(d_model, "
-    "n_kv_heads * d_head, bias=bias), w_o = nn.Linear(d_model, d_model, bias=bias)"
-)
-
-
 def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
     """What (possibly buggy) grouped-query attention computes, in float64."""
     query, key, value = query.double(), key.double(), value.double()
@@ -582,23 +535,30 @@ GQA_MISTAKES = [
 ]
 
 
-def _gqa_cases(ctx: Context) -> list[tuple]:
-    cases = [
-        # label, D, H, G, B, n_q, n_k, mask kind, bias
-        ("2 groups of 2 query heads", 16, 4, 2, 2, 5, 5, "causal", True),
-        ("multi-query (n_kv_heads=1)", 12, 3, 1, 2, 4, 6, None, True),
-        ("n_kv_heads = n_heads (multi-head attention)", 12, 4, 4, 1, 6, 6, "causal", True),
-        (
-            "3 groups of 2, cross-attention n_q=3, n_k=7, padding mask",
-            *(24, 6, 3, 2, 3, 7),
-            "pad",
-            False,
-        ),
-        ("one token, 4 query heads sharing 1 kv head", 8, 4, 1, 1, 1, 1, None, True),
-    ]
-    if ctx.thorough:
-        cases += [("4 groups of 2, n=9, causal", 32, 8, 4, 2, 9, 9, "causal", True)]
-    return cases
+GQA_LAYOUT = (
+    "w_q = nn.Linear(d_model, d_model, bias=bias), w_k and w_v = nn.Linear(d_model, "
+    "n_kv_heads * d_head, bias=bias), w_o = nn.Linear(d_model, d_model, bias=bias)"
+)
+#: label, d_model, n_heads, n_kv_heads, B, n_q, n_k, the mask (see _gqa_mask), bias
+GQA_CASES = [
+    ("2 groups of 2 query heads", 16, 4, 2, 2, 5, 5, "causal", True),
+    ("multi-query (n_kv_heads=1)", 12, 3, 1, 2, 4, 6, None, True),
+    ("n_kv_heads = n_heads (multi-head attention)", 12, 4, 4, 1, 6, 6, "causal", True),
+    ("3 groups of 2, cross-attention n_q=3, n_k=7, padding mask", 24, 6, 3, 2, 3, 7, "pad", False),
+    ("one token, 4 query heads sharing 1 kv head", 8, 4, 1, 1, 1, 1, None, True),
+]
+GQA_THOROUGH_CASES = [("4 groups of 2, n=9, causal", 32, 8, 4, 2, 9, 9, "causal", True)]
+
+
+def _gqa_mask(kind: str | None, B: int, n_q: int, n_k: int) -> torch.Tensor | None:
+    if kind == "causal":
+        return torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    if kind == "pad":
+        mask = torch.ones(B, n_q, n_k, dtype=torch.bool)
+        mask[0, :, 4:] = False
+        mask[1, 1, :] = False  # a fully masked row: zero weights
+        return mask
+    return None
 
 
 @exercise(
@@ -617,48 +577,28 @@ def _gqa_cases(ctx: Context) -> list[tuple]:
 )
 def check_grouped_query_attention(cls, ctx: Context) -> None:
     g = ctx.torch_gen(1105)
-    for label, D, H, G, B, n_q, n_k, mask_kind, bias in _gqa_cases(ctx):
-        reference = ref.GroupedQueryAttention(D, H, G, bias=bias)
-        P = random_state_dict(reference, g)
+    full = named("gqa_full_projections")  # w_k or w_v with n_heads heads of outputs
+    for label, D, H, G, B, n_q, n_k, mask_kind, bias in GQA_CASES + (
+        GQA_THOROUGH_CASES if ctx.thorough else []
+    ):
+        P = random_state_dict(ref.GroupedQueryAttention(D, H, G, bias=bias), g)
         query = torch.randn(B, n_q, D, generator=g, dtype=torch.float64)
         kv = query if n_q == n_k else torch.randn(B, n_k, D, generator=g, dtype=torch.float64)
-        mask = None
-        if mask_kind == "causal":
-            mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
-        elif mask_kind == "pad":
-            mask = torch.ones(B, n_q, n_k, dtype=torch.bool)
-            mask[0, :, 4:] = False
-            mask[1, 1, :] = False  # a fully masked row: zero weights
+        mask = _gqa_mask(mask_kind, B, n_q, n_k)
         for dtype in (torch.float64, torch.float32):
             case = (
                 f"{label}: GroupedQueryAttention(d_model={D}, n_heads={H}, n_kv_heads={G}, "
-                f"bias={bias}) {dtype_name(dtype)}; query ({B}, {n_q}, {D}), "
-                f"key/value ({B}, {n_k}, "
-                f"{D}), mask {None if mask is None else tuple(mask.shape)}"
+                f"bias={bias}) {dtype_name(dtype)}; query ({B}, {n_q}, {D}), key/value ({B}, "
+                f"{n_k}, {D}), mask {None if mask is None else tuple(mask.shape)}"
             )
             mod = build_module(ctx, cls, (D, H, G), {"bias": bias}, case)
-            _load(ctx, mod, P, dtype, case, GQA_LAYOUT)
-            args = (query.to(dtype), kv.to(dtype), kv.to(dtype), mask)
+            mod = _loaded(
+                ctx, mod, P, dtype, case, GQA_LAYOUT, {"shape w_k": full, "shape w_v": full}
+            )
             with torch.no_grad():
-                got = ctx.call(mod, *args, case=case)
-            exp_out, exp_w = _gqa_model(P, query, kv, kv, mask, H, G)
-            out, w = _outputs(ctx, got, exp_out.to(dtype), exp_w.to(dtype), case)
-            for what, value, expected, idx in (
-                ("the attention weights", w, exp_w, 1),
-                ("the output", out, exp_out, 0),
-            ):
-                mistakes = [
-                    Mistake.of(
-                        i,
-                        model=lambda mode=mode, idx=idx: _gqa_model(
-                            P, query, kv, kv, mask, H, G, mode
-                        )[idx],
-                    )
-                    for i, mode in GQA_MISTAKES
-                ]
-                ctx.expect_close(
-                    value, expected, what=what, case=case, mistakes=mistakes, **TOL[dtype]
-                )
+                got = ctx.call(mod, query.to(dtype), kv.to(dtype), kv.to(dtype), mask, case=case)
+            model = partial(_gqa_model, P, query, kv, kv, mask, H, G)
+            _expect_outputs(ctx, got, model, GQA_MISTAKES, dtype, case)
     _check_gqa_memory(cls, ctx)
 
 
@@ -675,4 +615,4 @@ def _check_gqa_memory(cls, ctx: Context) -> None:
         )
 
 
-__all__ = ["next_token_distribution", "FeedForward"]
+__all__ = ["next_token_distribution"]

@@ -405,15 +405,29 @@ def randomize_parameters(module: nn.Module, gen: torch.Generator) -> None:
 
 
 def load_reference_weights(
-    ctx: Context, mod: nn.Module, ref, specs: dict[str, str], case: str, likely: dict | None = None
+    ctx: Context,
+    mod: nn.Module,
+    ref,
+    specs: dict[str, str],
+    case: str,
+    likely: dict | None = None,
+    *,
+    layout: str = "",
 ) -> None:
     """Copy the reference's parameters (``ref``: a module, or a dict name -> tensor) into the
     learner's module by name. Missing: ``parameter_names`` (a bias: ``built_without_bias``),
     or ``likely["missing <part>"]`` / ``["no bias <part>"]``; extra: ``unexpected_parameters``.
     Parametrized weights are set through their parametrization; lazy parameters must have
-    been materialised first (:func:`materialize_with`)."""
+    been materialised first (:func:`materialize_with`).
+
+    With ``layout`` (the sub-modules the spec declares, for the hint), the learner's
+    parameters must first be exactly the reference's, by name and shape, every difference
+    named at once (``parameter_names``; ``wrong_shape``, or ``likely["shape <part>"]`` for a
+    part with the wrong number of outputs): parametrized weights are refused."""
     ours = dict(ref.named_parameters()) if isinstance(ref, nn.Module) else ref
     likely = likely or {}
+    if layout:
+        _expect_same_parameters(ctx, mod, ours, case, layout, likely)
 
     def spec_for(name: str) -> str:
         for prefix, spec in specs.items():
@@ -456,6 +470,33 @@ def load_reference_weights(
             case=case,
             mistake=named("unexpected_parameters", parts=", ".join(specs)),
         )
+
+
+def _expect_same_parameters(ctx: Context, mod: nn.Module, ours, case, layout, likely) -> None:
+    got = {k: tuple(v.shape) for k, v in mod.named_parameters()}
+    want = {k: tuple(v.shape) for k, v in ours.items()}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    hint = f"declare exactly these sub-modules: {layout}."
+    if missing or extra:
+        ctx.fail(
+            "your module's parameters do not have the names the exercise specifies"
+            + (f"; missing: {', '.join(missing[:6])}" if missing else "")
+            + (f"; unexpected: {', '.join(extra[:6])}" if extra else "")
+            + ".",
+            case=case,
+            mistake="parameter_names",
+            hint=hint,
+        )
+    for k, shape in want.items():
+        if got[k] != shape:
+            outputs = likely.get(f"shape {k.split('.')[0]}", "")
+            ctx.fail(
+                f"{k} has shape {got[k]}, expected {shape}.",
+                case=case,
+                likely=outputs if got[k][0] != shape[0] else "",
+                hint=hint,
+                mistake="wrong_shape",
+            )
 
 
 # ----------------------------------------------------------------------------- properties
