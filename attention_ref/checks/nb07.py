@@ -281,14 +281,13 @@ def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
         for which, got, what in outputs:
             ctx.expect_array(got, y.new_zeros(expected[which].shape), what=what, case=case)
         for which, got, what in outputs:
-            mistakes, hint = _dec_mistakes(r, y64, m64, sm, mm, nf, which), DEC_OUT_HINT
             ctx.expect_close(
                 got,
                 expected[which],
                 what=what,
                 case=case,
-                mistakes=mistakes,
-                hint="" if which else hint,
+                mistakes=_dec_mistakes(r, y64, m64, sm, mm, nf, which),
+                hint="" if which else DEC_OUT_HINT,
                 **TOL[dtype],
             )
 
@@ -528,11 +527,11 @@ def _tf_build(cls, ctx, c: TfCase, i: int, dtype, case) -> tuple[ref_tf.Transfor
     return r, mod.eval()
 
 
-def _tf_logits(ctx, mod, src, tgt_in, case, what="logits") -> torch.Tensor:
+def _tf_logits(ctx, mod, src, tgt_in, case) -> torch.Tensor:
     got = ctx.call(mod, src, tgt_in, case=case)
     if isinstance(got, tuple | list):
         ctx.fail(
-            f"forward must return the {what} tensor (B, T, tgt_vocab); got a "
+            "forward must return the logits tensor (B, T, tgt_vocab); got a "
             f"{type(got).__name__} of length {len(got)}.",
             case=case,
             hint="forward(src, tgt_in) returns only the logits.",
@@ -661,13 +660,8 @@ def _check_tf_encode_decode(cls, ctx: Context, c: TfCase) -> None:
             "(without extra return values by default).",
             case=case,
         )
-    ctx.expect_close(
-        logits[keep],
-        full[keep],
-        what="decode(...) vs forward(...)",
-        case=case,
-        **MODEL_TOL[torch.float64],
-    )
+    what = "decode(...) vs forward(...)"
+    ctx.expect_close(logits[keep], full[keep], what=what, case=case, **MODEL_TOL[torch.float64])
 
 
 def _check_tf_properties(cls, ctx: Context, c: TfCase) -> None:
