@@ -1,11 +1,14 @@
 """Checks for notebook 05: ``sinusoidal_encoding`` and ``rope``.
 
-Tolerances. The reference is computed in float64. A correct float32 implementation makes
-an error in the angle ``p * w_i`` that grows with the position ``p`` (a relative error of a
-few 1e-7 in ``p * w_i``), so the absolute tolerance grows with the largest position. For
-``rope`` the sin/cos tables may be built in float32 whatever the dtype of ``x`` (the usual
-``torch.arange(0, d, 2).float()``), so float64 inputs get the same tolerance; the output's
-dtype must still be the input's.
+Each is compared with one float64 model on a table of cases; the model's mistaken variants
+name the mistakes. Properties: an odd ``d_model`` raises ``ValueError``; a RoPE score
+depends on the positions only through ``m - n``.
+
+Tolerances. A correct float32 implementation makes an error in the angle ``p * w_i`` that
+grows with the position ``p`` (a relative error of a few 1e-7), so the absolute tolerance
+grows with the largest position. For ``rope`` the sin/cos tables may be built in float32
+whatever the dtype of ``x`` (the usual ``torch.arange(0, d, 2).float()``), so float64 inputs
+get the same tolerance; the output's dtype must still be the input's.
 """
 
 from __future__ import annotations
@@ -21,55 +24,29 @@ from .mistakes import named
 from .toolkit import dtype_name
 
 
-def _forbid_sinusoidal():
-    return [
-        (ref.sinusoidal_encoding, "the reference attention_ref.sinusoidal_encoding"),
-        (ref.frequencies, "the reference attention_ref.positional.frequencies"),
-    ]
-
-
-def _forbid_rope():
-    return [(ref.rope, "the reference attention_ref.rope")]
-
-
 def _angle_tol(max_position: float, scale: float = 1.0) -> dict:
     """Tolerance for values that are sin/cos of ``position * w`` computed in float32,
     times numbers of size ``scale``."""
     return dict(rtol=1e-4, atol=(2e-5 + 4e-7 * float(max_position)) * max(1.0, scale))
 
 
-def _raised(fn: Callable, *args):
-    """Call ``fn(*args)``; return the exception it raised (None if it returned). Runs under
-    ctx.call, so NotImplementedError and forbidden calls are still reported as such."""
-    try:
-        fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any exception is the learner's answer here
-        return err
-    return None
+def _frequencies(d: int, base: float, variant: str) -> np.ndarray:
+    """``w_i = base^(-2i/d)`` (d/2,), or as a mistaken ``variant`` computes them."""
+    two_i = np.arange(0, d, 2, dtype=np.float64)
+    exponent = {
+        "half_exponent": -(two_i / 2) / d,
+        "half_layout_t2t": -(two_i / 2) / max(d // 2 - 1, 1),  # tensor2tensor / fairseq
+        "multiplied": two_i / d,
+        "int_division": 0.0 * two_i,  # 2 * i // d: every w is 1
+    }.get(variant, -two_i / d)
+    return base**exponent
 
 
 # ----------------------------------------------------------------------------- sinusoidal
 def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) -> np.ndarray:
     """The sinusoidal table as correct or mistaken code computes it, in float64."""
-    p = (
-        np.arange(1, n + 1, dtype=np.float64)
-        if variant == "from_one"
-        else np.arange(n, dtype=np.float64)
-    )
-    two_i = np.arange(0, d, 2, dtype=np.float64)  # (d/2,)
-    if variant == "half_exponent":
-        w = base ** (-(two_i / 2) / d)
-    elif variant == "half_layout_t2t":  # tensor2tensor / fairseq: 10000^(-i / (d/2 - 1))
-        w = base ** (-(two_i / 2) / max(d // 2 - 1, 1))
-    elif variant == "multiplied":
-        w = base ** (two_i / d)
-    elif variant == "int_division":
-        w = np.ones_like(two_i)
-    else:
-        w = base ** (-two_i / d)
-    ang = p[:, None] * w[None, :]  # (n, d/2)
+    p = np.arange(n, dtype=np.float64) + (1.0 if variant == "from_one" else 0.0)
+    ang = p[:, None] * _frequencies(d, base, variant)[None, :]  # (n, d/2)
     s, c = np.sin(ang), np.cos(ang)
     if variant == "swapped":
         s, c = c, s
@@ -83,6 +60,8 @@ def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) ->
     return out
 
 
+#: (id, the model's variant), tried in this order; "multiplied" angles grow huge (and so, in
+#: float32, chaotic): it is recognised where they are small (_matches_where_resolvable).
 PE_MISTAKES = [
     ("pe_swapped", "swapped"),
     ("pe_half_exponent", "half_exponent"),
@@ -93,12 +72,16 @@ PE_MISTAKES = [
     ("pe_multiplied", "multiplied"),
     ("pe_int_division", "int_division"),
 ]
+#: (n_positions, d_model) of the table; odd d_model must raise.
+PE_SIZES = [(10, 16), (1, 4), (64, 2), (50, 6), (128, 32), (20, 64)]
+PE_THOROUGH_SIZES = [(512, 128), (3, 10), (1000, 8), (7, 256)]
+PE_ODD, PE_THOROUGH_ODD = [(4, 7)], [(3, 1), (2, 33)]
 
 
 def _matches_where_resolvable(model: np.ndarray, angles: np.ndarray, limit: float = 200.0):
-    """A predicate for mistakes whose angles grow huge (and so, in float32, chaotic): the
-    learner's table must match ``model`` wherever the mistaken angle is below ``limit``
-    (float32 still resolves it to ~1e-5), on entries that differ from the correct table."""
+    """A predicate for mistakes whose angles grow huge: the learner's table must match
+    ``model`` wherever the mistaken angle is below ``limit`` (float32 still resolves it to
+    ~1e-5), on entries that differ from the correct table."""
 
     def applies(got: np.ndarray, expected: np.ndarray) -> bool:
         ok = np.broadcast_to(np.abs(angles) <= limit, got.shape)
@@ -124,34 +107,42 @@ def _is_half_layout(got: np.ndarray, expected: np.ndarray) -> bool:
 
 
 def _pe_mistakes(n: int, d: int) -> list[Mistake]:
-    out = []
-    for mistake_id, v in PE_MISTAKES:
-        if v == "multiplied":
-            w = 10000.0 ** (np.arange(0, d, 2) / d)
-            ang = np.repeat(np.arange(n)[:, None] * w[None, :], 2, axis=1)  # (n, d)
-            out.append(
-                Mistake.of(mistake_id, applies=_matches_where_resolvable(pe_model(n, d, v), ang))
-            )
-        else:
-            out.append(Mistake.of(mistake_id, model=lambda v=v: pe_model(n, d, v)))
-    out.append(Mistake.of("pe_sin_cos_half", applies=_is_half_layout))  # any other frequencies
-    return out
+    def mistake(mistake_id: str, v: str) -> Mistake:
+        if v != "multiplied":
+            return Mistake.of(mistake_id, model=lambda: pe_model(n, d, v))
+        ang = np.repeat(np.arange(n)[:, None] * _frequencies(d, 10000.0, v)[None, :], 2, axis=1)
+        return Mistake.of(mistake_id, applies=_matches_where_resolvable(pe_model(n, d, v), ang))
+
+    # the last: a [sin | cos] table with any other frequencies
+    return [mistake(*row) for row in PE_MISTAKES] + [
+        Mistake.of("pe_sin_cos_half", applies=_is_half_layout)
+    ]
+
+
+def _raised(fn: Callable, *args):
+    """Call ``fn(*args)``; return the exception it raised (None if it returned). Runs under
+    ctx.call, so NotImplementedError and forbidden calls are still reported as such."""
+    try:
+        fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any exception is the learner's answer here
+        return err
+    return None
 
 
 @exercise(
     "sinusoidal_encoding",
-    forbidden=_forbid_sinusoidal,
+    forbidden=lambda: [
+        (ref.sinusoidal_encoding, "the reference attention_ref.sinusoidal_encoding"),
+        (ref.frequencies, "the reference attention_ref.positional.frequencies"),
+    ],
     summary="the fixed sinusoidal positional encoding table",
 )
 def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
-    sizes = [(10, 16), (1, 4), (64, 2), (50, 6), (128, 32), (20, 64)]
-    if ctx.thorough:
-        sizes += [(512, 128), (3, 10), (1000, 8), (7, 256)]
-    for n, d in sizes:
+    for n, d in PE_SIZES + (PE_THOROUGH_SIZES if ctx.thorough else []):
         case = f"n_positions={n}, d_model={d}"
         got = ctx.call(candidate, n, d, case=case)
-        expected = pe_model(n, d)
-        like = torch.zeros(n, d, dtype=torch.float32)
         if isinstance(got, torch.Tensor) and got.dtype != torch.float32:
             ctx.fail(
                 f"the encoding has dtype {got.dtype}, expected torch.float32.",
@@ -163,7 +154,7 @@ def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
             )
         ctx.expect_array(
             got,
-            like,
+            torch.zeros(n, d, dtype=torch.float32),
             what="the encoding",
             case=case,
             check_dtype=False,
@@ -173,13 +164,13 @@ def check_sinusoidal_encoding(candidate, ctx: Context) -> None:
         )
         ctx.expect_close(
             got,
-            expected,
+            pe_model(n, d),
             what="the encoding",
             case=case,
             mistakes=_pe_mistakes(n, d),
             **_angle_tol(n - 1),
         )
-    for n, d in [(4, 7)] + ([(3, 1), (2, 33)] if ctx.thorough else []):
+    for n, d in PE_ODD + (PE_THOROUGH_ODD if ctx.thorough else []):
         case = f"n_positions={n}, d_model={d} (odd)"
         err = ctx.call(_raised, candidate, n, d, case=case)
         if err is None:
@@ -218,18 +209,8 @@ def rope_model(x, positions=None, base: float = 10000.0, variant: str = "correct
         pos = np.arange(1, T + 1) if variant == "from_one" and positions is None else np.arange(T)
     else:
         pos = _as_np(positions)
-    pos = np.asarray(pos, dtype=np.float64)
-    two_i = np.arange(0, d, 2, dtype=np.float64)
-    if variant == "half_exponent":
-        w = base ** (-(two_i / 2) / d)
-    elif variant == "half_layout_t2t":  # tensor2tensor / fairseq: 10000^(-i / (d/2 - 1))
-        w = base ** (-(two_i / 2) / max(d // 2 - 1, 1))
-    elif variant == "multiplied":
-        w = base ** (two_i / d)
-    else:
-        w = base ** (-two_i / d)
-    theta = pos[..., None] * w  # (..., T, d/2)
-    c, s = np.cos(theta), np.sin(theta)
+    theta = np.asarray(pos, dtype=np.float64)[..., None] * _frequencies(d, base, variant)
+    c, s = np.cos(theta), np.sin(theta)  # (..., T, d/2)
     if variant == "swapped":
         c, s = s, c
     if variant == "reversed":
@@ -251,6 +232,7 @@ def rope_model(x, positions=None, base: float = 10000.0, variant: str = "correct
     return out
 
 
+#: (id, the model's variant), tried in this order.
 ROPE_MISTAKES = [
     ("rope_reversed", "reversed"),
     ("rope_swapped", "swapped"),
@@ -264,6 +246,24 @@ ROPE_MISTAKES = [
     ("rope_from_one", "from_one"),
     ("rope_added", "added"),
 ]
+#: label, the shape of x, the positions (None: the default 0, 1, ...; "shuffled": a
+#: permutation of 0..T-1), base. The first case settles the type, shape and dtype before
+#: the property.
+ROPE_CASES = [
+    ("x (T=6, d=8), default positions", (6, 8), None, 10000.0),
+    ("x (B=2, T=5, d=4), default positions", (2, 5, 4), None, 10000.0),
+    ("x (B=2, H=3, T=4, d=16) (heads), default positions", (2, 3, 4, 16), None, 10000.0),
+    ("one token (T=1, d=6), default positions", (1, 6), None, 10000.0),
+    ("x (T=3, d=2), positions given", (3, 2), (4, 9, 2), 10000.0),
+    ("x (T=5, d=8), positions 10..14 (as with a KV cache)", (5, 8), (*range(10, 15),), 10000.0),
+    ("x (B=2, T=6, d=8), shuffled positions", (2, 6, 8), "shuffled", 10000.0),
+    ("x (T=4, d=8), base=100", (4, 8), None, 100.0),
+]
+ROPE_THOROUGH_CASES = [
+    ("x (T=64, d=64), default positions", (64, 64), None, 10000.0),
+    ("x (B=3, T=7, d=10), positions 1000..1006", (3, 7, 10), (*range(1000, 1007),), 10000.0),
+    ("x (T=5, d=12), base=500, positions given", (5, 12), (0, 3, 3, 8, 1), 500.0),
+]
 
 
 def _rope_mistakes(x, positions, base) -> list[Mistake]:
@@ -274,9 +274,7 @@ def _rope_mistakes(x, positions, base) -> list[Mistake]:
 
 
 def _call_rope(candidate, ctx: Context, x, positions, base, case):
-    kwargs = {}
-    if positions is not None:
-        kwargs["positions"] = positions
+    kwargs = {} if positions is None else {"positions": positions}
     if base != 10000.0:
         kwargs["base"] = base
     got = ctx.call(candidate, x, case=case, **kwargs)
@@ -286,27 +284,28 @@ def _call_rope(candidate, ctx: Context, x, positions, base, case):
 
 def _check_relative(candidate, ctx: Context) -> None:
     """rope(q)[m] . rope(k)[n] must not change when m and n are shifted together."""
-    rng = ctx.rng(51)
-    g = ctx.torch_gen(51)
-    d = 16 if ctx.thorough else 8
-    n_pairs = 12
-    shifts = [7, 250] + ([1000] if ctx.thorough else [])
+    rng, g = ctx.rng(51), ctx.torch_gen(51)
+    d, n_pairs = 16 if ctx.thorough else 8, 12
     q = torch.randn(d, generator=g, dtype=torch.float64)
     k = torch.randn(d, generator=g, dtype=torch.float64)
     Q, K = q.expand(n_pairs, d).clone(), k.expand(n_pairs, d).clone()  # (n_pairs, d)
     m = torch.from_numpy(rng.integers(0, 20, size=n_pairs))
     n = torch.from_numpy(rng.integers(0, 20, size=n_pairs))
-    for s in shifts:
-        base_case = (
-            f"q and k {tuple(Q.shape)} float64 (the same q and k in every row), "
-            f"query positions {m.tolist()}, key positions {n.tolist()}"
+    case = (
+        f"q and k {tuple(Q.shape)} float64 (the same q and k in every row), "
+        f"query positions {m.tolist()}, key positions {n.tolist()}"
+    )
+
+    def scores(shift: int, case: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope(q) at positions m + shift, and its scores with rope(k) at n + shift."""
+        rq, rk = (
+            _call_rope(candidate, ctx, x, p + shift, 10000.0, case) for x, p in ((Q, m), (K, n))
         )
-        rq = _call_rope(candidate, ctx, Q, m, 10000.0, base_case)
-        rk = _call_rope(candidate, ctx, K, n, 10000.0, base_case)
-        rq2 = _call_rope(candidate, ctx, Q, m + s, 10000.0, base_case + f", then both + {s}")
-        rk2 = _call_rope(candidate, ctx, K, n + s, 10000.0, base_case + f", then both + {s}")
-        before = (rq.detach().double() * rk.detach().double()).sum(-1)  # (n_pairs,)
-        after = (rq2.detach().double() * rk2.detach().double()).sum(-1)
+        return rq, (rq.detach().double() * rk.detach().double()).sum(-1)  # (n_pairs,)
+
+    for s in [7, 250] + ([1000] if ctx.thorough else []):
+        rq, before = scores(0, case)
+        _, after = scores(s, case + f", then both + {s}")
         tol = _angle_tol(max(int(m.max()), int(n.max())) + s, float(q.norm() * k.norm()))
         bad = ~np.isclose(after.numpy(), before.numpy(), **tol)
         if bad.any():
@@ -317,69 +316,39 @@ def _check_relative(candidate, ctx: Context) -> None:
                 f"by {s}: m={int(m[j])}, n={int(n[j])} gave {float(before[j]):.6g} but "
                 f"m={int(m[j]) + s}, n={int(n[j]) + s} gave {float(after[j]):.6g}. With RoPE "
                 "a score may depend on the positions only through the relative offset m - n.",
-                case=base_case,
+                case=case,
                 likely=likely or named("rope_not_rotated"),
                 hint=hint or named("rope_not_rotated").hint,
             )
 
 
-@exercise("rope", forbidden=_forbid_rope, summary="rotary position embedding")
+@exercise(
+    "rope",
+    forbidden=lambda: [(ref.rope, "the reference attention_ref.rope")],
+    summary="rotary position embedding",
+)
 def check_rope(candidate, ctx: Context) -> None:
-    g = ctx.torch_gen(50)
-    rng = ctx.rng(50)
-
-    def r(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    def pos(*p):  # the positions p
-        return torch.tensor(p)
-
-    def shuffled(n):
-        return torch.from_numpy(rng.permutation(n))
-
-    base = 10000.0  # the default
-    cases = [  # label, x, positions (None: the default 0, 1, ...), base
-        ("x (T=6, d=8), default positions", r(6, 8), None, base),
-        ("x (B=2, T=5, d=4), default positions", r(2, 5, 4), None, base),
-        ("x (B=2, H=3, T=4, d=16) (heads), default positions", r(2, 3, 4, 16), None, base),
-        ("one token (T=1, d=6), default positions", r(1, 6), None, base),
-        ("x (T=3, d=2), positions given", r(3, 2), pos(4, 9, 2), base),
-        (
-            "x (T=5, d=8), positions 10..14 (as with a KV cache)",
-            r(5, 8),
-            torch.arange(10, 15),
-            base,
-        ),
-        ("x (B=2, T=6, d=8), shuffled positions", r(2, 6, 8), shuffled(6), base),
-        ("x (T=4, d=8), base=100", r(4, 8), None, 100.0),
-    ]
-    if ctx.thorough:
-        cases += [
-            ("x (T=64, d=64), default positions", r(64, 64), None, base),
-            (
-                "x (B=3, T=7, d=10), positions 1000..1006",
-                r(3, 7, 10),
-                torch.arange(1000, 1007),
-                base,
-            ),
-            ("x (T=5, d=12), base=500, positions given", r(5, 12), pos(0, 3, 3, 8, 1), 500.0),
-        ]
-    # The first case settles the type, shape and dtype before the property check.
+    g, rng = ctx.torch_gen(50), ctx.rng(50)
+    cases = []
+    for label, shape, pos, base in ROPE_CASES + (ROPE_THOROUGH_CASES if ctx.thorough else []):
+        x = torch.randn(*shape, generator=g, dtype=torch.float64)
+        if pos is not None:
+            n = shape[-2]
+            pos = torch.from_numpy(rng.permutation(n)) if pos == "shuffled" else torch.tensor(pos)
+        cases.append((label, x, pos, base))
     label, x, pos, base = cases[0]
     _call_rope(candidate, ctx, x.float(), pos, base, f"{label}; float32")
     _check_relative(candidate, ctx)
     for label, x, pos, base in cases:
+        max_pos = (x.shape[-2] - 1) if pos is None else int(pos.max())
         for dtype in (torch.float32, torch.float64):
             xd = x.to(dtype)
             case = f"{label}; {dtype_name(dtype)}"
             if pos is not None:
                 case += f"; positions={pos.tolist()}"
-            got = _call_rope(candidate, ctx, xd, pos, base, case)
-            expected = rope_model(xd, pos, base)
-            max_pos = (x.shape[-2] - 1) if pos is None else int(pos.max())
             ctx.expect_close(
-                got,
-                expected,
+                _call_rope(candidate, ctx, xd, pos, base, case),
+                rope_model(xd, pos, base),
                 what="the output",
                 case=case,
                 mistakes=_rope_mistakes(xd, pos, base),
