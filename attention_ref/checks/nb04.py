@@ -31,12 +31,51 @@ from .toolkit import (
     causal_mask,
     dtype_name,
     expect_attention_values,
-    expect_exact_tensor,
+    expect_tensor,
     load_linear_weights,
     normal,
     padding_mask,
     random_mask,
 )
+
+
+def _input(rng: np.random.Generator, kind: str, shape: tuple) -> torch.Tensor:
+    """x of ``shape``: 0, 1, 2, ... in float32 (``"arange"``: which feature went where), or
+    seeded normal values in the dtype ``kind``."""
+    if kind == "arange":
+        return torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape)
+    return torch.from_numpy(normal(rng, *shape)).to(getattr(torch, kind))
+
+
+def _expect_exact(
+    ctx: Context,
+    got,
+    expected,
+    case: str,
+    shape_name: str,
+    wrong_shapes: dict,
+    mistakes: list[Mistake],
+    hint: str,
+) -> None:
+    """A rearrangement's result is ``expected`` exactly: a tensor of its shape (``shape_name``
+    says which; a shape in ``wrong_shapes`` names that mistake id), dtype and device, every
+    value equal; a wrong value is named by the first of ``mistakes`` that explains it."""
+    expect_tensor(ctx, got, "the result", case)
+    shape, want = tuple(got.shape), tuple(expected.shape)
+    if shape != want:
+        likely = named(wrong_shapes[shape]) if shape in wrong_shapes else ""
+        ctx.fail(
+            f"the result has shape {shape}, expected {shape_name} = {want}.",
+            case=case,
+            likely=likely,
+            hint=getattr(likely, "hint", ""),
+            mistake="wrong_shape",
+        )
+    ctx.expect_array(got, expected, what="the result", case=case)
+    ctx.expect_close(
+        got, expected, what="the result", case=case, rtol=0, atol=0, mistakes=mistakes, hint=hint
+    )
+
 
 # ----------------------------------------------------------------------------- split_heads
 #: label, B, T, D, H, and x: "arange" (0, 1, 2, ...: which feature went where) or a dtype.
@@ -64,47 +103,41 @@ SPLIT_MISTAKES = [("split_view_without_transpose", "view"), ("split_interleaved"
 def check_split_heads(candidate, ctx: Context) -> None:
     rng = ctx.rng(41)
     for label, B, T, D, H, kind in SPLIT_CASES + (SPLIT_THOROUGH_CASES if ctx.thorough else []):
-        if kind == "arange":
-            x = torch.arange(B * T * D, dtype=torch.float32).reshape(B, T, D)
-        else:
-            x = torch.from_numpy(normal(rng, B, T, D)).to(getattr(torch, kind))
+        x = _input(rng, kind, (B, T, D))
         case = f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}, n_heads={H}"
         got = ctx.call(candidate, x, H, case=case)
         dh = D // H
-        expect_exact_tensor(
-            ctx,
-            got,
-            ref.split_heads(x, H),
-            case=case,
-            shape_name="(B, H, T, D/H)",
-            wrong_shapes={
-                (B, T, H, dh): "split_heads_not_moved",
-                (B * H, T, dh): "split_heads_folded",
-                (B, H, dh, T): "split_heads_last_axes_swapped",
-            },
-            mistakes=[
-                Mistake.of(i, model=lambda m=m: _split(as_float64(x), H, m))
-                for i, m in SPLIT_MISTAKES
-            ],
-            hint="head h must hold features h*D/H .. (h+1)*D/H - 1 of every token: "
-            "result[b, h, t] == x[b, t, h*D//H:(h+1)*D//H].",
+        wrong_shapes = {
+            (B, T, H, dh): "split_heads_not_moved",
+            (B * H, T, dh): "split_heads_folded",
+            (B, H, dh, T): "split_heads_last_axes_swapped",
+        }
+        mistakes = [
+            Mistake.of(i, model=lambda m=m: _split(as_float64(x), H, m)) for i, m in SPLIT_MISTAKES
+        ]
+        hint = (
+            "head h must hold features h*D/H .. (h+1)*D/H - 1 of every token: "
+            "result[b, h, t] == x[b, t, h*D//H:(h+1)*D//H]."
+        )
+        _expect_exact(
+            ctx, got, ref.split_heads(x, H), case, "(B, H, T, D/H)", wrong_shapes, mistakes, hint
         )
 
 
 # ----------------------------------------------------------------------------- merge_heads
-#: label, B, H, T, d_head, and x: "arange", a dtype, or "split"/"split64" (a transposed
-#: view, as split_heads returns it in a real model).
+#: label, B, H, T, d_head, and x: "arange", a dtype, or "split:" a dtype (a transposed view
+#: as split_heads returns it in a real model).
 MERGE_CASES = [
     ("x holds 0, 1, 2, ... (so you can read which feature went where)", 2, 2, 3, 4, "arange"),
     ("a batch of 3, 3 heads, T=5, d_head=4", 3, 3, 5, 4, "float64"),
     ("one head", 2, 1, 4, 6, "float64"),
     ("d_head = 1", 2, 4, 3, 1, "float32"),
     ("one token, a batch of one", 1, 2, 1, 3, "float32"),
-    ("round trip: merge_heads(split_heads(x)) must give x back", 2, 4, 5, 3, "split"),
+    ("round trip: merge_heads(split_heads(x)) must give x back", 2, 4, 5, 3, "split:float32"),
 ]
 MERGE_THOROUGH_CASES = [
     ("8 heads, T=9, d_head=4", 4, 8, 9, 4, "float64"),
-    ("round trip, float64", 3, 5, 2, 2, "split64"),
+    ("round trip, float64", 3, 5, 2, 2, "split:float64"),
 ]
 
 
@@ -116,34 +149,29 @@ MERGE_THOROUGH_CASES = [
 def check_merge_heads(candidate, ctx: Context) -> None:
     rng = ctx.rng(42)
     for label, B, H, T, dh, kind in MERGE_CASES + (MERGE_THOROUGH_CASES if ctx.thorough else []):
-        if kind == "arange":
-            x = torch.arange(B * H * T * dh, dtype=torch.float32).reshape(B, H, T, dh)
-        elif kind.startswith("split"):
-            dtype = torch.float64 if kind == "split64" else torch.float32
-            x = ref.split_heads(torch.from_numpy(normal(rng, B, T, H * dh)).to(dtype), H)
+        if kind.startswith("split:"):
+            x = ref.split_heads(_input(rng, kind[6:], (B, T, H * dh)), H)
         else:
-            x = torch.from_numpy(normal(rng, B, H, T, dh)).to(getattr(torch, kind))
+            x = _input(rng, kind, (B, H, T, dh))
         case = f"{label}: x {tuple(x.shape)} {dtype_name(x.dtype)}"
         got = ctx.call(candidate, x, case=case)
-        expect_exact_tensor(
-            ctx,
-            got,
-            ref.merge_heads(x),
-            case=case,
-            shape_name="(B, T, H*d_head)",
-            wrong_shapes={
-                (B, T, H, dh): "merge_heads_not_flattened",
-                (B, H * T, dh): "merge_heads_wrong_axes",
-                (B, H, T * dh): "merge_heads_wrong_axes",
-            },
-            mistakes=[
-                Mistake.of("merge_without_transpose", model=lambda: x.reshape(B, T, H * dh)),
-                Mistake.of(
-                    "merge_wrong_order", model=lambda: x.permute(0, 2, 3, 1).reshape(B, T, H * dh)
-                ),
-            ],
-            hint="merge_heads must undo split_heads exactly: result[b, t, h*d_head:(h+1)*d_head]"
-            " == x[b, h, t].",
+        wrong_shapes = {
+            (B, T, H, dh): "merge_heads_not_flattened",
+            (B, H * T, dh): "merge_heads_wrong_axes",
+            (B, H, T * dh): "merge_heads_wrong_axes",
+        }
+        mistakes = [
+            Mistake.of("merge_without_transpose", model=lambda: x.reshape(B, T, H * dh)),
+            Mistake.of(
+                "merge_wrong_order", model=lambda: x.permute(0, 2, 3, 1).reshape(B, T, H * dh)
+            ),
+        ]
+        hint = (
+            "merge_heads must undo split_heads exactly: result[b, t, h*d_head:(h+1)*d_head]"
+            " == x[b, h, t]."
+        )
+        _expect_exact(
+            ctx, got, ref.merge_heads(x), case, "(B, T, H*d_head)", wrong_shapes, mistakes, hint
         )
 
 
@@ -256,15 +284,6 @@ MHA_MISTAKES = [
 ]
 
 
-def _mha_mistakes(c: MHACase, args: tuple, P, which: int) -> list[Mistake]:
-    """The mistake models that apply to case ``c``; ``which`` 0 = out, 1 = weights."""
-    return [
-        Mistake.of(mistake_id, model=lambda kw=kw: mha_model(*args, P, c.n_heads, **kw)[which])
-        for mistake_id, kw, shows in MHA_MISTAKES
-        if shows(c)
-    ]
-
-
 @dataclass
 class MHACase:
     label: str
@@ -315,6 +334,8 @@ MHA_THOROUGH_CASES = [
 
 
 def _mha_cases(ctx: Context) -> list[MHACase]:
+    """The rows of the case tables with their masks and inputs (``x (B, n_q, D)`` for
+    self-attention, else query, key and value), drawn in order."""
     rng = ctx.rng(43)
     masks = {
         "causal": causal_mask(6),
@@ -323,23 +344,30 @@ def _mha_cases(ctx: Context) -> list[MHACase]:
         "per_head": random_mask(rng, (2, 2, 4, 4), 0.5, attend=1),
     }
     masks["pad_4d"] = masks["pad"][:, None]
-    cases = [_mha_case(rng, masks, *row) for row in MHA_CASES]
+
+    def draw(label, D, H, bias, shape, mask, scale) -> MHACase:
+        B, n_q, n_k = shape
+        if n_k is None:
+            x = normal(rng, B, n_q, D, scale=scale)
+            return MHACase(label, D, H, bias, x, x, x, masks.get(mask), self_attn=True)
+        q, k, v = (normal(rng, B, n, D, scale=scale) for n in (n_q, n_k, n_k))
+        return MHACase(label, D, H, bias, q, k, v, masks.get(mask))
+
+    cases = [draw(*row) for row in MHA_CASES]
     if ctx.thorough:
         masks["random"] = random_mask(rng, (3, 7, 7), 0.5, attend=3)
         masks["random_4d"] = masks["random"][:, None]
-        cases += [_mha_case(rng, masks, *row) for row in MHA_THOROUGH_CASES]
+        cases += [draw(*row) for row in MHA_THOROUGH_CASES]
     return cases
 
 
-def _mha_case(rng, masks, label, D, H, bias, shape, mask, scale) -> MHACase:
-    """Draw the inputs of one row of the case table: ``x (B, n_q, D)`` for self-attention,
-    else query, key and value."""
-    B, n_q, n_k = shape
-    if n_k is None:
-        x = normal(rng, B, n_q, D, scale=scale)
-        return MHACase(label, D, H, bias, x, x, x, masks.get(mask), self_attn=True)
-    q, k, v = (normal(rng, B, n, D, scale=scale) for n in (n_q, n_k, n_k))
-    return MHACase(label, D, H, bias, q, k, v, masks.get(mask))
+def _mha_mistakes(c: MHACase, args: tuple, P, which: int) -> list[Mistake]:
+    """The mistake models that apply to case ``c``; ``which`` 0 = out, 1 = weights."""
+    return [
+        Mistake.of(mistake_id, model=lambda kw=kw: mha_model(*args, P, c.n_heads, **kw)[which])
+        for mistake_id, kw, shows in MHA_MISTAKES
+        if shows(c)
+    ]
 
 
 def _mha_params(ctx: Context, salt: int, D: int, bias: bool) -> dict[str, np.ndarray | None]:
@@ -351,25 +379,21 @@ def _mha_params(ctx: Context, salt: int, D: int, bias: bool) -> dict[str, np.nda
     return P
 
 
-def _mha_forbidden():
-    return [
-        (ref.MultiHeadAttention.forward, "the reference attention_ref.MultiHeadAttention"),
-        *BUILTIN_ATTENTION,
-    ]
+def _in_dtype(P, dtype) -> dict[str, torch.Tensor | None]:
+    return {k: None if v is None else torch.from_numpy(v).to(dtype) for k, v in P.items()}
 
 
 def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.Module:
     """The learner's MultiHeadAttention(D, H[, bias]) in ``dtype`` with the weights ``P``."""
-    kwargs = {} if bias is None else {"bias": bias}
     x = torch.zeros(1, 2, D, dtype=dtype)  # (B, T, D): one call sets up lazy layers
-    mod = build_module(ctx, cls, (D, H), kwargs, case, sample=(x, x, x))
+    mod = build_module(
+        ctx, cls, (D, H), {} if bias is None else {"bias": bias}, case, sample=(x, x, x)
+    )
     mod.to(dtype)
-    b = bias is not False
-    spec = f"nn.Linear(d_model, d_model, bias=bias), here nn.Linear({D}, {D}, bias={b})"
-    layers = {
-        name: (_tensor(P[f"{name}.weight"], dtype), _tensor(P[f"{name}.bias"], dtype), spec)
-        for name in ("w_q", "w_k", "w_v", "w_o")
-    }
+    spec = "nn.Linear(d_model, d_model, bias=bias), here "
+    spec += f"nn.Linear({D}, {D}, bias={bias is not False})"
+    Pt = _in_dtype(P, dtype)
+    layers = {n: (Pt[f"{n}.weight"], Pt[f"{n}.bias"], spec) for n in ("w_q", "w_k", "w_v", "w_o")}
     shared = named("mha_shared_head_projection", D=D, dh=D // H)
     likely = {"missing w_o": named("mha_w_o_missing")} | {
         f"shape {n}": shared for n in ("w_q", "w_k", "w_v")
@@ -378,74 +402,60 @@ def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.
     return mod
 
 
-def _tensor(a: np.ndarray | None, dtype) -> torch.Tensor | None:
-    return None if a is None else torch.from_numpy(a).to(dtype)
-
-
-def _rounded(P, dtype) -> dict[str, np.ndarray | None]:
-    """The float64 values of the parameters as the candidate holds them in ``dtype``."""
-    return {k: None if v is None else as_float64(_tensor(v, dtype)) for k, v in P.items()}
-
-
 @exercise(
     "multi_head_attention",
     kind="module",
-    forbidden=_mha_forbidden,
+    forbidden=lambda: [
+        (ref.MultiHeadAttention.forward, "the reference attention_ref.MultiHeadAttention"),
+        *BUILTIN_ATTENTION,
+    ],
     summary="multi-head attention with W_Q, W_K, W_V, W_O",
 )
 def check_multi_head_attention(cls, ctx: Context) -> None:
+    """Each case in both dtypes: the shapes, then the property (masked weights are 0), then
+    the weights and the output against the model, naming the mistake model that explains a
+    difference; then the keys as a set, and d_model not divisible by n_heads."""
     for i, c in enumerate(_mha_cases(ctx)):
         P = _mha_params(ctx, 200 + i, c.d_model, c.bias is not False)
         for dtype in (torch.float64, torch.float32):
-            _check_mha_case(cls, ctx, c, P, dtype)
+            q = torch.from_numpy(c.query).to(dtype)
+            k = q if c.self_attn else torch.from_numpy(c.key).to(dtype)
+            v = q if c.self_attn else torch.from_numpy(c.value).to(dtype)
+            inputs = (
+                f"x {tuple(q.shape)}"
+                if c.self_attn
+                else f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}"
+            )
+            case = (
+                f"{c.label}: MultiHeadAttention({c.d_model}, {c.n_heads}"
+                f"{'' if c.bias is None else f', bias={c.bias}'}), {inputs} {dtype_name(dtype)}"
+                + ("" if c.mask is None else f", mask {tuple(c.mask.shape)}")
+            )
+            mod = _prepare_mha(cls, ctx, c.d_model, c.n_heads, c.bias, P, dtype, case)
+            P64 = {n: None if t is None else as_float64(t) for n, t in _in_dtype(P, dtype).items()}
+            args64 = (as_float64(q), as_float64(k), as_float64(v), c.mask)
+            out64, w64 = mha_model(*args64, P64, c.n_heads)
+            args = (q, k, v) if c.mask is None else (q, k, v, torch.from_numpy(c.mask))
+            out, weights = _call_mha(ctx, mod, c, args, case)
+            _expect_mha_shapes(ctx, c, out, weights, out64.shape, w64.shape, case)
+            ctx.expect_array(weights, q.new_zeros(w64.shape), what="weights", case=case)
+            ctx.expect_array(out, q.new_zeros(out64.shape), what="out", case=case)
+            expect_attention_values(
+                ctx,
+                out,
+                weights,
+                out64,
+                w64,
+                case=case,
+                allowed=None if c.mask is None else c.mask[:, None] if c.mask_3d else c.mask,
+                mistakes=lambda which, c=c, a=args64, P=P64: _mha_mistakes(c, a, P, which),
+                tol=TOL[dtype],
+                out_hint="the weights are right: out = W_O(merge_heads(weights @ v)).",
+                otherwise=named("mask_not_applied_heads"),
+                axes="batch, head, query, key",
+            )
     _check_key_permutation(cls, ctx)
     _check_indivisible(cls, ctx)
-
-
-def _check_mha_case(cls, ctx: Context, c: MHACase, P, dtype) -> None:
-    """One case: the shapes, then the property (masked weights are 0), then the weights and
-    the output against the model, naming the mistake model that explains a difference."""
-    q = torch.from_numpy(c.query).to(dtype)
-    k = q if c.self_attn else torch.from_numpy(c.key).to(dtype)
-    v = q if c.self_attn else torch.from_numpy(c.value).to(dtype)
-    mask = None if c.mask is None else torch.from_numpy(c.mask)
-    case = _describe(c, q, k, v, mask)
-    mod = _prepare_mha(cls, ctx, c.d_model, c.n_heads, c.bias, P, dtype, case)
-    P64 = _rounded(P, dtype)
-    args64 = (as_float64(q), as_float64(k), as_float64(v), c.mask)
-    out64, w64 = mha_model(*args64, P64, c.n_heads)
-    out, weights = _call_mha(ctx, mod, c, (q, k, v) if mask is None else (q, k, v, mask), case)
-    _expect_mha_shapes(ctx, c, out, weights, out64.shape, w64.shape, case)
-    ctx.expect_array(weights, q.new_zeros(w64.shape), what="weights", case=case)
-    ctx.expect_array(out, q.new_zeros(out64.shape), what="out", case=case)
-    expect_attention_values(
-        ctx,
-        out,
-        weights,
-        out64,
-        w64,
-        case=case,
-        allowed=None if c.mask is None else c.mask[:, None] if c.mask_3d else c.mask,
-        mistakes=lambda which: _mha_mistakes(c, args64, P64, which),
-        tol=TOL[dtype],
-        out_hint="the weights are right: out = W_O(merge_heads(weights @ v)).",
-        otherwise=named("mask_not_applied_heads"),
-        axes="batch, head, query, key",
-    )
-
-
-def _describe(c: MHACase, q, k, v, mask) -> str:
-    """The case as feedback names it: the label, the module and the inputs."""
-    bias = "" if c.bias is None else f", bias={c.bias}"
-    inputs = (
-        f"x {tuple(q.shape)}"
-        if c.self_attn
-        else f"query {tuple(q.shape)}, key {tuple(k.shape)}, value {tuple(v.shape)}"
-    )
-    return (
-        f"{c.label}: MultiHeadAttention({c.d_model}, {c.n_heads}{bias}), {inputs} "
-        f"{dtype_name(q.dtype)}" + ("" if mask is None else f", mask {tuple(mask.shape)}")
-    )
 
 
 def _call_mha(ctx: Context, mod, c: MHACase, args: tuple, case: str) -> tuple:
@@ -505,19 +515,17 @@ def _check_key_permutation(cls, ctx: Context) -> None:
     perm = rng.permutation(n_k)
     while np.all(perm == np.arange(n_k)):  # pragma: no cover - astronomically unlikely
         perm = rng.permutation(n_k)
-    q = torch.from_numpy(rng.normal(size=(2, n_q, D)))
-    k = torch.from_numpy(rng.normal(size=(2, n_k, D)))
-    v = torch.from_numpy(rng.normal(size=(2, n_k, D)))
+    q, k, v = (torch.from_numpy(rng.normal(size=(2, n, D))) for n in (n_q, n_k, n_k))
     case = (
         f"query {tuple(q.shape)}, key and value {tuple(k.shape)} float64, then the same keys "
         f"and values in the order {perm.tolist()}"
     )
     mod = _prepare_mha(cls, ctx, D, H, True, P, torch.float64, case)
-    out, w = ctx.expect_tuple(ctx.call(mod, q, k, v, case=case), ("out", "weights"), case=case)
-    p = torch.from_numpy(perm)
-    out_p, w_p = ctx.expect_tuple(
-        ctx.call(mod, q, k[:, p], v[:, p], case=case), ("out", "weights"), case=case
-    )
+
+    def run(k, v) -> tuple:
+        return ctx.expect_tuple(ctx.call(mod, q, k, v, case=case), ("out", "weights"), case=case)
+
+    (out, w), (out_p, w_p) = run(k, v), run(k[:, perm], v[:, perm])
     ok = tuple(out_p.shape) == tuple(out.shape) and np.allclose(
         as_float64(out_p), as_float64(out), **TOL[torch.float64]
     )

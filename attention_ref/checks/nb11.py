@@ -89,44 +89,34 @@ BLOCK_THOROUGH_CASES = [("d_model=24, n_heads=6, d_ff=48; x (2, 13, 24)", 24, 6,
 
 
 def _block_model(P: dict, x: torch.Tensor, H: int, mode: str = "correct"):
-    """What a (possibly buggy) GPT block computes, in float64 with the parameters ``P``."""
+    """What a (possibly buggy) GPT block computes, ``(out, the attention weights)``, in
+    float64 with the parameters ``P``."""
     x = x.double()
-    D = x.shape[-1]
-    T = x.shape[1]
-
-    def ln(name, t):
-        return nn.functional.layer_norm(t, (D,), P[f"{name}.weight"], P[f"{name}.bias"])
-
-    def lin(name, t):
-        return M.linear(t, P, name)
+    _, T, D = x.shape
+    weights = []
 
     def attn(t):
-        q, k, v = (split_heads(lin(f"attn.{n}", t), H) for n in ("w_q", "w_k", "w_v"))
+        q, k, v = (split_heads(M.linear(t, P, f"attn.{n}"), H) for n in ("w_q", "w_k", "w_v"))
         mask = {
             "no_mask": None,
             "strict": torch.ones(T, T, dtype=torch.bool).tril(-1),
             "upper": torch.ones(T, T, dtype=torch.bool).triu(),
         }.get(mode, torch.ones(T, T, dtype=torch.bool).tril())
         out, w = sdpa(q, k, v, mask)
-        return lin("attn.w_o", merge_heads(out)), w
+        weights.append(w)
+        return M.linear(merge_heads(out), P, "attn.w_o")
 
     def ff(t):
         act = nn.functional.gelu if mode == "gelu" else torch.relu
-        return lin("ff.linear2", act(lin("ff.linear1", t)))
+        return M.linear(act(M.linear(t, P, "ff.linear1")), P, "ff.linear2")
 
-    weights = []
-
-    def attn_keeping_weights(t):
-        a, w = attn(t)
-        weights.append(w)
-        return a
+    def ln(name):
+        return lambda t: nn.functional.layer_norm(t, (D,), P[f"{name}.weight"], P[f"{name}.bias"])
 
     order = {"post_norm": "post", "normed_residual": "residual_normed"}.get(mode, "pre")
-    x = M.sublayer(
-        x, attn_keeping_weights, lambda t: ln("ln1", t), order, residual=mode != "no_residual"
-    )
-    order = "no_norm" if mode == "ff_no_norm" else order
-    return M.sublayer(x, ff, lambda t: ln("ln2", t), order), weights[0]
+    x = M.sublayer(x, attn, ln("ln1"), order, residual=mode != "no_residual")
+    x = M.sublayer(x, ff, ln("ln2"), "no_norm" if mode == "ff_no_norm" else order)
+    return x, weights[0]
 
 
 BLOCK_MISTAKES = [
@@ -503,15 +493,10 @@ def _check_batch_shape(fn, ctx: Context) -> None:
 # ----------------------------------------------------------------------------- GQA
 def _gqa_model(P, query, key, value, mask, H, G, mode="correct"):
     """What (possibly buggy) grouped-query attention computes, in float64."""
-    query, key, value = query.double(), key.double(), value.double()
-
-    q = split_heads(M.linear(query, P, "w_q"), H)
-    k = split_heads(M.linear(key, P, "w_k"), G)
-    v = split_heads(M.linear(value, P, "w_v"), G)
-    if mode == "repeat":
-        k, v = k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1)
-    else:
-        k, v = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
+    q = split_heads(M.linear(query.double(), P, "w_q"), H)
+    k, v = (split_heads(M.linear(t.double(), P, n), G) for t, n in ((key, "w_k"), (value, "w_v")))
+    r = H // G
+    k, v = (t.repeat(1, r, 1, 1) if mode == "repeat" else t.repeat_interleave(r, 1) for t in (k, v))
     if mask is not None and mask.dim() == 3:
         mask = mask.unsqueeze(1)
     if mode == "no_scale":

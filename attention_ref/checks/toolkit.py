@@ -71,8 +71,14 @@ def build_module(
             hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
             mistake="wrong_type",
         )
-    if sample is not None:
-        materialize_lazy(ctx, mod, sample, case)
+    if sample is not None and _lazy(mod):
+        dtypes = {a.dtype for a in sample if isinstance(a, torch.Tensor) and a.is_floating_point()}
+        if len(dtypes) == 1:
+            mod.to(dtypes.pop())
+        n = ctx.cases_run  # a set-up call, not a case
+        label = case + " (a first call that sets up your lazy layers)"
+        materialize_with(ctx, mod, lambda: ctx.call(mod, *sample, case=label), case)
+        ctx.cases_run = n
     return mod
 
 
@@ -84,19 +90,25 @@ def _lazy(mod: nn.Module) -> list[str]:
     return [n for n, p in mod.named_parameters() if is_lazy(p)]
 
 
-def materialize_lazy(ctx: Context, mod: nn.Module, sample: tuple, case: str) -> None:
-    """Give lazy parameters (``nn.LazyLinear``) their shapes by one forward call on
-    ``sample`` (guarded like any call of the learner's code). Nothing happens for a module
-    without lazy parameters."""
+def materialize_with(ctx: Context, mod: nn.Module, dry_run, case: str) -> None:
+    """Give lazy parameters (``nn.LazyLinear`` ...) their shapes before weights are loaded.
+
+    ``dry_run()`` runs the learner's module once on a small input of the right dtype (under
+    ``ctx.call``, so an exception in it is feedback); a parameter still uninitialised after
+    it is reported, never touched. (:func:`build_module` does it with its ``sample``.)
+    """
     if not _lazy(mod):
         return
-    dtypes = {a.dtype for a in sample if isinstance(a, torch.Tensor) and a.is_floating_point()}
-    if len(dtypes) == 1:
-        mod.to(dtypes.pop())
-    n = ctx.cases_run  # a set-up call, not a case
     with torch.no_grad():
-        ctx.call(mod, *sample, case=case + " (a first call that sets up your lazy layers)")
-    ctx.cases_run = n
+        dry_run()
+    still = _lazy(mod)
+    if still:
+        ctx.fail(
+            f"the lazy parameters {', '.join(still)} were still uninitialised after a first "
+            "forward pass, so the check cannot load known weights into them.",
+            case=case,
+            mistake="lazy_not_initialised",
+        )
 
 
 def _weight_slot(mod: nn.Module, name: str) -> nn.Module | None:
@@ -132,7 +144,7 @@ def load_linear_weights(
     A layer's weight may be parametrized (``torch.nn.utils.parametrize``): the weight is
     set through the parametrization (its ``right_inverse``, or its original tensor when
     the parametrization has none) and must then read back as loaded. Lazy parameters must
-    have been materialized first (:func:`materialize_lazy`); if not, that is feedback.
+    have been materialized first (:func:`build_module`'s ``sample``); if not, that is feedback.
     """
     likely = likely or {}
     params = dict(mod.named_parameters())
@@ -283,28 +295,7 @@ def _copy(p: torch.Tensor, value: torch.Tensor) -> None:
         p.copy_(value.to(dtype=p.dtype, device=p.device))
 
 
-def materialize_with(ctx: Context, mod: nn.Module, dry_run, case: str) -> None:
-    """Give lazy parameters (``nn.LazyLinear`` ...) their shapes before weights are loaded.
-
-    ``dry_run()`` runs the learner's module once on a small input of the right dtype (under
-    ``ctx.call``, so an exception in it is feedback); a parameter still uninitialised after
-    it is reported, never touched.
-    """
-    if not any(is_lazy(p) for p in mod.parameters()):
-        return
-    with torch.no_grad():
-        dry_run()
-    still = [n for n, p in mod.named_parameters() if is_lazy(p)]
-    if still:
-        ctx.fail(
-            f"the lazy parameters {', '.join(still)} were still uninitialised after a first "
-            "forward pass, so the check cannot load known weights into them.",
-            case=case,
-            mistake="lazy_not_initialised",
-        )
-
-
-def assign_tensor(
+def _assign_tensor(
     ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: str, spec: str
 ):
     """Copy ``value`` into the tensor ``name`` of ``mod`` (a parameter, or a parametrized
@@ -438,7 +429,7 @@ def load_reference_weights(
     used: set[int] = set()
     for name, value in ours.items():
         owner = name.rpartition(".")[0]
-        ids = assign_tensor(
+        ids = _assign_tensor(
             ctx, mod, name, value, case, spec_for(name).partition(" = ")[2] or "..."
         )
         if ids is None:
@@ -624,38 +615,6 @@ def expect_tensor(ctx: Context, got, what: str, case: str, like: torch.Tensor | 
             case=case,
             mistake="wrong_shape",
         )
-
-
-def expect_exact_tensor(
-    ctx: Context,
-    got,
-    expected: torch.Tensor,
-    *,
-    case: str,
-    shape_name: str,
-    wrong_shapes: dict[tuple, str],
-    mistakes: list[Mistake],
-    hint: str,
-) -> None:
-    """The result of a rearrangement (split_heads, merge_heads, ...) is ``expected``
-    exactly: a tensor of its shape (``shape_name`` says which, ``"(B, H, T, D/H)"``; a
-    shape in ``wrong_shapes`` names that mistake id), dtype and device, every value equal.
-    A wrong value is named by the first of ``mistakes`` that explains it, else ``hint``."""
-    expect_tensor(ctx, got, "the result", case)
-    shape, want = tuple(got.shape), tuple(expected.shape)
-    if shape != want:
-        likely = named(wrong_shapes[shape]) if shape in wrong_shapes else ""
-        ctx.fail(
-            f"the result has shape {shape}, expected {shape_name} = {want}.",
-            case=case,
-            likely=likely,
-            hint=getattr(likely, "hint", ""),
-            mistake="wrong_shape",
-        )
-    ctx.expect_array(got, expected, what="the result", case=case)
-    ctx.expect_close(
-        got, expected, what="the result", case=case, rtol=0, atol=0, mistakes=mistakes, hint=hint
-    )
 
 
 def same_in_both_modes(train, evaluated) -> bool:
