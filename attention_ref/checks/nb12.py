@@ -16,6 +16,8 @@ learner's numbers.
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -28,9 +30,8 @@ from ..attention import sdpa, sdpa_np
 from ..efficient import OpRecorder, PeakMemory
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
-from .mistakes import mistake_id, named, pair
-from .nb01 import BUILTIN_ATTENTION
-from .toolkit import TOL, dtype_name, expect_tensor
+from .mistakes import mistake_id, named
+from .toolkit import BUILTIN_ATTENTION, TOL, dtype_name, expect_tensor
 
 _SOFTMAXES = [
     (torch.softmax, "torch.softmax"),
@@ -39,6 +40,7 @@ _SOFTMAXES = [
     (torch.logsumexp, "torch.logsumexp"),
 ]
 _REDUCTIONS = ("max", "amax", "sum", "logsumexp", "_softmax", "_log_softmax", "mean", "cumsum")
+F32, F64 = torch.float32, torch.float64
 
 
 def _name_nonfinite(ctx: Context, got, expected, mistakes, case: str, what: str) -> None:
@@ -47,6 +49,13 @@ def _name_nonfinite(ctx: Context, got, expected, mistakes, case: str, what: str)
         likely, hint = ctx.diagnose(got, expected, mistakes, (), {})
         if likely:
             ctx.fail(f"{what} contains NaN or inf.", case=case, likely=likely, hint=hint)
+
+
+def _ops(rec: OpRecorder):
+    """``(name, first argument)`` of every recorded op (``aten.max.dim`` is ``max``)."""
+    for op in rec.ops:
+        base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
+        yield base, op.args[0] if op.args else None
 
 
 # ----------------------------------------------------------------------------- online_softmax
@@ -77,39 +86,15 @@ def _softmax_model(
         return np.exp(x) / l if not subtract else np.exp(x - m) / l
 
 
+#: id, the options of _softmax_model (the one model) that make the mistake.
 SOFTMAX_MISTAKES = [
-    (
-        *pair("online_sum_not_rescaled"),
-        dict(rescale=False),
-    ),
-    (
-        *pair("online_last_block_dropped"),
-        dict(drop_last=True),
-    ),
-    (
-        *pair("online_max_starts_at_0"),
-        dict(m0=0.0),
-    ),
-    (
-        *pair("online_no_max"),
-        dict(subtract=False),
-    ),
-    (
-        *pair("online_block_max_only"),
-        dict(running=False),
-    ),
+    ("online_sum_not_rescaled", dict(rescale=False)),
+    ("online_last_block_dropped", dict(drop_last=True)),
+    ("online_max_starts_at_0", dict(m0=0.0)),
+    ("online_no_max", dict(subtract=False)),
+    ("online_block_max_only", dict(running=False)),
 ]
-
-
-def _whole_vector_reductions(rec: OpRecorder, n: int) -> list[str]:
-    """Names of reductions (max, sum, softmax, ...) that read ``n`` entries at once."""
-    found = []
-    for op in rec.ops:
-        base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
-        arg = op.args[0] if op.args else None
-        if base in _REDUCTIONS and isinstance(arg, torch.Tensor) and arg.numel() == n:
-            found.append(base)
-    return found
+SOFTMAX_TOL = {F32: dict(rtol=1e-4, atol=1e-6), F64: TOL[F64]}
 
 
 def _two_pass(rec: OpRecorder, x: torch.Tensor, bs: int) -> bool:
@@ -118,12 +103,11 @@ def _two_pass(rec: OpRecorder, x: torch.Tensor, bs: int) -> bool:
     largest exponent is 0. A two-pass one knows the whole vector's maximum first: its first
     block's largest exponent is max(x[:bs]) - max(x), well below 0."""
     n = x.numel()
-    exps = []
-    for op in rec.ops:
-        base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
-        arg = op.args[0] if op.args else None
-        if base == "exp" and isinstance(arg, torch.Tensor) and 1 < arg.numel() < n:
-            exps.append(float(arg.detach().max()))
+    exps = [
+        float(a.detach().max())
+        for base, a in _ops(rec)
+        if base == "exp" and isinstance(a, torch.Tensor) and 1 < a.numel() < n
+    ]
     global_ref = float(x[:bs].max() - x.max())
     return len(exps) >= 2 and global_ref < -0.5 and abs(exps[0] - global_ref) < 1e-3
 
@@ -137,9 +121,12 @@ def _two_pass(rec: OpRecorder, x: torch.Tensor, bs: int) -> bool:
     summary="softmax of a vector, one block at a time, with a running max and sum",
 )
 def check_online_softmax(candidate, ctx: Context) -> None:
+    """Values in float32 and float64 against softmax (mistakes named by the models), then
+    one pass (no exponent against the whole vector's maximum) reading block_size entries
+    at a time (no reduction of the whole vector)."""
     rng = ctx.rng(111)
     up = np.linspace(-3, 6, 23) + 0.1 * rng.normal(size=23)  # the max grows in every block
-    cases = [
+    cases = [  # label, x, block_size (drawn in this order)
         ("10 entries, block_size=3 (the last block is shorter)", rng.normal(size=10), 3),
         ("12 entries, block_size=4", rng.normal(size=12), 4),
         ("23 increasing entries, block_size=5", up, 5),
@@ -156,39 +143,43 @@ def check_online_softmax(candidate, ctx: Context) -> None:
             ("33 increasing entries, block_size=2", np.linspace(-5, 5, 33), 2),
             ("block_size=1, 9 entries", rng.normal(size=9), 1),
         ]
-    for label, x_np, bs in cases:
-        for dtype in (torch.float32, torch.float64):
-            x = torch.from_numpy(np.asarray(x_np, dtype=np.float64)).to(dtype)
-            case = f"{label}; x {tuple(x.shape)} {dtype_name(dtype)}, block_size={bs}"
-            with OpRecorder(keep_args=True) as rec:
-                got = ctx.call(candidate, x, bs, case=case)
-            expected = torch.softmax(x.double(), 0)
-            expect_tensor(ctx, got, "the result", case, like=x)
-            x64 = x.double().numpy()
-            mistakes = [
-                Mistake(name, hint, model=lambda kw=kw: _softmax_model(x64, bs, **kw))
-                for name, hint, kw in SOFTMAX_MISTAKES
-            ]
-            _name_nonfinite(ctx, got, expected, mistakes, case, "the result")
-            ctx.expect_array(got, x, what="the result", case=case)
-            tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else TOL[dtype]
-            ctx.expect_close(got, expected, what="the result", case=case, mistakes=mistakes, **tol)
-            if "increasing" in label and _two_pass(rec, x, bs):
-                ctx.fail(
-                    "your first block is exponentiated against the maximum of the whole "
-                    "vector, which a single pass cannot know yet.",
-                    case=case,
-                    mistake="online_two_passes",
-                )
-            whole = _whole_vector_reductions(rec, x.numel())
-            if x.numel() > bs and whole:
-                ctx.fail(
-                    f"the whole vector is reduced at once ({whole[0]} over all "
-                    f"{x.numel()} entries); the exercise reads it block_size={bs} "
-                    "entries at a time.",
-                    case=case,
-                    mistake="online_global_max_first",
-                )
+    for (label, x_np, bs), dtype in itertools.product(cases, (F32, F64)):
+        x = torch.from_numpy(np.asarray(x_np, dtype=np.float64)).to(dtype)
+        case = f"{label}; x {tuple(x.shape)} {dtype_name(dtype)}, block_size={bs}"
+        with OpRecorder(keep_args=True) as rec:
+            got = ctx.call(candidate, x, bs, case=case)
+        expected = torch.softmax(x.double(), 0)
+        expect_tensor(ctx, got, "the result", case, like=x)
+        x64 = x.double().numpy()
+        mistakes = [
+            Mistake.of(i, model=lambda kw=kw: _softmax_model(x64, bs, **kw))
+            for i, kw in SOFTMAX_MISTAKES
+        ]
+        _name_nonfinite(ctx, got, expected, mistakes, case, "the result")
+        ctx.expect_array(got, x, what="the result", case=case)
+        ctx.expect_close(
+            got, expected, what="the result", case=case, mistakes=mistakes, **SOFTMAX_TOL[dtype]
+        )
+        if "increasing" in label and _two_pass(rec, x, bs):
+            ctx.fail(
+                "your first block is exponentiated against the maximum of the whole "
+                "vector, which a single pass cannot know yet.",
+                case=case,
+                mistake="online_two_passes",
+            )
+        n = x.numel()
+        whole = [b for b, a in _ops(rec) if b in _REDUCTIONS and _numel(a) == n]
+        if n > bs and whole:
+            ctx.fail(
+                f"the whole vector is reduced at once ({whole[0]} over all {n} entries); the "
+                f"exercise reads it block_size={bs} entries at a time.",
+                case=case,
+                mistake="online_global_max_first",
+            )
+
+
+def _numel(a) -> int:
+    return a.numel() if isinstance(a, torch.Tensor) else -1
 
 
 # ----------------------------------------------------------------------------- online attention
@@ -222,9 +213,7 @@ def _attn_model(
         m = torch.full((*batch, i1 - i0, 1), -math.inf, dtype=torch.float64)
         l = torch.zeros_like(m)  # noqa: E741
         acc = torch.zeros(*batch, i1 - i0, v.shape[-1], dtype=torch.float64)
-        j_end = stop_k
-        if causal:
-            j_end = min(stop_k, i0 if skip_diagonal else i1)
+        j_end = min(stop_k, i0 if skip_diagonal else i1) if causal else stop_k
         for j0 in range(0, j_end, bs):
             j1 = min(j0 + bs, n_k)
             s = q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
@@ -245,38 +234,84 @@ def _attn_model(
     return out
 
 
+#: id, the options of _attn_model (the one model of the forward pass) that make the mistake.
 ATTN_MISTAKES = [
-    (
-        *pair("flash_running_sum_l"),
-        dict(rescale_l=False),
-    ),
-    (
-        *pair("flash_accumulator_rescaled_when"),
-        dict(rescale_acc=False),
-    ),
-    (
-        *pair("flash_running_maximum"),
-        dict(running=False),
-    ),
-    (
-        *pair("flash_last_partial_block"),
-        dict(drop_last=True),
-    ),
-    (
-        *pair("flash_causal_block_skip"),
-        dict(skip_diagonal=True),
-    ),
-    (
-        *pair("flash_causal_mask_strict"),
-        dict(strict=True),
-    ),
-    (
-        *pair("flash_scores_scaled_1"),
-        dict(scale=False),
-    ),
+    ("flash_running_sum_l", dict(rescale_l=False)),
+    ("flash_accumulator_rescaled_when", dict(rescale_acc=False)),
+    ("flash_running_maximum", dict(running=False)),
+    ("flash_last_partial_block", dict(drop_last=True)),
+    ("flash_causal_block_skip", dict(skip_diagonal=True)),
+    ("flash_causal_mask_strict", dict(strict=True)),
+    ("flash_scores_scaled_1", dict(scale=False)),
 ]
 
-NO_CAUSAL = pair("flash_causal_ignored")
+
+def _forward_mistakes(q, k, v, bs: int, causal: bool) -> list[Mistake]:
+    """The forward pass's mistake models on this input (and, when causal, causal ignored)."""
+    mistakes = [
+        Mistake.of(i, model=lambda kw=kw: _attn_model(q, k, v, bs, causal, **kw))
+        for i, kw in ATTN_MISTAKES
+    ]
+    if causal:
+        mistakes.append(
+            Mistake.of("flash_causal_ignored", model=lambda: _attn_model(q, k, v, bs, False))
+        )
+    return mistakes
+
+
+#: The cases of online_softmax_attention and flash_attention: label, q shape, k shape, d_v,
+#: block_size, causal, dtype. Both end with the large-logit cases of _attention_cases.
+_BROADCAST = "broadcast batch: q (2, 1, 12, 8), k (1, 3, 12, 8)"
+ONLINE_CASES = [
+    ("batch (2, 3), n=40, block_size=16", (2, 3, 40, 8), (2, 3, 40, 8), 8, 16, False, F64),
+    ("the same, causal", (2, 3, 40, 8), (2, 3, 40, 8), 8, 16, True, F64),
+    ("n_q=5, n_k=23, d_k=8, d_v=6, block_size=8", (1, 5, 8), (1, 23, 8), 6, 8, False, F64),
+    ("no batch dimension, n=30, block_size=7, causal", (30, 4), (30, 4), 4, 7, True, F64),
+    ("block_size=64 > n=10", (2, 10, 4), (2, 10, 4), 4, 64, False, F32),
+    ("block_size=1, n=9, causal", (1, 9, 4), (1, 9, 4), 3, 1, True, F64),
+    ("one query, one key", (1, 1, 1, 4), (1, 1, 1, 4), 4, 4, False, F32),
+    ("float32, n=50, block_size=12", (2, 2, 50, 16), (2, 2, 50, 16), 16, 12, False, F32),
+    ("float32, n=50, block_size=12, causal", (2, 50, 16), (2, 50, 16), 16, 12, True, F32),
+    (_BROADCAST, (2, 1, 12, 8), (1, 3, 12, 8), 8, 5, False, F64),
+]
+ONLINE_THOROUGH_CASES = [
+    ("n=100, block_size=32, causal", (2, 100, 8), (2, 100, 8), 8, 32, True, F64),
+    ("n_q=70, n_k=45, block_size=16", (3, 70, 8), (3, 45, 8), 5, 16, False, F64),
+    ("block_size=3, n=11", (1, 2, 11, 4), (1, 2, 11, 4), 4, 3, False, F32),
+]
+FLASH_CASES = [
+    ("batch (2, 3), n=48, block_size=16", (2, 3, 48, 8), (2, 3, 48, 8), 8, 16, False, F64),
+    ("the same, causal", (2, 3, 48, 8), (2, 3, 48, 8), 8, 16, True, F64),
+    ("n_q=5, n_k=23, d_k=8, d_v=6, block_size=8", (1, 5, 8), (1, 23, 8), 6, 8, False, F64),
+    ("n_q=21, n_k=6, block_size=4", (2, 21, 4), (2, 6, 4), 5, 4, False, F64),
+    ("no batch dimension, n=30, block_size=7, causal", (30, 4), (30, 4), 4, 7, True, F64),
+    ("block_size=64 > n=10", (2, 10, 4), (2, 10, 4), 4, 64, False, F64),
+    ("block_size=1, n=9, causal", (1, 9, 4), (1, 9, 4), 3, 1, True, F64),
+    ("one token", (1, 1, 1, 4), (1, 1, 1, 4), 4, 4, False, F64),
+    ("one token, causal", (1, 1, 4), (1, 1, 4), 2, 4, True, F64),
+    ("float32, n=50, block_size=12, causal", (2, 50, 16), (2, 50, 16), 16, 12, True, F32),
+]
+FLASH_THOROUGH_CASES = [
+    ("n=100, block_size=32, causal", (2, 100, 8), (2, 100, 8), 8, 32, True, F64),
+    ("n_q=70, n_k=45, block_size=16", (3, 70, 8), (3, 45, 8), 5, 16, False, F64),
+    ("block_size=3, n=11, d_v=7, causal", (1, 2, 11, 4), (1, 2, 11, 4), 7, 3, True, F64),
+    ("float32, n=40, block_size=8", (4, 40, 8), (4, 40, 8), 8, 8, False, F32),
+]
+#: Large logits (scores up to about 150): the running maximum keeps exp() in range.
+LARGE_TOL = dict(rtol=1e-3, atol=1e-4)
+#: The tolerances of flash_attention's cases: float32 sums many products per gradient.
+GRAD_TOL = {F64: TOL[F64], F32: LARGE_TOL}
+
+
+def _attention_cases(ctx: Context, g: torch.Generator, cases, thorough_cases, tols):
+    """``(q, k, v, block_size, causal, label, tol)`` of each case, drawn from ``g`` in the
+    order of the table, then the two large-logit cases (float32, not causal and causal)."""
+    for label, sq, sk, d_v, bs, causal, dtype in cases + (thorough_cases if ctx.thorough else []):
+        yield *_attn_inputs(g, sq, sk, d_v, dtype), bs, causal, label, tols[dtype]
+    for causal in (False, True):
+        q, k, v = _attn_inputs(g, (2, 24, 8), (2, 24, 8), 8, F32, scale=5.0)
+        label = "large scores (up to about 150), float32" + (", causal" if causal else "")
+        yield q, k, v, 8, causal, label, LARGE_TOL
 
 
 def _attn_inputs(g, shape_q, shape_k, d_v, dtype, scale=1.0):
@@ -284,6 +319,13 @@ def _attn_inputs(g, shape_q, shape_k, d_v, dtype, scale=1.0):
     k = scale * torch.randn(*shape_k, generator=g, dtype=torch.float64)
     v = torch.randn(*shape_k[:-1], d_v, generator=g, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _describe(label: str, q, k, v, bs: int, causal: bool) -> str:
+    return (
+        f"{label}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+        f"{dtype_name(q.dtype)}, block_size={bs}, causal={causal}"
+    )
 
 
 def _expected_attention(q, k, v, causal: bool) -> torch.Tensor:
@@ -294,115 +336,116 @@ def _expected_attention(q, k, v, causal: bool) -> torch.Tensor:
     return sdpa(q.double(), k.double(), v.double(), mask)[0]
 
 
-@exercise(
-    "online_softmax_attention",
-    forbidden=lambda: [
-        (ref.online_softmax_attention, "the reference attention_ref.online_softmax_attention"),
-        (ref.naive_attention, "attention_ref.naive_attention (the full score matrix)"),
-        (sdpa, "attention_ref.sdpa (the full score matrix)"),
-        (sdpa_np, "attention_ref.sdpa_np"),
-        *BUILTIN_ATTENTION,
-        # torch.logsumexp is allowed here: a running log-sum-exp per query, one tile at a
-        # time, is the same algorithm (the memory check rejects a logsumexp of whole rows).
-        *[(fn, name) for fn, name in _SOFTMAXES if fn is not torch.logsumexp],
-    ],
-    summary="sdpa's output over key blocks with a running max and sum",
-)
-def check_online_softmax_attention(candidate, ctx: Context) -> None:
-    g = ctx.torch_gen(112)
-    f32, f64 = torch.float32, torch.float64
-    cases = [
-        # label, q shape, k shape, d_v, block_size, causal, dtype, input scale
-        ("batch (2, 3), n=40, block_size=16", (2, 3, 40, 8), (2, 3, 40, 8), 8, 16, False, f64),
-        ("the same, causal", (2, 3, 40, 8), (2, 3, 40, 8), 8, 16, True, f64),
-        ("n_q=5, n_k=23, d_k=8, d_v=6, block_size=8", (1, 5, 8), (1, 23, 8), 6, 8, False, f64),
-        ("no batch dimension, n=30, block_size=7, causal", (30, 4), (30, 4), 4, 7, True, f64),
-        ("block_size=64 > n=10", (2, 10, 4), (2, 10, 4), 4, 64, False, f32),
-        ("block_size=1, n=9, causal", (1, 9, 4), (1, 9, 4), 3, 1, True, f64),
-        ("one query, one key", (1, 1, 1, 4), (1, 1, 1, 4), 4, 4, False, f32),
-        ("float32, n=50, block_size=12", (2, 2, 50, 16), (2, 2, 50, 16), 16, 12, False, f32),
-        ("float32, n=50, block_size=12, causal", (2, 50, 16), (2, 50, 16), 16, 12, True, f32),
-        (
-            "broadcast batch: q (2, 1, 12, 8), k (1, 3, 12, 8)",
-            (2, 1, 12, 8),
-            (1, 3, 12, 8),
-            8,
-            5,
-            False,
-            f64,
-        ),
-    ]
-    if ctx.thorough:
-        cases += [
-            ("n=100, block_size=32, causal", (2, 100, 8), (2, 100, 8), 8, 32, True, f64),
-            ("n_q=70, n_k=45, block_size=16", (3, 70, 8), (3, 45, 8), 5, 16, False, f64),
-            ("block_size=3, n=11", (1, 2, 11, 4), (1, 2, 11, 4), 4, 3, False, f32),
-        ]
-    for label, sq, sk, d_v, bs, causal, dtype in cases:
-        q, k, v = _attn_inputs(g, sq, sk, d_v, dtype)
-        _compare_attention(ctx, candidate, q, k, v, bs, causal, label, TOL[dtype])
-    # Large logits: the running maximum keeps exp() in range.
-    for causal in (False, True):
-        q, k, v = _attn_inputs(g, (2, 24, 8), (2, 24, 8), 8, f32, scale=5.0)
-        label = "large scores (up to about 150), float32" + (", causal" if causal else "")
-        _compare_attention(ctx, candidate, q, k, v, 8, causal, label, dict(rtol=1e-3, atol=1e-4))
-    _check_memory_and_skipping(ctx, candidate, g)
-
-
-def _compare_attention(ctx, candidate, q, k, v, bs, causal, label, tol) -> None:
-    case = (
-        f"{label}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-        f"{dtype_name(q.dtype)}, block_size={bs}, causal={causal}"
-    )
-    got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
-    expected = _expected_attention(q, k, v, causal)
-    like = expected.to(q.dtype)
+def _expect_output(ctx, got, expected, q, k, v, bs, causal, case, tol, nonfinite: bool) -> None:
+    """The output: a tensor of the expected shape (first), dtype, finite (a NaN or inf that
+    a forward mistake's model also has is named by it when ``nonfinite``), close to
+    ``expected``, a wrong value named by the first forward mistake that explains it."""
+    like = expected.detach().to(q.dtype)
     expect_tensor(ctx, got, "the output", case, like=like)
-    mistakes = [
-        Mistake(name, hint, model=lambda kw=kw: _attn_model(q, k, v, bs, causal, **kw))
-        for name, hint, kw in ATTN_MISTAKES
-    ]
-    if causal:
-        mistakes.append(Mistake(*NO_CAUSAL, model=lambda: _attn_model(q, k, v, bs, False)))
-    _name_nonfinite(ctx, got, expected, mistakes, case, "the output")
+    mistakes = _forward_mistakes(q, k, v, bs, causal)
+    if nonfinite:
+        _name_nonfinite(ctx, got, expected, mistakes, case, "the output")
     ctx.expect_array(got, like, what="the output", case=case)
     ctx.expect_close(got, expected, what="the output", case=case, mistakes=mistakes, **tol)
 
 
-def _check_memory_and_skipping(ctx: Context, candidate, g) -> None:
-    """No n_q x n_k tensor; with causal=True about half the work of causal=False."""
-    n, bs = 256, 64
-    q, k, v = _attn_inputs(g, (2, n, 16), (2, n, 16), 16, torch.float32)
+#: The watched cases: n = 256, block_size = 64, 16 tiles, 10 of them when causal.
+WATCH_N, WATCH_BS = 256, 64
+_TAIL = "one sequence's score matrix has n_q * n_k = {n2}."
+_ONLINE_TAIL = (
+    "the full score matrix of one sequence has n_q * n_k = {n2}. Online attention must never "
+    "hold a tensor that large."
+)
+#: who, the mistake of a tensor of n_q * n_k elements, the message's end, the mistake of no
+#: skipping: the passes watched of online_softmax_attention, and of flash_attention.
+ONLINE_WATCHED = [
+    ("code", "flash_full_score_matrix", _ONLINE_TAIL, "flash_future_blocks_not_skipped"),
+]
+FLASH_WATCHED = [
+    ("forward pass", "flash_bwd_full_matrix", _TAIL, "flash_future_blocks_not_skipped"),
+    ("backward pass", "flash_bwd_full_matrix", _TAIL, "flash_bwd_future_tiles"),
+]
+
+
+def _watch(ctx: Context, g: torch.Generator, d: int, run, passes) -> None:
+    """``run(q, k, v, causal, case)`` on q, k, v (2, WATCH_N, d) float32, not causal then
+    causal: it checks the values and returns an OpRecorder per pass of ``passes``. No pass
+    builds a tensor of n_q * n_k elements, and each does at most 72% of its causal=False
+    work with causal=True (the future key blocks skipped: about 60%)."""
+    n, bs = WATCH_N, WATCH_BS
+    q, k, v = _attn_inputs(g, (2, n, d), (2, n, d), d, F32)
     work = {}
     for causal in (False, True):
         case = (
-            f"q, k, v (2, {n}, 16) float32, block_size={bs}, causal={causal} (watching every "
+            f"q, k, v (2, {n}, {d}) float32, block_size={bs}, causal={causal} (watching every "
             "tensor your code creates)"
         )
+        recs = run(q, k, v, causal, case)
+        for rec, (who, mistake, tail, _) in zip(recs, passes, strict=True):
+            numel, shape, op = rec.largest()
+            if numel >= n * n:
+                ctx.fail(
+                    f"your {who} builds a tensor of shape {shape} ({numel} elements, made by "
+                    f"{op}); " + tail.format(n2=n * n),
+                    case=case,
+                    mistake=mistake,
+                )
+        work[causal] = [rec.work() for rec in recs]
+    for i, (who, _, _, mistake) in enumerate(passes):
+        ratio = work[True][i] / max(work[False][i], 1)
+        if ratio > 0.72:
+            ctx.fail(
+                f"with causal=True your {who} does {ratio:.0%} of the work it does with "
+                f"causal=False; skipping the key blocks entirely in the future should bring "
+                f"it to about 60% here (n={n}, block_size={bs}: 10 of 16 tiles).",
+                case=f"q, k, v (2, {n}, {d}) float32, block_size={bs}",
+                mistake=mistake,
+            )
+
+
+def _full_attention() -> list[tuple]:
+    """What online_softmax_attention and flash_attention must not call: the full score
+    matrix's attention and softmax. torch.logsumexp is allowed: a running log-sum-exp per
+    query, one tile at a time, is the same algorithm (the memory check rejects a logsumexp
+    of whole rows)."""
+    return [
+        (ref.naive_attention, "attention_ref.naive_attention (the full score matrix)"),
+        (sdpa, "attention_ref.sdpa (the full score matrix)"),
+        (sdpa_np, "attention_ref.sdpa_np"),
+        *BUILTIN_ATTENTION,
+        *[(fn, name) for fn, name in _SOFTMAXES if fn is not torch.logsumexp],
+    ]
+
+
+@exercise(
+    "online_softmax_attention",
+    forbidden=lambda: [
+        (ref.online_softmax_attention, "the reference attention_ref.online_softmax_attention"),
+        *_full_attention(),
+    ],
+    summary="sdpa's output over key blocks with a running max and sum",
+)
+def check_online_softmax_attention(candidate, ctx: Context) -> None:
+    """The output of every case against sdpa's (mistakes named by _attn_model), then no
+    ``n_q x n_k`` tensor and the future key blocks skipped."""
+    g = ctx.torch_gen(112)
+    for q, k, v, bs, causal, label, tol in _attention_cases(
+        ctx, g, ONLINE_CASES, ONLINE_THOROUGH_CASES, TOL
+    ):
+        case = _describe(label, q, k, v, bs, causal)
+        got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
+        expected = _expected_attention(q, k, v, causal)
+        _expect_output(ctx, got, expected, q, k, v, bs, causal, case, tol, nonfinite=True)
+
+    def run(q, k, v, causal: bool, case: str) -> list[OpRecorder]:
         with OpRecorder() as rec:
-            got = ctx.call(candidate, q, k, v, block_size=bs, causal=causal, case=case)
+            got = ctx.call(candidate, q, k, v, block_size=WATCH_BS, causal=causal, case=case)
         expected = _expected_attention(q, k, v, causal)
         expect_tensor(ctx, got, "the output", case, like=expected)
-        ctx.expect_close(got, expected, what="the output", case=case, **TOL[torch.float32])
-        numel, shape, op = rec.largest()
-        if numel >= n * n:
-            ctx.fail(
-                f"your code builds a tensor of shape {shape} ({numel} elements, made by "
-                f"{op}); the full score matrix of one sequence has n_q * n_k = {n * n}. "
-                "Online attention must never hold a tensor that large.",
-                case=case,
-                mistake="flash_full_score_matrix",
-            )
-        work[causal] = rec.work()
-    ratio = work[True] / max(work[False], 1)
-    if ratio > 0.72:
-        ctx.fail(
-            f"with causal=True your code does {ratio:.0%} of the work it does with "
-            f"causal=False; skipping the key blocks entirely in the future should bring it "
-            f"to about 60% here (n={n}, block_size={bs}: 10 of 16 tiles).",
-            case=f"q, k, v (2, {n}, 16) float32, block_size={bs}",
-            mistake="flash_future_blocks_not_skipped",
-        )
+        ctx.expect_close(got, expected, what="the output", case=case, **TOL[F32])
+        return [rec]
+
+    _watch(ctx, g, 16, run, ONLINE_WATCHED)
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -427,8 +470,10 @@ class _WatchedCache:
         return getattr(self._cache, name)
 
 
-def _kv_model(mha, x, s: int, e: int, mode: str) -> torch.Tensor:
-    """Output for the new positions ``s..e-1`` of ``x`` with the past ``0..s-1`` cached."""
+@torch.no_grad()
+def _kv_model(mha, x, s: int, e: int, mode: str = "correct") -> torch.Tensor:
+    """Output for the new positions ``s..e-1`` of ``x`` with the past ``0..s-1`` cached;
+    ``mode``: "correct" or the id of the mistake made."""
     H = mha.n_heads
     q = split_heads(mha.w_q(x[:, s:e]), H)  # (B, H, t, d)
     k = split_heads(mha.w_k(x[:, :e]), H)  # (B, H, e, d)
@@ -437,38 +482,26 @@ def _kv_model(mha, x, s: int, e: int, mode: str) -> torch.Tensor:
     cols = torch.arange(e)[None, :]
     allowed = {
         "correct": cols <= rows,
-        "no_mask": torch.ones(e - s, e, dtype=torch.bool),
-        "unshifted": cols <= rows - s,
-        "only_new": (cols <= rows) & (cols >= s),
-        "no_w_o": cols <= rows,
+        "kv_no_mask": torch.ones(e - s, e, dtype=torch.bool),
+        "kv_unshifted": cols <= rows - s,
+        "kv_only_new": (cols <= rows) & (cols >= s),
+        "kv_no_w_o": cols <= rows,
     }[mode]
-    out, _ = sdpa(q, k, v, allowed)
-    out = merge_heads(out)
-    return out if mode == "no_w_o" else mha.w_o(out)
+    out = merge_heads(sdpa(q, k, v, allowed)[0])
+    return out if mode == "kv_no_w_o" else mha.w_o(out)
 
 
-def _kv_no_grad(mha, x, s, e, mode):
-    with torch.no_grad():
-        return _kv_model(mha, x, s, e, mode)
-
-
-KV_MISTAKES = [
-    (
-        *pair("kv_no_mask"),
-        "no_mask",
-    ),
-    (
-        *pair("kv_unshifted"),
-        "unshifted",
-    ),
-    (
-        *pair("kv_only_new"),
-        "only_new",
-    ),
-    (
-        *pair("kv_no_w_o"),
-        "no_w_o",
-    ),
+#: The mistakes modelled by _kv_model (each its own mode).
+KV_MISTAKES = ["kv_no_mask", "kv_unshifted", "kv_only_new", "kv_no_w_o"]
+#: label, the number of tokens of each call, dtype.
+KV_SCHEDULES = [
+    ("one token at a time", [1, 1, 1, 1, 1, 1, 1], F64),
+    ("a prompt of 3, then 1, 2 and 1 tokens", [3, 1, 2, 1], F64),
+    ("all 7 tokens at once (empty cache)", [7], F32),
+]
+KV_THOROUGH_SCHEDULES = [
+    ("2, 2, 2 and 1 tokens", [2, 2, 2, 1], F64),
+    ("1 token, then 6", [1, 6], F32),
 ]
 
 
@@ -481,26 +514,18 @@ KV_MISTAKES = [
     summary="causal self-attention of the new positions over a key-value cache",
 )
 def check_cached_self_attention(candidate, ctx: Context) -> None:
+    """Each call of a schedule: the new positions appended to the cache once, and their
+    output that of causal attention over everything so far (mistakes named by _kv_model)."""
     g = ctx.torch_gen(113)
-    schedules = [
-        ("one token at a time", [1, 1, 1, 1, 1, 1, 1], torch.float64),
-        ("a prompt of 3, then 1, 2 and 1 tokens", [3, 1, 2, 1], torch.float64),
-        ("all 7 tokens at once (empty cache)", [7], torch.float32),
-    ]
-    if ctx.thorough:
-        schedules += [
-            ("2, 2, 2 and 1 tokens", [2, 2, 2, 1], torch.float64),
-            ("1 token, then 6", [1, 6], torch.float32),
-        ]
-    for label, chunks, dtype in schedules:
+    for label, chunks, dtype in KV_SCHEDULES + (KV_THOROUGH_SCHEDULES if ctx.thorough else []):
         torch.manual_seed(ctx.seed * 7 + len(chunks))
         mha = MultiHeadAttention(12, 3).to(dtype)
         mha64 = copy.deepcopy(mha).double()
         T = sum(chunks)
         x = torch.randn(2, T, 12, generator=g, dtype=torch.float64).to(dtype)
+        x64 = x.double()
         cache = _WatchedCache(T)
-        s = 0
-        for t in chunks:
+        for s, t in zip(np.cumsum([0, *chunks[:-1]]).tolist(), chunks, strict=True):
             e = s + t
             case = (
                 f"{label}: MultiHeadAttention(d_model=12, n_heads=3) {dtype_name(dtype)}, batch 2; "
@@ -517,30 +542,23 @@ def check_cached_self_attention(candidate, ctx: Context) -> None:
                     mistake="cache_not_appended",
                 )
             if cache.appended != t:
-                twice = cache.appended == 2 * t
                 ctx.fail(
                     f"{cache.appended} positions were appended to the cache for {t} new "
                     f"token(s) (cache.append was called {cache.calls} time(s) so far).",
                     case=case,
-                    mistake="kv_appended_twice" if twice else "kv_appended_wrong_count",
+                    mistake="kv_appended_twice"
+                    if cache.appended == 2 * t
+                    else "kv_appended_wrong_count",
                 )
-            x64 = x.double()
-            with torch.no_grad():
-                expected = _kv_model(mha64, x64, s, e, "correct")
+            expected = _kv_model(mha64, x64, s, e)
             mistakes = [
-                Mistake(
-                    name,
-                    hint,
-                    model=lambda mode=mode, s=s, e=e: _kv_no_grad(mha64, x64, s, e, mode),
-                )
-                for name, hint, mode in KV_MISTAKES
+                Mistake.of(i, model=lambda i=i, s=s, e=e: _kv_model(mha64, x64, s, e, i))
+                for i in KV_MISTAKES
             ]
-            like = expected.to(dtype)
-            ctx.expect_array(got, like, what="the output", case=case)
+            ctx.expect_array(got, expected.to(dtype), what="the output", case=case)
             ctx.expect_close(
                 got, expected, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
             )
-            s = e
 
 
 # ----------------------------------------------------------------------------- FlashAttention
@@ -554,8 +572,7 @@ def _flash_grads_model(
     *,
     delta: str = "out",
     weights: str = "lse",
-    dq_scale: float = 1.0,
-    dk_scale: float = 1.0,
+    scale_power: int = 0,
     transposes: bool = True,
     mask: bool = True,
     skip: bool = True,
@@ -565,9 +582,10 @@ def _flash_grads_model(
 
     ``delta``: "out" (D = rowsum(dO * O)), "none" (no D) or "tile" (rowsum(P * dP) of each
     tile); ``weights``: P = exp(S - x) with x = "lse" (right), "max", "raw" (x = 0) or
-    "log_l"; ``dq_scale``/``dk_scale`` multiply the gradients; ``transposes=False`` writes
-    P dO, dS^T K and dS Q (raises unless the tiles are square); ``mask``/``skip``: the
-    causal mask and the skipping of future tiles in the backward pass."""
+    "log_l"; ``scale_power``: dq and dk times (1/sqrt(d_k)) ** scale_power (-1: not scaled,
+    1: scaled twice); ``transposes=False`` writes P dO, dS^T K and dS Q (raises unless the
+    tiles are square); ``mask``/``skip``: the causal mask and the skipping of future tiles
+    in the backward pass."""
     q, k, v, do = (t.detach().double() for t in (q, k, v, do))
     n_q, n_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d_k)
@@ -578,12 +596,8 @@ def _flash_grads_model(
     m_all = s_all.amax(-1, keepdim=True)  # (..., n_q, 1)
     l_all = torch.exp(s_all - m_all).sum(-1, keepdim=True)
     out = torch.softmax(s_all, -1) @ v  # (..., n_q, d_v)
-    row = {
-        "lse": m_all + torch.log(l_all),
-        "max": m_all,
-        "raw": torch.zeros_like(m_all),
-        "log_l": torch.log(l_all),
-    }[weights]
+    log_l = torch.log(l_all)
+    row = dict(lse=m_all + log_l, max=m_all, raw=torch.zeros_like(m_all), log_l=log_l)[weights]
     d_all = (do * out).sum(-1, keepdim=True)  # (..., n_q, 1)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for i0 in range(0, n_q, bs):
@@ -599,12 +613,9 @@ def _flash_grads_model(
                 s = s.masked_fill(~allowed, -math.inf)
             p = torch.exp(s - row[..., i0:i1, :])
             dp = do_i @ v_j.transpose(-2, -1)
-            d_i = {
-                "out": d_all[..., i0:i1, :],
-                "none": torch.zeros_like(d_all[..., i0:i1, :]),
-                "tile": (p * dp).sum(-1, keepdim=True),
-            }[delta]
-            ds = p * (dp - d_i)
+            d = d_all[..., i0:i1, :]
+            d_i = {"out": d, "none": torch.zeros_like(d), "tile": (p * dp).sum(-1, keepdim=True)}
+            ds = p * (dp - d_i[delta])
             if transposes:
                 dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_i
                 dq[..., i0:i1, :] += ds @ k_j * scale
@@ -613,24 +624,28 @@ def _flash_grads_model(
                 dv[..., j0:j1, :] += p @ do_i
                 dq[..., i0:i1, :] += ds.transpose(-2, -1) @ k_j * scale
                 dk[..., j0:j1, :] += ds @ q_i * scale
-    return dq * dq_scale, dk * dk_scale, dv
+    times = scale**scale_power
+    return dq * times, dk * times, dv
 
 
-def _flash_mistakes(d_k: int) -> list[tuple[str, dict]]:
-    """``(mistake id, model options)`` of the backward pass's modelled mistakes."""
-    root = math.sqrt(d_k)
-    return [
-        ("flash_bwd_no_delta", dict(delta="none")),
-        ("flash_bwd_delta_per_tile", dict(delta="tile")),
-        ("flash_bwd_unnormalised_weights", dict(weights="max")),
-        ("flash_bwd_unnormalised_weights", dict(weights="raw")),
-        ("flash_bwd_unnormalised_weights", dict(weights="log_l")),
-        ("flash_bwd_scale", dict(dq_scale=root, dk_scale=root)),  # no scale
-        ("flash_bwd_scale", dict(dq_scale=1 / root, dk_scale=1 / root)),  # scaled twice
-        ("flash_bwd_transposes", dict(transposes=False)),
-        ("flash_bwd_causal_mask", dict(mask=False)),
-        ("flash_bwd_causal_mask", dict(mask=False, skip=False)),
-    ]
+#: id, the options of _flash_grads_model (the one model of the backward pass).
+FLASH_BWD_MISTAKES = [
+    ("flash_bwd_no_delta", dict(delta="none")),
+    ("flash_bwd_delta_per_tile", dict(delta="tile")),
+    ("flash_bwd_unnormalised_weights", dict(weights="max")),
+    ("flash_bwd_unnormalised_weights", dict(weights="raw")),
+    ("flash_bwd_unnormalised_weights", dict(weights="log_l")),
+    ("flash_bwd_scale", dict(scale_power=-1)),  # not scaled
+    ("flash_bwd_scale", dict(scale_power=1)),  # scaled twice
+    ("flash_bwd_transposes", dict(transposes=False)),
+    ("flash_bwd_causal_mask", dict(mask=False)),
+    ("flash_bwd_causal_mask", dict(mask=False, skip=False)),
+]
+#: What a backward pass that uses the second call's state gives for the first call.
+_SECOND_CALL_SYMPTOMS = {
+    *("wrong_values", "wrong_shape", "wrong_type", "wrong_dtype", "nan_or_inf"),
+    *("flash_bwd_gradient_order", "flash_bwd_gradient_count", "flash_bwd_no_gradient"),
+}
 
 
 def _function_class(ctx: Context, candidate) -> type:
@@ -705,57 +720,42 @@ def _flash_backward(ctx: Context, cls: type, out, leaves, do, case: str):
     return grads
 
 
+def _reference(q, k, v, causal: bool, do=None):
+    """The right answer in float64, autograd through the whole softmax: ``(out, leaves)``,
+    or, given the output's gradient ``do``, ``(out, (dq, dk, dv))``."""
+    leaves = _leaves(q.double(), k.double(), v.double())
+    out = _expected_attention(*leaves, causal)
+    return out, leaves if do is None else torch.autograd.grad(out, leaves, do.double())
+
+
 def _flash_case(ctx: Context, cls: type, q, k, v, bs: int, causal: bool, label: str, tol) -> None:
-    case = (
-        f"{label}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-        f"{dtype_name(q.dtype)}, block_size={bs}, causal={causal}"
-    )
+    """One case: the output as online_softmax_attention's, then dv (it needs neither D nor
+    the scale), dq and dk against autograd's, a wrong one named by _flash_grads_model's
+    mistakes or as another input's gradient in its place."""
+    case = _describe(label, q, k, v, bs, causal)
     leaves = _leaves(q, k, v)
     out = _flash_forward(ctx, cls, leaves, bs, causal, case)
-    # The right answer: autograd through the whole softmax, in float64.
-    ref_leaves = _leaves(q.double(), k.double(), v.double())
-    expected = _expected_attention(*ref_leaves, causal)
-    like = expected.detach().to(q.dtype)
-    expect_tensor(ctx, out, "the output", case, like=like)
-    forward_mistakes = [
-        Mistake(name, hint, model=lambda kw=kw: _attn_model(q, k, v, bs, causal, **kw))
-        for name, hint, kw in ATTN_MISTAKES
-    ]
-    if causal:
-        forward_mistakes.append(Mistake(*NO_CAUSAL, model=lambda: _attn_model(q, k, v, bs, False)))
-    ctx.expect_array(out, like, what="the output", case=case)
-    ctx.expect_close(out, expected, what="the output", case=case, mistakes=forward_mistakes, **tol)
+    expected, ref_leaves = _reference(q, k, v, causal)
+    _expect_output(ctx, out, expected, q, k, v, bs, causal, case, tol, nonfinite=False)
     g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel())
-    do64 = torch.randn(like.shape, generator=g, dtype=torch.float64)
-    do = do64.to(q.dtype)
-    grads = _flash_backward(ctx, cls, out, leaves, do, case)
+    do64 = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+    grads = _flash_backward(ctx, cls, out, leaves, do64.to(q.dtype), case)
     want = torch.autograd.grad(expected, ref_leaves, do64)
-    models: dict[int, tuple] = {}
-
-    def model(i: int, index: int):
-        if i not in models:
-            _, options = _flash_mistakes(q.shape[-1])[i]
-            models[i] = _flash_grads_model(q, k, v, do64, bs, causal, **options)
-        return models[i][index]
-
-    # dv first (it needs neither D nor the scale), then dq and dk.
+    model = functools.cache(
+        lambda i: _flash_grads_model(q, k, v, do64, bs, causal, **FLASH_BWD_MISTAKES[i][1])
+    )
     for index, name in ((2, "v"), (0, "q"), (1, "k")):
-        got, exp = grads[index], want[index]
         what = f"the gradient of {name} (d{name})"
-        ctx.expect_array(got, exp.to(q.dtype), what=what, case=case)
+        ctx.expect_array(grads[index], want[index].to(q.dtype), what=what, case=case)
         mistakes = [
-            Mistake.of(mid, model=lambda i=i, index=index: model(i, index))
-            for i, (mid, _) in enumerate(_flash_mistakes(q.shape[-1]))
+            Mistake.of(mid, model=lambda i=i, index=index: model(i)[index])
+            for i, (mid, _) in enumerate(FLASH_BWD_MISTAKES)
         ] + [  # another input's gradient in this place (same shapes here)
             Mistake.of("flash_bwd_gradient_order", model=lambda other=other: want[other])
             for other in range(3)
             if other != index
         ]
-        ctx.expect_close(got, exp, what=what, case=case, mistakes=mistakes, **tol)
-
-
-#: Tolerances of the gradients: float32 sums many products per gradient.
-_GRAD_TOL = {torch.float64: TOL[torch.float64], torch.float32: dict(rtol=1e-3, atol=1e-4)}
+        ctx.expect_close(grads[index], want[index], what=what, case=case, mistakes=mistakes, **tol)
 
 
 @exercise(
@@ -765,45 +765,19 @@ _GRAD_TOL = {torch.float64: TOL[torch.float64], torch.float32: dict(rtol=1e-3, a
         (flash_ref.FlashAttention.backward, "the reference attention_ref.FlashAttention"),
         (flash_ref.flash_attention, "the reference attention_ref.flash_attention"),
         (ref.online_softmax_attention, "the reference attention_ref.online_softmax_attention"),
-        (ref.naive_attention, "attention_ref.naive_attention (the full score matrix)"),
-        (sdpa, "attention_ref.sdpa (the full score matrix)"),
-        (sdpa_np, "attention_ref.sdpa_np"),
-        *BUILTIN_ATTENTION,
-        *[(fn, name) for fn, name in _SOFTMAXES if fn is not torch.logsumexp],
+        *_full_attention(),
     ],
     summary="FlashAttention as a torch.autograd.Function: tiled forward, recomputing backward",
 )
 def check_flash_attention(candidate, ctx: Context) -> None:
+    """Every case's output and gradients, then memory and skipping in both passes, then two
+    forward calls before the first backward pass."""
     cls = _function_class(ctx, candidate)
     g = ctx.torch_gen(114)
-    f32, f64 = torch.float32, torch.float64
-    cases = [
-        # label, q shape, k shape, d_v, block_size, causal, dtype
-        ("batch (2, 3), n=48, block_size=16", (2, 3, 48, 8), (2, 3, 48, 8), 8, 16, False, f64),
-        ("the same, causal", (2, 3, 48, 8), (2, 3, 48, 8), 8, 16, True, f64),
-        ("n_q=5, n_k=23, d_k=8, d_v=6, block_size=8", (1, 5, 8), (1, 23, 8), 6, 8, False, f64),
-        ("n_q=21, n_k=6, block_size=4", (2, 21, 4), (2, 6, 4), 5, 4, False, f64),
-        ("no batch dimension, n=30, block_size=7, causal", (30, 4), (30, 4), 4, 7, True, f64),
-        ("block_size=64 > n=10", (2, 10, 4), (2, 10, 4), 4, 64, False, f64),
-        ("block_size=1, n=9, causal", (1, 9, 4), (1, 9, 4), 3, 1, True, f64),
-        ("one token", (1, 1, 1, 4), (1, 1, 1, 4), 4, 4, False, f64),
-        ("one token, causal", (1, 1, 4), (1, 1, 4), 2, 4, True, f64),
-        ("float32, n=50, block_size=12, causal", (2, 50, 16), (2, 50, 16), 16, 12, True, f32),
-    ]
-    if ctx.thorough:
-        cases += [
-            ("n=100, block_size=32, causal", (2, 100, 8), (2, 100, 8), 8, 32, True, f64),
-            ("n_q=70, n_k=45, block_size=16", (3, 70, 8), (3, 45, 8), 5, 16, False, f64),
-            ("block_size=3, n=11, d_v=7, causal", (1, 2, 11, 4), (1, 2, 11, 4), 7, 3, True, f64),
-            ("float32, n=40, block_size=8", (4, 40, 8), (4, 40, 8), 8, 8, False, f32),
-        ]
-    for label, sq, sk, d_v, bs, causal, dtype in cases:
-        q, k, v = _attn_inputs(g, sq, sk, d_v, dtype)
-        _flash_case(ctx, cls, q, k, v, bs, causal, label, _GRAD_TOL[dtype])
-    for causal in (False, True):
-        q, k, v = _attn_inputs(g, (2, 24, 8), (2, 24, 8), 8, f32, scale=5.0)
-        label = "large scores (up to about 150), float32" + (", causal" if causal else "")
-        _flash_case(ctx, cls, q, k, v, 8, causal, label, dict(rtol=1e-3, atol=1e-4))
+    for q, k, v, bs, causal, label, tol in _attention_cases(
+        ctx, g, FLASH_CASES, FLASH_THOROUGH_CASES, GRAD_TOL
+    ):
+        _flash_case(ctx, cls, q, k, v, bs, causal, label, tol)
     _check_flash_memory_and_skipping(ctx, cls, g)
     _check_flash_two_calls(ctx, cls, g)
 
@@ -819,21 +793,20 @@ def _check_flash_two_calls(ctx: Context, cls: type, g) -> None:
     )
     calls = []
     for n, bs, causal in ((20, 8, False), (12, 4, True)):
-        q, k, v = _attn_inputs(g, (2, n, 4), (2, n, 4), 4, torch.float64)
+        q, k, v = _attn_inputs(g, (2, n, 4), (2, n, 4), 4, F64)
         leaves = _leaves(q, k, v)
         out = _flash_forward(ctx, cls, leaves, bs, causal, case)
         expect_tensor(ctx, out, "the output", case, like=q)
         calls.append((q, k, v, leaves, out))
     q, k, v, leaves, out = calls[0]
-    do = torch.randn(out.shape, generator=g, dtype=torch.float64)
-    ref_leaves = _leaves(q, k, v)
-    want = torch.autograd.grad(_expected_attention(*ref_leaves, False), ref_leaves, do)
+    do = torch.randn(out.shape, generator=g, dtype=F64)
+    want = _reference(q, k, v, False, do)[1]
     try:
         grads = _flash_backward(ctx, cls, out, leaves, do, case)
         for name, got, exp in zip("qkv", grads, want, strict=True):
             what = f"the gradient of {name}"
             ctx.expect_array(got, exp, what=what, case=case)
-            if not torch.allclose(got, exp, **TOL[torch.float64]):
+            if not torch.allclose(got, exp, **TOL[F64]):
                 ctx.fail(f"{what} is wrong.", case=case, mistake="wrong_values")
     except CheckFailure as err:
         # Every case before called forward and backward in turn and was right: what goes
@@ -852,118 +825,79 @@ def _check_flash_two_calls(ctx: Context, cls: type, g) -> None:
         )
 
 
-#: What a backward pass that uses the second call's state gives for the first call.
-_SECOND_CALL_SYMPTOMS = {
-    "wrong_values",
-    "wrong_shape",
-    "wrong_type",
-    "wrong_dtype",
-    "flash_bwd_gradient_order",
-    "flash_bwd_gradient_count",
-    "flash_bwd_no_gradient",
-    "nan_or_inf",
-}
+def _forward_keeping(ctx: Context, cls: type, leaves, bs: int, causal: bool, case: str):
+    """The learner's forward pass (checked to return a tensor of q's shape) and the bytes
+    it created that are still held besides the output, for the backward pass."""
+    with PeakMemory() as mem:
+        out = _flash_forward(ctx, cls, leaves, bs, causal, case)
+        expect_tensor(ctx, out, "the output", case, like=leaves[0])
+        return out, mem.current - out.untyped_storage().nbytes()
 
 
 def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
     """Nothing of n_q x n_k kept by the forward pass for the backward pass, no such tensor
     in either pass, future tiles skipped by the backward pass as by the forward, and the
-    backward pass's peak memory growing about linearly with n (n = 256, then 512)."""
-    n, bs, batch, d = 256, 64, 2, 8
-    full = batch * n * n * 4  # bytes of the float32 score matrices of the batch
-    q, k, v = _attn_inputs(g, (batch, n, d), (batch, n, d), d, torch.float32)
-    work, peak_backward, kept_by = {}, {}, {}
-    for causal in (False, True):
-        case = (
-            f"q, k, v ({batch}, {n}, {d}) float32, block_size={bs}, causal={causal} (watching "
-            "every tensor your code creates)"
-        )
+    memory kept by forward and the backward pass's peak growing about linearly with n (n =
+    256, then 512)."""
+    n, bs, d = WATCH_N, WATCH_BS, 8
+    full = 2 * n * n * 4  # bytes of the float32 score matrices of the batch
+    peak_backward, kept_by = {}, {}
+
+    def run(q, k, v, causal: bool, case: str) -> list[OpRecorder]:
         leaves = _leaves(q, k, v)
-        with OpRecorder() as rec_f, PeakMemory() as mem:
-            out = _flash_forward(ctx, cls, leaves, bs, causal, case)
-            expect_tensor(ctx, out, "the output", case, like=q)
-            kept = mem.current - out.untyped_storage().nbytes()
-        do = torch.randn(out.shape, generator=g, dtype=torch.float32)
+        with OpRecorder() as rec_f:
+            out, kept = _forward_keeping(ctx, cls, leaves, bs, causal, case)
+        do = torch.randn(out.shape, generator=g, dtype=F32)
         with OpRecorder() as rec_b, PeakMemory() as mem_b:
             grads = _flash_backward(ctx, cls, out, leaves, do, case)
         peak_backward[causal], kept_by[causal] = mem_b.peak, kept
-        ref_leaves = _leaves(q.double(), k.double(), v.double())
-        expected = _expected_attention(*ref_leaves, causal)
-        want = torch.autograd.grad(expected, ref_leaves, do.double())
-        loose = dict(rtol=1e-3, atol=1e-4)
-        ctx.expect_close(out, expected, what="the output", case=case, **loose)
+        expected, want = _reference(q, k, v, causal, do)
+        ctx.expect_close(out, expected, what="the output", case=case, **LARGE_TOL)
         for name, got, exp in zip("qkv", grads, want, strict=True):
             ctx.expect_array(got, exp.float(), what=f"the gradient of {name}", case=case)
-            ctx.expect_close(got, exp, what=f"the gradient of {name}", case=case, **loose)
+            ctx.expect_close(got, exp, what=f"the gradient of {name}", case=case, **LARGE_TOL)
         if kept >= full / 2:
             ctx.fail(
                 f"after your forward pass returned, {kept / 2**20:.1f} MiB created by it are "
-                f"still held for the backward pass besides the output; the {batch} score "
+                f"still held for the backward pass besides the output; the 2 score "
                 f"matrices of {n} x {n} floats take {full / 2**20:.1f} MiB. Keep only what is "
                 "linear in n.",
                 case=case,
                 mistake="flash_bwd_saves_weights",
             )
-        for rec, which in ((rec_f, "forward"), (rec_b, "backward")):
-            numel, shape, op = rec.largest()
-            if numel >= n * n:
-                ctx.fail(
-                    f"your {which} pass builds a tensor of shape {shape} ({numel} elements, "
-                    f"made by {op}); one sequence's score matrix has n_q * n_k = {n * n}.",
-                    case=case,
-                    mistake="flash_bwd_full_matrix",
-                )
-        work[causal] = (rec_f.work(), rec_b.work())
-    for index, which, mistake in (
-        (0, "forward", "flash_future_blocks_not_skipped"),
-        (1, "backward", "flash_bwd_future_tiles"),
-    ):
-        ratio = work[True][index] / max(work[False][index], 1)
-        if ratio > 0.72:
-            ctx.fail(
-                f"with causal=True your {which} pass does {ratio:.0%} of the work it does with "
-                f"causal=False; skipping the key blocks entirely in the future should bring it "
-                f"to about 60% here (n={n}, block_size={bs}: 10 of 16 tiles).",
-                case=f"q, k, v ({batch}, {n}, {d}) float32, block_size={bs}",
-                mistake=mistake,
-            )
+        return [rec_f, rec_b]
+
+    _watch(ctx, g, d, run, FLASH_WATCHED)
     # No tensor of n_q x n_k elements is not enough: the backward pass must not hold that
     # many numbers at once in pieces either (autograd's graph through recomputed tiles, a
     # list of tiles). Its peak grows about linearly (x1.1 to x2 when n doubles for correct
     # answers, float64 copies and all queries at once included: linear plus a constant never
     # more than doubles); in pieces, about x4; every tile's (bk, d) contributions kept in
     # lists, n^2 d / block_size numbers, x3. At most x2.5, as notebook 12 asserts at 2048.
-    n2 = 2 * n
-    q, k, v = _attn_inputs(g, (batch, n2, d), (batch, n2, d), d, torch.float32)
-    case = f"q, k, v ({batch}, {n2}, {d}) float32, block_size={bs}, causal=False"
-    leaves = _leaves(q, k, v)
-    with PeakMemory() as mem:
-        out = _flash_forward(ctx, cls, leaves, bs, False, case)
-        expect_tensor(ctx, out, "the output", case, like=q)
-        kept = mem.current - out.untyped_storage().nbytes()
     # The same for what forward keeps: something of every tile (a partial output per tile,
     # n^2 d / block_size numbers) stays under the limit above at n = 256 but grows x4.
-    kept_growth = kept / max(kept_by[False], 1)
-    if kept_growth > 2.5:
-        ctx.fail(
-            f"what your forward pass keeps for the backward pass grows {kept_growth:.1f} "
-            f"times when n doubles ({kept_by[False] / 2**10:.0f} KiB at n={n}, "
-            f"{kept / 2**10:.0f} KiB at n={n2}, block_size={bs}): it keeps something of every "
-            "tile. It should grow about linearly (at most 2.5 times).",
-            case=case,
-            mistake="flash_bwd_saves_weights",
-        )
-    do = torch.randn(out.shape, generator=g, dtype=torch.float32)
+    n2 = 2 * n
+    q, k, v = _attn_inputs(g, (2, n2, d), (2, n2, d), d, F32)
+    case = f"q, k, v (2, {n2}, {d}) float32, block_size={bs}, causal=False"
+
+    def expect_linear(what: str, before: float, after: float, why: str, mistake: str) -> None:
+        if after / max(before, 1) > 2.5:
+            ctx.fail(
+                f"{what} grows {after / max(before, 1):.1f} times when n doubles "
+                f"({before / 2**10:.0f} KiB at n={n}, {after / 2**10:.0f} KiB at n={n2}, "
+                f"block_size={bs}): it keeps something of every tile{why}. It should grow "
+                "about linearly (at most 2.5 times).",
+                case=case,
+                mistake=mistake,
+            )
+
+    leaves = _leaves(q, k, v)
+    out, kept = _forward_keeping(ctx, cls, leaves, bs, False, case)
+    what = "what your forward pass keeps for the backward pass"
+    expect_linear(what, kept_by[False], kept, "", "flash_bwd_saves_weights")
+    do = torch.randn(out.shape, generator=g, dtype=F32)
     with PeakMemory() as mem_b:
         _flash_backward(ctx, cls, out, leaves, do, case)
-    growth = mem_b.peak / max(peak_backward[False], 1)
-    if growth > 2.5:
-        ctx.fail(
-            f"the peak memory of your backward pass grows {growth:.1f} times when n doubles "
-            f"({peak_backward[False] / 2**10:.0f} KiB at n={n}, {mem_b.peak / 2**10:.0f} KiB "
-            f"at n={n2}, block_size={bs}): it keeps something of every tile at once, a "
-            "number of values that grows with n^2. It should grow about linearly (at most "
-            "2.5 times).",
-            case=case,
-            mistake="flash_bwd_quadratic_memory",
-        )
+    why = " at once, a number of values that grows with n^2"
+    what = "the peak memory of your backward pass"
+    expect_linear(what, peak_backward[False], mem_b.peak, why, "flash_bwd_quadratic_memory")
