@@ -60,8 +60,7 @@ def pe_model(n: int, d: int, variant: str = "correct", base: float = 10000.0) ->
     return out
 
 
-#: (id, the model's variant), tried in this order; "multiplied" angles grow huge (and so, in
-#: float32, chaotic): it is recognised where they are small (_matches_where_resolvable).
+#: (id, the model's variant), tried in this order ("multiplied": see _multiplied_matches).
 PE_MISTAKES = [
     ("pe_swapped", "swapped"),
     ("pe_half_exponent", "half_exponent"),
@@ -78,13 +77,16 @@ PE_THOROUGH_SIZES = [(512, 128), (3, 10), (1000, 8), (7, 256)]
 PE_ODD, PE_THOROUGH_ODD = [(4, 7)], [(3, 1), (2, 33)]
 
 
-def _matches_where_resolvable(model: np.ndarray, angles: np.ndarray, limit: float = 200.0):
-    """A predicate for mistakes whose angles grow huge: the learner's table must match
-    ``model`` wherever the mistaken angle is below ``limit`` (float32 still resolves it to
-    ~1e-5), on entries that differ from the correct table."""
+def _multiplied_matches(n: int, d: int, limit: float = 200.0):
+    """pe_multiplied's angles grow huge (and so, in float32, chaotic): a predicate that the
+    learner's table matches its model wherever the mistaken angle is below ``limit`` (float32
+    still resolves it to ~1e-5), on entries that differ from the correct table."""
+    model = pe_model(n, d, "multiplied")
+    angles = np.arange(n)[:, None] * _frequencies(d, 10000.0, "multiplied")[None, :]
+    resolved = np.repeat(np.abs(angles) <= limit, 2, axis=1)  # (n, d)
 
     def applies(got: np.ndarray, expected: np.ndarray) -> bool:
-        ok = np.broadcast_to(np.abs(angles) <= limit, got.shape)
+        ok = np.broadcast_to(resolved, got.shape)
         informative = ok & ~np.isclose(model, expected, atol=1e-3)
         return bool(informative.any()) and bool(
             np.allclose(got[ok], model[ok], rtol=1e-3, atol=1e-4)
@@ -107,16 +109,13 @@ def _is_half_layout(got: np.ndarray, expected: np.ndarray) -> bool:
 
 
 def _pe_mistakes(n: int, d: int) -> list[Mistake]:
-    def mistake(mistake_id: str, v: str) -> Mistake:
-        if v != "multiplied":
-            return Mistake.of(mistake_id, model=lambda: pe_model(n, d, v))
-        ang = np.repeat(np.arange(n)[:, None] * _frequencies(d, 10000.0, v)[None, :], 2, axis=1)
-        return Mistake.of(mistake_id, applies=_matches_where_resolvable(pe_model(n, d, v), ang))
-
-    # the last: a [sin | cos] table with any other frequencies
-    return [mistake(*row) for row in PE_MISTAKES] + [
-        Mistake.of("pe_sin_cos_half", applies=_is_half_layout)
-    ]
+    """The models of PE_MISTAKES, then a [sin | cos] table with any other frequencies."""
+    return [
+        Mistake.of(i, applies=_multiplied_matches(n, d))
+        if v == "multiplied"
+        else Mistake.of(i, model=lambda v=v: pe_model(n, d, v))
+        for i, v in PE_MISTAKES
+    ] + [Mistake.of("pe_sin_cos_half", applies=_is_half_layout)]
 
 
 def _raised(fn: Callable, *args):
@@ -286,11 +285,9 @@ def _check_relative(candidate, ctx: Context) -> None:
     """rope(q)[m] . rope(k)[n] must not change when m and n are shifted together."""
     rng, g = ctx.rng(51), ctx.torch_gen(51)
     d, n_pairs = 16 if ctx.thorough else 8, 12
-    q = torch.randn(d, generator=g, dtype=torch.float64)
-    k = torch.randn(d, generator=g, dtype=torch.float64)
+    q, k = (torch.randn(d, generator=g, dtype=torch.float64) for _ in "qk")
     Q, K = q.expand(n_pairs, d).clone(), k.expand(n_pairs, d).clone()  # (n_pairs, d)
-    m = torch.from_numpy(rng.integers(0, 20, size=n_pairs))
-    n = torch.from_numpy(rng.integers(0, 20, size=n_pairs))
+    m, n = (torch.from_numpy(rng.integers(0, 20, size=n_pairs)) for _ in "mn")
     case = (
         f"q and k {tuple(Q.shape)} float64 (the same q and k in every row), "
         f"query positions {m.tolist()}, key positions {n.tolist()}"

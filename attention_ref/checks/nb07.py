@@ -176,21 +176,17 @@ def _dec_forbidden():
     ]
 
 
-def _dec_setup(c: DecCase, gen: torch.Generator, dtype):
-    """The reference layer with seeded weights (in float64, as they are held in ``dtype``)
-    and the inputs ``y (B, T, D)`` and ``memory (B, S, D)`` in ``dtype``."""
+def _dec_build(cls, ctx, c: DecCase, gen: torch.Generator, dtype, case, dropout=None):
+    """``(r, y, memory, mod)``: the reference layer with seeded weights (in float64, as they
+    are held in ``dtype``), the inputs ``y (B, T, D)`` and ``memory (B, S, D)`` in ``dtype``,
+    and the learner's layer in ``dtype`` with the reference attention (notebook 04) and
+    feed-forward network (notebook 06) in place of the learner's, each with the learner's
+    dropout probability, and the weights of ``r``; in eval mode."""
     r = ref_dec.DecoderLayer(c.D, c.H, c.Fd, norm_first=bool(c.norm_first)).double()
     randomize_parameters(r, gen)
     r = r.to(dtype).double().eval()
     y = torch.randn(c.B, c.T, c.D, generator=gen, dtype=torch.float64).to(dtype)
     memory = torch.randn(c.B, c.S, c.D, generator=gen, dtype=torch.float64).to(dtype)
-    return r, y, memory
-
-
-def _dec_build(cls, ctx, c: DecCase, r, dtype, case, dropout=None) -> nn.Module:
-    """The learner's layer in ``dtype`` with the reference attention (notebook 04) and
-    feed-forward network (notebook 06) in place of the learner's, each with the learner's
-    dropout probability, and the weights of ``r``; in eval mode."""
     kwargs = {} if c.norm_first is None else {"norm_first": c.norm_first}
     if dropout is not None:
         kwargs["dropout"] = dropout
@@ -206,7 +202,7 @@ def _dec_build(cls, ctx, c: DecCase, r, dtype, case, dropout=None) -> nn.Module:
     y0, m0 = torch.zeros(1, 2, c.D, dtype=dtype), torch.zeros(1, 3, c.D, dtype=dtype)
     materialize_with(ctx, mod, lambda: ctx.call(mod, y0, m0, case=case), case)
     load_reference_weights(ctx, mod, r, DEC_SPECS, case)
-    return mod.eval()
+    return r, y, memory, mod.eval()
 
 
 def _dec_call(ctx, mod, y, memory, sm, mm, case):
@@ -247,16 +243,15 @@ DEC_OUT_HINT = (
 def _check_dec_case(cls, ctx: Context, c: DecCase, i: int, dtype) -> None:
     """One case: the cross-attention map's shape, then both maps and the output against
     the model, naming the mistake model that explains a difference."""
-    r, y, memory = _dec_setup(c, ctx.torch_gen(700 + i), dtype)
     sm, mm = c.masks()
     nfs = "" if c.norm_first is None else f", norm_first={c.norm_first}"
     case = (
-        f"{c.label}: DecoderLayer({c.D}, {c.H}, {c.Fd}{nfs}), y {tuple(y.shape)}, memory "
-        f"{tuple(memory.shape)} {dtype_name(dtype)}"
+        f"{c.label}: DecoderLayer({c.D}, {c.H}, {c.Fd}{nfs}), y {(c.B, c.T, c.D)}, memory "
+        f"{(c.B, c.S, c.D)} {dtype_name(dtype)}"
         + ("" if sm is None else f", self_mask {tuple(sm.shape)}")
         + ("" if mm is None else f", memory_mask {tuple(mm.shape)}")
     )
-    mod = _dec_build(cls, ctx, c, r, dtype, case)
+    r, y, memory, mod = _dec_build(cls, ctx, c, ctx.torch_gen(700 + i), dtype, case)
     out, w_self, w_cross = _dec_call(ctx, mod, y, memory, sm, mm, case)
     y64, m64, nf = y.double(), memory.double(), bool(c.norm_first)
     B, H, T, S = c.B, c.H, c.T, c.S
@@ -296,10 +291,9 @@ def _check_dec_causality(cls, ctx: Context) -> None:
     """With a causal self_mask, changing target positions >= t must not change out[:, :t]."""
     gen = ctx.torch_gen(790)
     c = DecCase("", 8, 2, 16, None, 2, 5, 4)
-    r, y, memory = _dec_setup(c, gen, torch.float64)
     causal = torch.ones(c.T, c.T, dtype=torch.bool).tril()
     case = "DecoderLayer(8, 2, 16), y (2, 5, 8) float64, causal self_mask (5, 5)"
-    mod = _dec_build(cls, ctx, c, r, torch.float64, case)
+    _, y, memory, mod = _dec_build(cls, ctx, c, gen, torch.float64, case)
     base = _dec_call(ctx, mod, y, memory, causal, None, case)[0]
     for t in range(1, c.T):
         changed = y.clone()
@@ -320,12 +314,11 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
     gen = ctx.torch_gen(795)
     for nf in (False, True):
         c = DecCase("", 8, 2, 16, nf, 2, 5, 6)
-        r, y, memory = _dec_setup(c, gen, torch.float64)
         case = (
             f"DecoderLayer(8, 2, 16, dropout=0.3, norm_first={nf}), y (2, 5, 8), "
             "memory (2, 6, 8) float64, no masks"
         )
-        mod = _dec_build(cls, ctx, c, r, torch.float64, case, dropout=0.3)
+        r, y, memory, mod = _dec_build(cls, ctx, c, gen, torch.float64, case, dropout=0.3)
         eval_out, *eval_weights = _dec_call(ctx, mod, y, memory, None, None, case)
         with torch.no_grad():
             e_out = decoder_model(r, y, memory, None, None, norm_first=nf)[0]
