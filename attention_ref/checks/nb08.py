@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,97 +32,21 @@ def _pad(seqs, pad_id: int, left: bool = False) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
-@exercise(
-    "make_batch",
-    forbidden=lambda: [(ref.make_batch, "the reference attention_ref.make_batch")],
-    summary="padded sources; tgt_in, tgt_out, tgt_mask for teacher forcing",
-)
-def check_make_batch(candidate, ctx: Context) -> None:
-    rng = ctx.rng(81)
-    cases = [
-        ("3 pairs of different lengths", [4, 2, 6], [3, 5, 1], 0),
-        ("pad_id=5", [3, 1, 2], [2, 4, 3], 5),
-        ("a batch of one", [5], [4], 0),
-        ("all the same length (no padding)", [3, 3], [2, 2], 0),
-        ("8 random pairs", list(rng.integers(1, 10, 8)), list(rng.integers(1, 12, 8)), 0),
-    ]
-    if ctx.thorough:
-        cases += [
-            ("one-word targets", [1, 2], [1, 1], 0),
-            (
-                "16 random pairs, pad_id=3",
-                list(rng.integers(1, 14, 16)),
-                list(rng.integers(1, 14, 16)),
-                3,
-            ),
-        ]
-    names = ("src", "tgt_in", "tgt_out", "tgt_mask")
-    for label, ls, lt, pad_id in cases:
-        src_seqs, tgt_seqs = _make_pairs(rng, ls, lt)
-        case = (
-            f"{label}: source lengths {list(map(int, ls))}, target lengths "
-            f"{[n + 2 for n in lt]} (with <bos>, <eos>), pad_id={pad_id}"
-        )
-        got = ctx.call(candidate, src_seqs, tgt_seqs, pad_id=pad_id, case=case)
-        got = ctx.expect_tuple(got, names, case=case)
-        expected = ref.make_batch(src_seqs, tgt_seqs, pad_id)
-        tgt = _pad(tgt_seqs, pad_id)
-        B, T = tgt.shape
-        for name, g, e in zip(names, got, expected, strict=True):
-            if not isinstance(g, torch.Tensor):
-                ctx.fail(
-                    f"{name} must be a torch.Tensor; got {type(g).__name__}.",
-                    case=case,
-                    mistake="wrong_type",
-                )
-            if name == "tgt_mask" and g.dtype != torch.bool:
-                ctx.fail(
-                    f"tgt_mask must be boolean (True = a real token); got dtype {g.dtype}.",
-                    case=case,
-                    mistake=named("mask_not_boolean", comparison="tgt_out != pad_id"),
-                )
-            if name != "tgt_mask" and g.dtype != torch.long:
-                ctx.fail(
-                    f"{name} must hold token ids as torch.long; got dtype {g.dtype}.",
-                    case=case,
-                    hint="build it with dtype=torch.long.",
-                    mistake="wrong_type",
-                )
-            if tuple(g.shape) != tuple(e.shape):
-                likely = ""
-                if name in ("tgt_in", "tgt_out") and tuple(g.shape) == (B, T):
-                    likely = named("target_not_shifted", name=name)
-                elif name == "tgt_mask" and tuple(g.shape) == (B, T):
-                    likely = named("tgt_mask_whole_target")
-                ctx.fail(
-                    f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}.",
-                    case=case,
-                    likely=likely,
-                    mistake="wrong_shape",
-                )
-
-        # Where tgt_out is padding, tgt_in may hold <eos> or padding: neither counts.
-        def counted(x, i, exp=expected):
-            return torch.where(exp[3], x, exp[1]) if i == 1 else x
-
-        models = {m: batch_model(src_seqs, tgt_seqs, pad_id, m) for m in BATCH_MISTAKES}
-        for i, name in enumerate(names):
-            mistakes = [
-                Mistake.of(m, model=lambda out=out, i=i: counted(out[i], i))
-                for m, out in models.items()
-            ]
-            ctx.expect_close(
-                counted(got[i], i),
-                expected[i],
-                what=name,
-                case=case,
-                rtol=0,
-                atol=0,
-                mistakes=mistakes,
-            )
-
-
-#: make_batch's mistake models, tried in this order on each of the four outputs.
+#: label, source lengths, target lengths (without <bos>, <eos>), pad_id; a length given as
+#: (low, high, n) is n lengths drawn at random, all of them before the first case is drawn.
+BATCH_CASES = [
+    ("3 pairs of different lengths", [4, 2, 6], [3, 5, 1], 0),
+    ("pad_id=5", [3, 1, 2], [2, 4, 3], 5),
+    ("a batch of one", [5], [4], 0),
+    ("all the same length (no padding)", [3, 3], [2, 2], 0),
+    ("8 random pairs", (1, 10, 8), (1, 12, 8), 0),
+]
+BATCH_THOROUGH_CASES = [
+    ("one-word targets", [1, 2], [1, 1], 0),
+    ("16 random pairs, pad_id=3", (1, 14, 16), (1, 14, 16), 3),
+]
+BATCH_OUTPUTS = ("src", "tgt_in", "tgt_out", "tgt_mask")
+#: make_batch's mistake models (the modes of batch_model), tried in this order on each output.
 BATCH_MISTAKES = [
     "tgt_in_out_swapped",
     "tgt_mask_inverted",
@@ -152,37 +75,139 @@ def batch_model(src_seqs, tgt_seqs, pad_id: int, mode: str = "correct") -> tuple
     return src, tgt_in, tgt_out, mask
 
 
+def _expect_batch_output(ctx: Context, name: str, g, e, B: int, T: int, case: str) -> None:
+    """One of make_batch's outputs: a tensor of token ids (a boolean tgt_mask) of ``e``'s
+    shape; a (B, T) one names the mistake of not shifting the target."""
+    if not isinstance(g, torch.Tensor):
+        ctx.fail(
+            f"{name} must be a torch.Tensor; got {type(g).__name__}.",
+            case=case,
+            mistake="wrong_type",
+        )
+    if name == "tgt_mask" and g.dtype != torch.bool:
+        ctx.fail(
+            f"tgt_mask must be boolean (True = a real token); got dtype {g.dtype}.",
+            case=case,
+            mistake=named("mask_not_boolean", comparison="tgt_out != pad_id"),
+        )
+    if name != "tgt_mask" and g.dtype != torch.long:
+        ctx.fail(
+            f"{name} must hold token ids as torch.long; got dtype {g.dtype}.",
+            case=case,
+            hint="build it with dtype=torch.long.",
+            mistake="wrong_type",
+        )
+    if tuple(g.shape) != tuple(e.shape):
+        likely = ""
+        if name in ("tgt_in", "tgt_out") and tuple(g.shape) == (B, T):
+            likely = named("target_not_shifted", name=name)
+        elif name == "tgt_mask" and tuple(g.shape) == (B, T):
+            likely = named("tgt_mask_whole_target")
+        ctx.fail(
+            f"{name} has shape {tuple(g.shape)}, expected {tuple(e.shape)}.",
+            case=case,
+            likely=likely,
+            mistake="wrong_shape",
+        )
+
+
+@exercise(
+    "make_batch",
+    forbidden=lambda: [(ref.make_batch, "the reference attention_ref.make_batch")],
+    summary="padded sources; tgt_in, tgt_out, tgt_mask for teacher forcing",
+)
+def check_make_batch(candidate, ctx: Context) -> None:
+    """The four outputs' types, dtypes and shapes, then their values exactly (tgt_in only
+    where tgt_out is a real token: where it is padding, <eos> or padding are both right)."""
+    rng = ctx.rng(81)
+
+    def lengths(spec):
+        return list(rng.integers(*spec)) if isinstance(spec, tuple) else spec
+
+    rows = BATCH_CASES + (BATCH_THOROUGH_CASES if ctx.thorough else [])
+    for label, ls, lt, pad_id in [(lb, lengths(s), lengths(t), p) for lb, s, t, p in rows]:
+        src_seqs, tgt_seqs = _make_pairs(rng, ls, lt)
+        case = (
+            f"{label}: source lengths {list(map(int, ls))}, target lengths "
+            f"{[n + 2 for n in lt]} (with <bos>, <eos>), pad_id={pad_id}"
+        )
+        got = ctx.call(candidate, src_seqs, tgt_seqs, pad_id=pad_id, case=case)
+        got = ctx.expect_tuple(got, BATCH_OUTPUTS, case=case)
+        expected = ref.make_batch(src_seqs, tgt_seqs, pad_id)
+        B, T = _pad(tgt_seqs, pad_id).shape
+        for name, g, e in zip(BATCH_OUTPUTS, got, expected, strict=True):
+            _expect_batch_output(ctx, name, g, e, B, T, case)
+
+        def counted(x, i, exp=expected):
+            return torch.where(exp[3], x, exp[1]) if i == 1 else x
+
+        models = {m: batch_model(src_seqs, tgt_seqs, pad_id, m) for m in BATCH_MISTAKES}
+        for i, name in enumerate(BATCH_OUTPUTS):
+            mistakes = [
+                Mistake.of(m, model=lambda out=out, i=i: counted(out[i], i))
+                for m, out in models.items()
+            ]
+            g, e = counted(got[i], i), expected[i]
+            ctx.expect_close(g, e, what=name, case=case, rtol=0, atol=0, mistakes=mistakes)
+
+
 # ----------------------------------------------------------------------------- the loss
-def _mce_models(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor):
-    # The learner's code sees the targets as given; the models read them where they are
-    # valid ids (masked targets outside the vocabulary make a gather-based mistake raise,
-    # which :func:`_index_mistake` names instead).
-    V = logits.shape[-1]
-    valid = (targets >= 0) & (targets < V)
-    safe = torch.where(valid, targets, torch.zeros_like(targets))
-    lp = torch.log_softmax(logits.double(), -1)
-    nll = -lp.gather(-1, safe[..., None]).squeeze(-1)  # (B, T)
+#: The loss's mistake models, tried in this order: id, the per-token value the mistaken code
+#: averages (the target's -log p, its -logit or its -p), how it reduces them (m: the mask as
+#: 0/1, (B, T)).
+LOSS_MISTAKES = [
+    ("loss_padding_averaged", "log_p", lambda t, m: t.mean()),
+    ("loss_per_padded_length", "log_p", lambda t, m: (t * m).sum() / m.numel()),
+    ("loss_per_batch", "log_p", lambda t, m: (t * m).sum() / m.shape[0]),
+    ("loss_summed", "log_p", lambda t, m: (t * m).sum()),
+    (
+        "loss_per_sentence",
+        "log_p",
+        lambda t, m: ((t * m).sum(1) / m.sum(1).clamp(min=1))[m.sum(1) > 0].mean(),
+    ),
+    ("loss_mask_inverted", "log_p", lambda t, m: (t * (1 - m)).sum() / (1 - m).sum().clamp(min=1)),
+    ("loss_no_log_softmax", "logit", lambda t, m: (t * m).sum() / m.sum()),
+    ("loss_probabilities", "p", lambda t, m: (t * m).sum() / m.sum()),
+]
+
+
+def _per_token(logits: torch.Tensor, targets: torch.Tensor, kind: str) -> torch.Tensor:
+    """Minus the target's log-probability, logit or probability (``kind``), (B, T), in
+    float64. The learner's code sees the targets as given; the models read them where they
+    are valid ids (masked targets outside the vocabulary make a gather-based mistake raise,
+    which the check names masked_targets_as_indices instead)."""
+    z = logits.double()
+    z = {"log_p": torch.log_softmax(z, -1), "logit": z, "p": torch.softmax(z, -1)}[kind]
+    safe = torch.where((targets >= 0) & (targets < z.shape[-1]), targets, 0)
+    return -z.gather(-1, safe[..., None]).squeeze(-1)
+
+
+def _loss_mistakes(logits, targets, mask) -> list[Mistake]:
     m = mask.double()
-    raw = -logits.double().gather(-1, safe[..., None]).squeeze(-1)
-    prob = -torch.softmax(logits.double(), -1).gather(-1, safe[..., None]).squeeze(-1)
-    per_row = (nll * m).sum(1) / m.sum(1).clamp(min=1)
-    rows = m.sum(1) > 0
     return [
-        Mistake.of("loss_padding_averaged", model=lambda: nll.mean()),
-        Mistake.of("loss_per_padded_length", model=lambda: (nll * m).sum() / m.numel()),
-        Mistake.of("loss_per_batch", model=lambda: (nll * m).sum() / m.shape[0]),
-        Mistake.of("loss_summed", model=lambda: (nll * m).sum()),
-        Mistake.of("loss_per_sentence", model=lambda: per_row[rows].mean()),
-        Mistake.of(
-            "loss_mask_inverted", model=lambda: (nll * (1 - m)).sum() / (1 - m).sum().clamp(min=1)
-        ),
-        Mistake.of("loss_no_log_softmax", model=lambda: (raw * m).sum() / m.sum()),
-        Mistake.of("loss_probabilities", model=lambda: (prob * m).sum() / m.sum()),
+        Mistake.of(i, model=lambda kind=kind, f=f: f(_per_token(logits, targets, kind), m))
+        for i, kind, f in LOSS_MISTAKES
     ]
 
 
 _INDEX_MISTAKE = named("masked_targets_as_indices")
 CE_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-9, atol=1e-12)}
+#: label, logits' shape (B, T, V), the mask (the lengths of right-padded rows; "scattered": a
+#: random mask (3, 7), True in its first column, cut to (B, T); "random": 8 random lengths),
+#: the logits' scale, the targets at the masked positions: random ids ("ids", so that a wrong
+#: average is named by its value), or -100 and ids outside the vocabulary ("wild"), which a
+#: correct loss never uses as indices.
+LOSS_CASES = [
+    ("logits (3, 5, 7), right padding", (3, 5, 7), [5, 2, 3], 2.0, "ids"),
+    ("logits (1, 1, 4), one token", (1, 1, 4), [1], 2.0, "ids"),
+    ("logits (2, 6, 9), a fully padded row", (2, 6, 9), [4, 0], 2.0, "ids"),
+    ("logits (3, 7, 5), scattered mask", (3, 7, 5), "scattered", 2.0, "ids"),
+    ("logits (4, 5, 11), no padding", (4, 5, 11), [5, 5, 5, 5], 2.0, "ids"),
+    ("large logits (scale 200)", (3, 6, 8), [6, 3, 1], 200.0, "ids"),
+    ("logits (3, 6, 7), right padding", (3, 6, 7), [6, 2, 4], 2.0, "wild"),
+    ("logits (2, 5, 6), scattered mask", (2, 5, 6), "scattered", 2.0, "wild"),
+]
+LOSS_THOROUGH_CASES = [("logits (8, 12, 30), random lengths", (8, 12, 30), "random", 3.0, "wild")]
 
 
 def _masked_targets(rng: np.random.Generator, targets: torch.Tensor, mask, V: int, kind: str):
@@ -204,39 +229,29 @@ def _masked_targets(rng: np.random.Generator, targets: torch.Tensor, mask, V: in
     summary="mean token cross-entropy over the real positions",
 )
 def check_masked_cross_entropy(candidate, ctx: Context) -> None:
+    """In float32 and float64, with garbage logits at the padding: a scalar tensor that
+    carries a gradient, its value, then its gradient."""
     rng = ctx.rng(82)
     g = ctx.torch_gen(82)
-
-    def right_padded(lengths, T):
-        return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
-
     scattered = torch.from_numpy(rng.random((3, 7)) < 0.6)
     scattered[:, 0] = True
-    # Targets at masked positions are arbitrary, as the spec says: random ids in the first
-    # cases (so a wrong average is named by its value), then -100 and ids outside the
-    # vocabulary ("wild"), which a correct loss never uses as indices.
-    cases = [
-        ("logits (3, 5, 7), right padding", (3, 5, 7), right_padded([5, 2, 3], 5), 2.0, "ids"),
-        ("logits (1, 1, 4), one token", (1, 1, 4), right_padded([1], 1), 2.0, "ids"),
-        ("logits (2, 6, 9), a fully padded row", (2, 6, 9), right_padded([4, 0], 6), 2.0, "ids"),
-        ("logits (3, 7, 5), scattered mask", (3, 7, 5), scattered, 2.0, "ids"),
-        ("logits (4, 5, 11), no padding", (4, 5, 11), right_padded([5, 5, 5, 5], 5), 2.0, "ids"),
-        ("large logits (scale 200)", (3, 6, 8), right_padded([6, 3, 1], 6), 200.0, "ids"),
-        ("logits (3, 6, 7), right padding", (3, 6, 7), right_padded([6, 2, 4], 6), 2.0, "wild"),
-        ("logits (2, 5, 6), scattered mask", (2, 5, 6), scattered[:2, :5], 2.0, "wild"),
-    ]
-    if ctx.thorough:
-        mask = right_padded(list(rng.integers(1, 13, 8)), 12)
-        cases += [("logits (8, 12, 30), random lengths", (8, 12, 30), mask, 3.0, "wild")]
-    for label, shape, mask, scale, kind in cases:
+
+    def mask_of(spec, B: int, T: int) -> torch.Tensor:
+        if spec == "scattered":
+            return scattered[:B, :T]
+        lengths = list(rng.integers(1, 13, 8)) if spec == "random" else spec
+        return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+
+    rows = LOSS_CASES + (LOSS_THOROUGH_CASES if ctx.thorough else [])
+    masks = [mask_of(spec, *shape[:2]) for _, shape, spec, _, _ in rows]
+    for (label, shape, _, scale, kind), mask in zip(rows, masks, strict=True):
         B, T, V = shape
         base = scale * torch.randn(shape, generator=g, dtype=torch.float64)
         targets = torch.randint(0, V, (B, T), generator=g)
         targets = _masked_targets(rng, targets, mask, V, kind)
         # Garbage at the padding: a correct loss does not see it.
-        base = torch.where(
-            mask[..., None], base, 50 * torch.randn(shape, generator=g, dtype=torch.float64)
-        )
+        garbage = 50 * torch.randn(shape, generator=g, dtype=torch.float64)
+        base = torch.where(mask[..., None], base, garbage)
         for dtype in (torch.float32, torch.float64):
             logits = base.to(dtype)
             case = f"{label}; {dtype_name(dtype)}; mask {mask.int().tolist()}"
@@ -249,11 +264,10 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
             try:
                 loss, leaf = ctx.call(run, logits, targets, mask, case=case)
             except CheckFailure as err:
+                # An indexing error on "wild" targets: masked targets used as indices.
                 text = str(err)
-                indexing = (
-                    "out of bounds" in text or "out of range" in text or "index" in text.lower()
-                )
-                if kind == "wild" and "raised" in text and indexing:
+                indexing = "out of bounds" in text or "out of range" in text
+                if kind == "wild" and "raised" in text and (indexing or "index" in text.lower()):
                     ctx.fail(
                         text.split("\n  Input: ")[0].removeprefix("masked_cross_entropy: "),
                         case=case,
@@ -280,7 +294,6 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                     case=case,
                     mistake="loss_left_autograd",
                 )
-            tol = CE_TOL[dtype]
             if not torch.isfinite(loss.detach()).all():
                 ctx.fail(f"the loss is {float(loss)}.", case=case, mistake="loss_log_underflow")
             ref_logits = logits.double().requires_grad_(True)
@@ -291,8 +304,8 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 expected.detach(),
                 what="the loss value",
                 case=case,
-                **tol,
-                mistakes=_mce_models(logits, targets, mask),
+                mistakes=_loss_mistakes(logits, targets, mask),
+                **CE_TOL[dtype],
             )
             loss.backward()
             expected.backward()
@@ -303,9 +316,9 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 ref_logits.grad,
                 what="the gradient of the loss",
                 case=case,
-                **tol,
                 hint="the padding must get zero gradient and each real token 1 / mask.sum() "
                 "of its cross-entropy gradient.",
+                **CE_TOL[dtype],
             )
 
 
@@ -357,47 +370,38 @@ class TableLM:
         return torch.tensor(np.array(rows).reshape(len(rows), self.V), dtype=torch.float64)
 
 
-def _variant(
-    step_fn,
-    bos,
-    eos,
-    k,
-    max_len,
-    *,
-    accumulate=True,
-    use_prob=False,
-    greedy=False,
-    refill=False,
-    norm=False,
-    first_finished=False,
-    past_eos=False,
-    drop_eos_score=False,
-):
-    """Beam search with one deliberate deviation from the exercise's rule (to name a
-    learner's mistake). With every flag off it is the rule itself."""
-    k = 1 if greedy else k
+#: beam_search's mistake models (the modes of beam_model), tried in this order.
+BEAM_MISTAKES = [
+    "beam_greedy",
+    "beam_last_only",
+    "beam_probabilities",
+    "beam_first_finished",
+    "beam_length_normalised",
+    "beam_past_eos",
+    "beam_eos_not_scored",
+]
+
+
+def beam_model(step_fn, bos, eos, k, max_len, mode: str = "correct") -> tuple[list[int], float]:
+    """Beam search by the exercise's rule, or as the code with the mistake ``mode`` (an id of
+    BEAM_MISTAKES) runs it: the best finished hypothesis (without <bos>, <eos>), its score."""
+    k = 1 if mode == "beam_greedy" else k
+    past_eos = mode == "beam_past_eos"
     alive: list[tuple[list[int], float]] = [([bos], 0.0)]
     finished: list[tuple[list[int], float]] = []
     for _ in range(max_len):
-        lp = step_fn(torch.tensor([a for a, _ in alive]))  # (n, V)
-        lp = lp.double()
+        lp = step_fn(torch.tensor([a for a, _ in alive])).double()  # (n, V)
         cands = []
         for (seq, s), row in zip(alive, lp.tolist(), strict=True):
             for tok, v in enumerate(row):
-                inc = math.exp(v) if use_prob else v
-                score = s + inc if accumulate else inc
-                cands.append((seq + [tok], score, s))
+                inc = math.exp(v) if mode == "beam_probabilities" else v
+                cands.append((seq + [tok], inc if mode == "beam_last_only" else s + inc, s))
         cands.sort(key=lambda c: -c[1])
-        if refill:
-            keep = [c for c in cands if c[0][-1] != eos][:k]
-            done = [c for c in cands[:k] if c[0][-1] == eos]
-        else:
-            top = cands[:k]
-            keep = [c for c in top if c[0][-1] != eos or past_eos]
-            done = [c for c in top if c[0][-1] == eos and not past_eos]
-        for seq, score, prev in done:
-            finished.append((seq[1:-1], prev if drop_eos_score else score))
-        if first_finished and finished:
+        keep = [c for c in cands[:k] if c[0][-1] != eos or past_eos]
+        done = [c for c in cands[:k] if c[0][-1] == eos and not past_eos]
+        scored = mode != "beam_eos_not_scored"
+        finished += [(seq[1:-1], score if scored else prev) for seq, score, prev in done]
+        if mode == "beam_first_finished" and finished:
             break
         alive = [(seq, score) for seq, score, _ in keep]
         if not alive:
@@ -406,22 +410,12 @@ def _variant(
         finished += [(seq[1:], s) for seq, s in alive]
     if not finished:
         finished = [(seq[1:], s) for seq, s in alive]
-    if norm:
+    if mode == "beam_length_normalised":
         return max(finished, key=lambda f: f[1] / (len(f[0]) + 1))
-    if first_finished:
+    if mode == "beam_first_finished":
         return finished[0]
     return max(finished, key=lambda f: f[1])
 
-
-BEAM_MISTAKES: list[tuple[str, dict]] = [
-    ("beam_greedy", dict(greedy=True)),
-    ("beam_last_only", dict(accumulate=False)),
-    ("beam_probabilities", dict(use_prob=True)),
-    ("beam_first_finished", dict(first_finished=True)),
-    ("beam_length_normalised", dict(norm=True)),
-    ("beam_past_eos", dict(past_eos=True)),
-    ("beam_eos_not_scored", dict(drop_eos_score=True)),
-]
 
 # A table where greedy decoding loses: "a" looks best first, but "b <eos>" is likelier
 # than anything after "a". Ids: 0 pad, 1 bos, 2 eos, 3 "a", 4 "b".
@@ -443,6 +437,37 @@ LATE_WINNER = {
     (4, 5): {2: 1.0},
     (6,): {2: 0.95, 5: 0.05},
 }
+#: label, V, bos_id, eos_id, beam_size, max_len, and the TableLM: its seed (added to the
+#: check's) and options.
+BEAM_CASES = [
+    ("a table where greedy decoding loses, beam_size=2", 5, 1, 2, 2, 6, 0, dict(table=GREEDY_TRAP)),
+    (
+        "a table where the first hypothesis to finish is not the best, beam_size=3",
+        *(7, 1, 2, 3, 6, 0, dict(table=LATE_WINNER)),
+    ),
+    ("random table, V=6, beam_size=3", 6, 1, 2, 3, 8, 1, {}),
+    ("random table, V=7, beam_size=1", 7, 1, 2, 1, 8, 2, {}),
+    ("random table, V=8, beam_size=4, bos_id=5, eos_id=0", 8, 5, 0, 4, 8, 3, {}),
+    (
+        "random table, V=6, beam_size=3, max_len=3 (hypotheses left unfinished)",
+        *(6, 1, 2, 3, 3, 4, dict(eos_push=-1.0)),
+    ),
+    ("random table, V=9, beam_size=5, flat distributions", 9, 1, 2, 5, 8, 5, dict(temp=0.6)),
+]
+#: More random tables, V=10: the first two in every run, all four when thorough.
+BEAM_RANDOM_CASES = [
+    (
+        f"random table #{i}, V=10, beam_size={2 + i}",
+        10,
+        1,
+        2,
+        2 + i,
+        10,
+        10 + i,
+        dict(temp=1 + 0.3 * i),
+    )
+    for i in range(4)
+]
 
 
 def _as_tokens(x) -> list[int] | None:
@@ -465,45 +490,15 @@ def _as_tokens(x) -> list[int] | None:
     summary="the best finished hypothesis and its summed log-probability",
 )
 def check_beam_search(candidate, ctx: Context) -> None:
-    s = ctx.seed
-    cases: list[tuple[str, Callable[[], TableLM], int, int, int, int]] = [
-        (
-            "a table where greedy decoding loses, beam_size=2",
-            lambda: TableLM(5, 1, 2, s, table=GREEDY_TRAP),
-            *(1, 2, 2, 6),
-        ),
-        (
-            "a table where the first hypothesis to finish is not the best, beam_size=3",
-            lambda: TableLM(7, 1, 2, s, table=LATE_WINNER),
-            *(1, 2, 3, 6),
-        ),
-        ("random table, V=6, beam_size=3", lambda: TableLM(6, 1, 2, s + 1), 1, 2, 3, 8),
-        ("random table, V=7, beam_size=1", lambda: TableLM(7, 1, 2, s + 2), 1, 2, 1, 8),
-        (
-            "random table, V=8, beam_size=4, bos_id=5, eos_id=0",
-            lambda: TableLM(8, 5, 0, s + 3),
-            *(5, 0, 4, 8),
-        ),
-        (
-            "random table, V=6, beam_size=3, max_len=3 (hypotheses left unfinished)",
-            lambda: TableLM(6, 1, 2, s + 4, eos_push=-1.0),
-            *(1, 2, 3, 3),
-        ),
-        (
-            "random table, V=9, beam_size=5, flat distributions",
-            lambda: TableLM(9, 1, 2, s + 5, temp=0.6),
-            *(1, 2, 5, 8),
-        ),
-    ]
-    for i in range(4 if ctx.thorough else 2):
-        cases.append(
-            (
-                f"random table #{i}, V=10, beam_size={2 + i}",
-                lambda i=i: TableLM(10, 1, 2, s + 10 + i, temp=1.0 + 0.3 * i),
-                *(1, 2, 2 + i, 10),
-            )
-        )
-    for label, make, bos, eos, k, max_len in cases:
+    """The best finished hypothesis and its score on hand-made tables (where greedy decoding
+    loses, where the first to finish is not the best) and seeded random ones; a wrong answer
+    is named by the mistake model that gives the same tokens and score."""
+    cases = BEAM_CASES + BEAM_RANDOM_CASES[: 4 if ctx.thorough else 2]
+    for label, V, bos, eos, k, max_len, seed, options in cases:
+
+        def make() -> TableLM:
+            return TableLM(V, bos, eos, ctx.seed + seed, **options)
+
         case = f"{label}; bos_id={bos}, eos_id={eos}, beam_size={k}, max_len={max_len}"
         got = ctx.call(candidate, make(), bos, eos, beam_size=k, max_len=max_len, case=case)
         got = ctx.expect_tuple(got, ("tokens", "score"), case=case)
@@ -533,21 +528,25 @@ def check_beam_search(candidate, ctx: Context) -> None:
             ctx.fail(
                 "the returned tokens end with <eos>.", case=case, mistake="output_includes_eos"
             )
-        likely = hint = ""
-        for mistake_id, flags in BEAM_MISTAKES:
-            try:
-                m_tokens, m_score = _variant(make(), bos, eos, k, max_len, **flags)
-            except Exception:
-                continue
-            if m_tokens == tokens and math.isclose(m_score, score, rel_tol=1e-6, abs_tol=1e-9):
-                likely = named(mistake_id)
-                hint = likely.hint
-                break
+        likely = _named_beam_mistake(make, (bos, eos, k, max_len), tokens, score)
         what = "tokens" if tokens != exp_tokens else "score"
         ctx.fail(
             f"the {what} are wrong: expected tokens {exp_tokens} with score {exp_score:.6f}, "
             f"got {tokens} with score {score:.6f}.",
             case=case,
             likely=likely,
-            hint=hint or "follow the rule step by step on the greedy-trap table by hand.",
+            hint=getattr(likely, "hint", "")
+            or "follow the rule step by step on the greedy-trap table by hand.",
         )
+
+
+def _named_beam_mistake(make, args: tuple, tokens: list[int], score: float):
+    """The first mistake model that returns these tokens and this score ("": none)."""
+    for mistake_id in BEAM_MISTAKES:
+        try:
+            m_tokens, m_score = beam_model(make(), *args, mode=mistake_id)
+        except Exception:
+            continue
+        if m_tokens == tokens and math.isclose(m_score, score, rel_tol=1e-6, abs_tol=1e-9):
+            return named(mistake_id)
+    return ""
