@@ -8,12 +8,14 @@ and the logits are drawn so that the best start often lies after the best end.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from ..apps import qa as ref
 from ._core import Context, Mistake, exercise
-from .toolkit import dtype_name
+from .toolkit import MODEL_TOL, dtype_name, expect_tensor
 
 NEG = float("-inf")
 
@@ -59,41 +61,41 @@ def _ok(mask, max_len=None, *, triangle=True, strict=False, use_mask=True):
 
 
 # ----------------------------------------------------------------------------- best_span
+#: label, the mask ((B, T): contexts after a question; "one token": a batch of one with a
+#: one-token context; "scattered": a random (3, 10) mask), max_len.
+SPAN_CASES = [
+    ("B=4, T=12, contexts after a question", (4, 12), None),
+    ("batch of one, a one-token context", "one token", None),
+    ("B=5, T=16, max_len=3", (5, 16), 3),
+    ("B=3, T=10, a scattered mask", "scattered", None),
+    ("B=3, T=9, max_len=1 (one-token answers only)", (3, 9), 1),
+]
+SPAN_THOROUGH_CASES = [("B=8, T=40", (8, 40), None), ("B=6, T=25, max_len=4", (6, 25), 4)]
+
+
 def _best_span_cases(ctx: Context):
+    """``(label, start_logits, end_logits, mask, max_len)``: the table's cases, float32 and
+    float64 in turn, the best end before the best start in most rows; then logits exactly
+    -inf outside the context (what SpanScorer gives)."""
     rng, g = ctx.rng(91), ctx.torch_gen(91)
-    cases = []
-    # (label, start_logits, end_logits, mask, max_len)
-    m = _context_masks(rng, 4, 12)
-    cases.append(("B=4, T=12, contexts after a question", m, None))
-    m1 = torch.zeros(1, 6, dtype=torch.bool)
-    m1[0, 3] = True
-    cases.append(("batch of one, a one-token context", m1, None))
-    m = _context_masks(rng, 5, 16)
-    cases.append(("B=5, T=16, max_len=3", m, 3))
-    m = torch.from_numpy(rng.random((3, 10)) < 0.5)
-    m[:, 0] = True
-    cases.append(("B=3, T=10, a scattered mask", m, None))
-    m = _context_masks(rng, 3, 9)
-    cases.append(("B=3, T=9, max_len=1 (one-token answers only)", m, 1))
-    if ctx.thorough:
-        cases.append(("B=8, T=40", _context_masks(rng, 8, 40), None))
-        cases.append(("B=6, T=25, max_len=4", _context_masks(rng, 6, 25), 4))
-    out = []
-    for i, (label, mask, max_len) in enumerate(cases):
+    cases = SPAN_CASES + (SPAN_THOROUGH_CASES if ctx.thorough else [])
+    for i, (label, kind, max_len) in enumerate(cases):
+        if kind == "one token":
+            mask = torch.zeros(1, 6, dtype=torch.bool)
+            mask[0, 3] = True
+        elif kind == "scattered":
+            mask = torch.from_numpy(rng.random((3, 10)) < 0.5)
+            mask[:, 0] = True
+        else:
+            mask = _context_masks(rng, *kind)
         dtype = torch.float64 if i % 2 else torch.float32
-        s = _logits(g, mask, dtype)
-        e = _logits(g, mask, dtype)
-        # Make the unconstrained best end come before the best start in most rows.
-        T = mask.shape[1]
-        ramp = torch.linspace(2.0, -2.0, T, dtype=torch.float64).to(dtype)
-        s, e = s - ramp, e + ramp
-        out.append((f"{label}, {dtype_name(dtype)}", s, e, mask, max_len))
-    # Logits exactly -inf outside the context (what SpanScorer gives).
+        ramp = torch.linspace(2.0, -2.0, mask.shape[1], dtype=torch.float64).to(dtype)
+        s, e = _logits(g, mask, dtype) - ramp, _logits(g, mask, dtype) + ramp
+        yield f"{label}, {dtype_name(dtype)}", s, e, mask, max_len
     mask = _context_masks(rng, 4, 11)
     s = torch.randn(4, 11, generator=g).masked_fill(~mask, NEG)
     e = torch.randn(4, 11, generator=g).masked_fill(~mask, NEG)
-    out.append(("B=4, T=11, logits -inf outside the context", s, e, mask, None))
-    return out
+    yield "B=4, T=11, logits -inf outside the context", s, e, mask, None
 
 
 def _span_model(s, e, mask, max_len, *, mode="correct"):
@@ -120,24 +122,49 @@ SPAN_MISTAKES = [
 ]
 
 
+def _outside(gs, ge, mask, _) -> torch.Tensor:
+    T = mask.shape[1]
+    return (gs < 0) | (gs >= T) | (ge < 0) | (ge >= T)
+
+
+def _not_in_mask(gs, ge, mask, _) -> torch.Tensor:
+    rows = torch.arange(len(gs))
+    return ~(mask[rows, gs] & mask[rows, ge])
+
+
+#: The properties of the spans (starts gs, ends ge), in order: the rows that break one
+#: (``bad_rows(gs, ge, mask, max_len)``), and what the feedback says of the first.
+SPAN_PROPERTIES = [
+    (_outside, "a position is outside 0 .. T-1."),
+    (lambda gs, ge, *_: ge < gs, "row {b}: the end ({e}) comes before the start ({s})."),
+    (
+        _not_in_mask,
+        "row {b}: the span ({s}, {e}) uses a position where the mask is False (outside the "
+        "context).",
+    ),
+    (
+        lambda gs, ge, _, max_len: ge - gs + 1 > (math.inf if max_len is None else max_len),
+        "row {b}: the span ({s}, {e}) has {n} tokens, more than max_len={max_len}.",
+    ),
+]
+
+
 @exercise(
     "best_span",
     forbidden=lambda: [(ref.best_span, "the reference attention_ref.best_span")],
     summary="highest-scoring span with start <= end inside the context",
 )
 def check_best_span(candidate, ctx: Context) -> None:
+    """Two long tensors of shape (B,), then the properties (inside 0 .. T-1, start <= end,
+    inside the mask, at most max_len tokens), each failure naming the mistake model that
+    reproduces the span; then the best score among the valid spans."""
     for label, s, e, mask, max_len in _best_span_cases(ctx):
         case = f"{label}: start_logits, end_logits {tuple(s.shape)}, mask {tuple(mask.shape)}"
         got = ctx.call(candidate, s, e, mask, max_len, case=case)
         got = ctx.expect_tuple(got, ("start", "end"), case=case)
         B = s.shape[0]
         for name, t in zip(("start", "end"), got, strict=True):
-            if not isinstance(t, torch.Tensor):
-                ctx.fail(
-                    f"{name} must be a torch.Tensor; got {type(t).__name__}.",
-                    case=case,
-                    mistake="wrong_type",
-                )
+            expect_tensor(ctx, t, name, case)
             if t.is_floating_point() or t.dtype == torch.bool:
                 ctx.fail(
                     f"{name} must hold integer positions (torch.long); got {t.dtype}.",
@@ -145,57 +172,27 @@ def check_best_span(candidate, ctx: Context) -> None:
                     hint="argmax already returns a long tensor.",
                     mistake="wrong_type",
                 )
-            if tuple(t.shape) != (B,):
-                ctx.fail(
-                    f"{name} has shape {tuple(t.shape)}, expected ({B},).",
-                    case=case,
-                    mistake="wrong_shape",
-                )
+            expect_tensor(ctx, t, name, case, like=s[:, 0])
             if t.device != s.device:
                 ctx.fail(f"{name} is on {t.device}, expected {s.device}.", case=case)
         gs, ge = (t.long().cpu() for t in got)
         es, ee = ref.best_span(s, e, mask, max_len)
-        got_pair = torch.stack([gs, ge])
         mistakes = [
             Mistake.of(name, model=lambda mode=mode: _span_model(s, e, mask, max_len, mode=mode))
             for name, mode in SPAN_MISTAKES
         ]
         # Properties first, with the likely mistake named when a model reproduces it.
-        likely, hint = ctx.diagnose(got_pair, torch.stack([es, ee]), mistakes, (), {})
-        rows = torch.arange(B)
-        inside = (gs >= 0) & (gs < s.shape[1]) & (ge >= 0) & (ge < s.shape[1])
-        if not bool(inside.all()):
-            ctx.fail("a position is outside 0 .. T-1.", case=case, likely=likely, hint=hint)
-        if bool((ge < gs).any()):
-            b = int(torch.nonzero(ge < gs)[0])
-            ctx.fail(
-                f"row {b}: the end ({int(ge[b])}) comes before the start ({int(gs[b])}).",
-                case=case,
-                likely=likely,
-                hint=hint,
-            )
-        if not bool((mask[rows, gs] & mask[rows, ge]).all()):
-            b = int(torch.nonzero(~(mask[rows, gs] & mask[rows, ge]))[0])
-            ctx.fail(
-                f"row {b}: the span ({int(gs[b])}, {int(ge[b])}) uses a position where the "
-                "mask is False (outside the context).",
-                case=case,
-                likely=likely,
-                hint=hint,
-            )
-        if max_len is not None and bool((ge - gs + 1 > max_len).any()):
-            b = int(torch.nonzero(ge - gs + 1 > max_len)[0])
-            ctx.fail(
-                f"row {b}: the span ({int(gs[b])}, {int(ge[b])}) has {int(ge[b] - gs[b] + 1)} "
-                f"tokens, more than max_len={max_len}.",
-                case=case,
-                likely=likely,
-                hint=hint,
-            )
+        likely, hint = ctx.diagnose(torch.stack([gs, ge]), torch.stack([es, ee]), mistakes, (), {})
+        for bad_rows, message in SPAN_PROPERTIES:
+            bad = bad_rows(gs, ge, mask, max_len)
+            if bool(bad.any()):
+                b = int(torch.nonzero(bad)[0])
+                n = int(ge[b] - gs[b] + 1)
+                what = message.format(b=b, s=int(gs[b]), e=int(ge[b]), n=n, max_len=max_len)
+                ctx.fail(what, case=case, likely=likely, hint=hint)
         # Valid: is it the best? Compare scores (ties would allow either span).
-        sc = _span_scores(s, e)
-        got_score = sc[rows, gs, ge]
-        best = sc[rows, es, ee]
+        sc, rows = _span_scores(s, e), torch.arange(B)
+        got_score, best = sc[rows, gs, ge], sc[rows, es, ee]
         if not torch.allclose(got_score, best, rtol=1e-9, atol=1e-9):
             b = int(torch.nonzero(~torch.isclose(got_score, best, rtol=1e-9, atol=1e-9))[0])
             ctx.fail(
@@ -212,11 +209,10 @@ def check_best_span(candidate, ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- span_loss
 def _span_loss_cases(ctx: Context):
+    """``(label, start_logits, end_logits, start, end, mask)``, float32 and float64 in turn;
+    the answers drawn inside the context."""
     rng, g = ctx.rng(92), ctx.torch_gen(92)
-    shapes = [(4, 12), (1, 5), (6, 20), (3, 9)]
-    if ctx.thorough:
-        shapes += [(16, 40), (2, 3)]
-    out = []
+    shapes = [(4, 12), (1, 5), (6, 20), (3, 9)] + ([(16, 40), (2, 3)] if ctx.thorough else [])
     for i, (B, T) in enumerate(shapes):
         dtype = torch.float64 if i % 2 else torch.float32
         mask = _context_masks(rng, B, T)
@@ -226,11 +222,8 @@ def _span_loss_cases(ctx: Context):
         end = torch.zeros(B, dtype=torch.long)
         for b in range(B):
             pos = torch.nonzero(mask[b]).flatten()
-            a, c = sorted(int(pos[j]) for j in rng.integers(0, len(pos), size=2))
-            start[b], end[b] = a, c
-        label = f"B={B}, T={T}, {dtype_name(dtype)}"
-        out.append((label, s, e, start, end, mask))
-    return out
+            start[b], end[b] = sorted(int(pos[j]) for j in rng.integers(0, len(pos), size=2))
+        yield f"B={B}, T={T}, {dtype_name(dtype)}", s, e, start, end, mask
 
 
 def _ce(logits, target, mask=None, *, reduce="mean", log=True):
@@ -299,7 +292,7 @@ def check_span_loss(candidate, ctx: Context) -> None:
             else Mistake.of(name, model=lambda mode=mode: _loss_model(*args, mode=mode))
             for name, mode in LOSS_MISTAKES
         ]
-        tol = dict(rtol=1e-5, atol=1e-6) if s.dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+        tol = MODEL_TOL[s.dtype]
         ctx.expect_close(got, expected, what="the loss", case=case, mistakes=mistakes, **tol)
         # Property: logits outside the mask must not matter.
         s2 = torch.where(mask, s, s + 7.0)
