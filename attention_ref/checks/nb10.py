@@ -49,22 +49,16 @@ def _pool_model(h, ids, S, *, mode="correct"):
     for s in range(S):
         sel = ids == s if mode != "clamp" else ids.clamp(min=0) == s
         sel = sel.double()[..., None]  # (B, T, 1)
-        total = (h * sel).sum(1)
-        count = sel.sum(1)
-        if mode == "sum":
-            out[:, s] = total
-        elif mode == "all_tokens":
-            out[:, s] = total / T
-        elif mode == "real_tokens":
-            out[:, s] = total / (ids >= 0).sum(1, keepdim=True).clamp(min=1).double()
-        else:
-            out[:, s] = total / count.clamp(min=1)
+        real = (ids >= 0).sum(1, keepdim=True).clamp(min=1).double()
+        divisor = dict(sum=1.0, all_tokens=T, real_tokens=real).get(mode, sel.sum(1).clamp(min=1))
+        out[:, s] = (h * sel).sum(1) / divisor
     return out
 
 
 # (B, T, D, n_sentences, an empty sentence slot); float32 and float64 alternate.
 POOL_CASES = [(2, 12, 4, 3, True), (1, 5, 2, 2, False), (3, 20, 8, 5, True), (2, 9, 6, 1, False)]
 POOL_MORE_CASES = [(8, 60, 16, 9, True), (4, 30, 32, 7, True)]
+POOL_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-9, atol=1e-10)}
 POOL_MISTAKES = [
     ("pool_summed", "sum"),
     ("pool_divided_by_length", "all_tokens"),
@@ -80,6 +74,7 @@ POOL_MISTAKES = [
     summary="mean of each sentence's token vectors, -1 tokens ignored",
 )
 def check_pool_sentences(candidate, ctx: Context) -> None:
+    """Each sentence's mean vector against the float64 model's, mistakes named by its modes."""
     rng, g = ctx.rng(101), ctx.torch_gen(101)
     for i, (B, T, D, S, empty) in enumerate(POOL_CASES + (POOL_MORE_CASES if ctx.thorough else [])):
         dtype = torch.float64 if i % 2 else torch.float32
@@ -88,25 +83,26 @@ def check_pool_sentences(candidate, ctx: Context) -> None:
         case = f"h {(B, T, D)} {dtype_name(dtype)}, sentence_ids {(B, T)}, n_sentences={S}"
         got = ctx.call(candidate, h, ids, S, case=case)
         expected = ref.pool_sentences(h.double(), ids, S).to(dtype)
-        ctx.expect_array(got, expected, what="the pooled sentences", case=case)
+        what = "the pooled sentences"
+        ctx.expect_array(got, expected, what=what, case=case)
         mistakes = [
-            Mistake.of(name, model=lambda h=h, ids=ids, S=S, m=m: _pool_model(h, ids, S, mode=m))
-            for name, m in POOL_MISTAKES
+            Mistake.of(i, model=lambda m=m: _pool_model(h, ids, S, mode=m))
+            for i, m in POOL_MISTAKES
         ]
-        tol = dict(rtol=1e-9, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
-        ctx.expect_close(
-            got, expected, what="the pooled sentences", case=case, mistakes=mistakes, **tol
-        )
+        ctx.expect_close(got, expected, what=what, case=case, mistakes=mistakes, **POOL_TOL[dtype])
 
 
 # ----------------------------------------------------------------------------- select_sentences
+#: (B, S, k, k an int or a (B,) "tensor"); float32 and float64 alternate.
+SELECT_CASES = [(4, 7, 2, "int"), (1, 5, 1, "int"), (5, 9, 3, "tensor"), (3, 6, 4, "int")]
+SELECT_MORE_CASES = [(16, 12, 3, "tensor"), (6, 4, 5, "int")]
+
+
 def _select_cases(ctx: Context):
+    """``(case, scores, mask, k)``: padding scores high, one full document and one with
+    fewer real sentences than k; then all scores negative."""
     rng, g = ctx.rng(102), ctx.torch_gen(102)
-    cases = []
-    specs = [(4, 7, 2, "int"), (1, 5, 1, "int"), (5, 9, 3, "tensor"), (3, 6, 4, "int")]
-    if ctx.thorough:
-        specs += [(16, 12, 3, "tensor"), (6, 4, 5, "int")]
-    for i, (B, S, k, kind) in enumerate(specs):
+    for i, (B, S, k, kind) in enumerate(SELECT_CASES + (SELECT_MORE_CASES if ctx.thorough else [])):
         dtype = torch.float64 if i % 2 else torch.float32
         n_real = torch.from_numpy(rng.integers(1, S + 1, size=B))
         n_real[0] = S  # one full document
@@ -118,12 +114,10 @@ def _select_cases(ctx: Context):
         kk = torch.from_numpy(rng.integers(1, S, size=B)).long() if kind == "tensor" else k
         label = f"k a (B,) tensor {kk.tolist()}" if kind == "tensor" else f"k={k}"
         label = f"scores {(B, S)} {dtype_name(dtype)}, real sentences {n_real.tolist()}, {label}"
-        cases.append((label, scores, mask, kk))
+        yield label, scores, mask, kk
     # Positive scores that are all below zero / a threshold rule must still pick k.
     scores = -torch.rand(3, 6, generator=g) - 0.1
-    mask = torch.ones(3, 6, dtype=torch.bool)
-    cases.append(("scores (3, 6) all negative, k=2", scores, mask, 2))
-    return cases
+    yield "scores (3, 6) all negative, k=2", scores, torch.ones(3, 6, dtype=torch.bool), 2
 
 
 def _select_model(scores, mask, k, *, mode="correct"):
@@ -158,6 +152,8 @@ SELECT_MISTAKES = [
     summary="True at the k best real sentences of each document",
 )
 def check_select_sentences(candidate, ctx: Context) -> None:
+    """A boolean (B, S) selection (indices named as such), equal to the k best real
+    sentences, mistakes named by the model's modes."""
     for case, scores, mask, k in _select_cases(ctx):
         got = ctx.call(candidate, scores, mask, k, case=case)
         expected = ref.select_sentences(scores, mask, k)
@@ -176,10 +172,8 @@ def check_select_sentences(candidate, ctx: Context) -> None:
             )
         ctx.expect_array(got, expected, what="the selection", case=case)
         mistakes = [
-            Mistake.of(
-                name, model=lambda s=scores, m=mask, k=k, o=o: _select_model(s, m, k, mode=o)
-            )
-            for name, o in SELECT_MISTAKES
+            Mistake.of(i, model=lambda o=o: _select_model(scores, mask, k, mode=o))
+            for i, o in SELECT_MISTAKES
         ]
         ctx.expect_close(
             got, expected, what="the selection", case=case, mistakes=mistakes, rtol=0, atol=0
