@@ -12,19 +12,16 @@ from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
 from .toolkit import (
-    ADDITIVE_MASK,  # noqa: F401
     BUILTIN_ATTENTION,
     TOL,
     AttnCase,
-    additive_mask_mistake,  # noqa: F401
-    additive_softmax,  # noqa: F401
     as_float64,
     attention_mistakes,
     causal_mask,
     dtype_name,
     earlier_position_changed,
     expect_attention_values,
-    expect_not_swapped,  # BUILTIN_ATTENTION, ADDITIVE_MASK, ...: their old home was here
+    expect_not_swapped,
     inverted_mask_mistake,
     normal,
     padding_mask,
@@ -53,20 +50,6 @@ def _forbidden_softmax():
 
 
 # ----------------------------------------------------------------------------- softmax_np
-SOFTMAX_MISTAKES_FOR = {
-    "ignores_axis": lambda x, axis: Mistake.of(
-        "softmax_axis_ignored", model=lambda: M.softmax(x, -1)
-    ),
-    "axis0": lambda x, axis: Mistake.of("softmax_wrong_axis", model=lambda: M.softmax(x, 0)),
-    "global_sum": lambda x, axis: Mistake.of(
-        "softmax_global_sum", model=lambda: _global_sum_softmax(x, axis)
-    ),
-    "no_keepdims": lambda x, axis: Mistake.of(
-        "keepdims_missing", model=lambda: _no_keepdims_softmax(x, axis)
-    ),
-}
-
-
 def _global_sum_softmax(x, axis):
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / e.sum()
@@ -75,6 +58,15 @@ def _global_sum_softmax(x, axis):
 def _no_keepdims_softmax(x, axis):
     e = np.exp(x - np.max(x, axis=axis))
     return e / np.sum(e, axis=axis)
+
+
+#: id, what the mistaken softmax computes from (x, axis) in float64.
+SOFTMAX_MISTAKES = [
+    ("softmax_axis_ignored", lambda x, axis: M.softmax(x, -1)),
+    ("softmax_wrong_axis", lambda x, axis: M.softmax(x, 0)),
+    ("softmax_global_sum", _global_sum_softmax),
+    ("keepdims_missing", _no_keepdims_softmax),
+]
 
 
 @exercise("softmax_np", forbidden=_forbidden_softmax, summary="stable softmax in NumPy")
@@ -120,8 +112,9 @@ def check_softmax_np(candidate, ctx: Context) -> None:
                 hint="NumPy keeps float32 as float32 unless something upcasts it: avoid "
                 "np.float64(...), astype(float) or dtype=float in your code.",
             )
-        tol = TOL[np.float32] if x.dtype == np.float32 else TOL[np.float64]
-        mistakes = [make(x.astype(np.float64), axis) for make in SOFTMAX_MISTAKES_FOR.values()]
+        x64 = x.astype(np.float64)
+        mistakes = [Mistake.of(i, model=lambda f=f: f(x64, axis)) for i, f in SOFTMAX_MISTAKES]
+        tol = TOL[x.dtype.type]
         ctx.expect_close(got, expected, what="the result", case=case, mistakes=mistakes, **tol)
 
 
@@ -182,15 +175,8 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
         args = [_to(a, torch_dtype) for a in (c.q, c.k, c.v)]
         mask = _to(c.mask, torch_dtype)
         names = ("q", "k", "v", "mask") if torch_dtype is not None else ("Q", "K", "V", "mask")
-        case = (
-            c.label
-            + ": "
-            + ", ".join(
-                f"{n} {tuple(a.shape)}"
-                for n, a in zip(names, [*args, mask], strict=True)
-                if a is not None
-            )
-        )
+        given = [(n, a) for n, a in zip(names, [*args, mask], strict=True) if a is not None]
+        case = f"{c.label}: " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in given)
         if torch_dtype is not None:
             case += f", {dtype_name(torch_dtype)}"
         call_args = args if mask is None else [*args, mask]
@@ -228,7 +214,7 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             case=case,
             allowed=c.mask,
             mistakes=lambda which, c=c: attention_mistakes(c, which),
-            tol=TOL[torch_dtype] if torch_dtype is not None else TOL[np.float64],
+            tol=TOL[np.float64 if torch_dtype is None else torch_dtype],
             out_hint="the weights are right: out = weights @ v.",
             otherwise=named("mask_not_applied_before_softmax"),
             masked_mistakes=(inverted_mask_mistake(c.mask),) if c.mask is not None else (),
