@@ -388,18 +388,14 @@ def _compare_distribution(ctx, freq, row, T, k, p, N, case) -> None:
             likely = named(mistake_id)
             break
     never = np.nonzero((expected == 0) & (freq > 0))[0]
-    if len(never):
-        what = (
-            f"token {int(never[0])} was drawn {int(round(freq[never[0]] * N))} times, but its "
-            "probability must be 0"
-        )
-    else:
-        i = int(np.argmax(np.abs(freq - expected)))
-        what = (
-            f"token {i} was drawn with frequency {freq[i]:.3f}, expected {expected[i]:.3f} "
-            f"(exact distribution {np.round(expected, 3).tolist()}, drawn "
-            f"{np.round(freq, 3).tolist()})"
-        )
+    i = int(never[0]) if len(never) else int(np.argmax(np.abs(freq - expected)))
+    what = (
+        f"token {i} was drawn {int(round(freq[i] * N))} times, but its probability must be 0"
+        if len(never)
+        else f"token {i} was drawn with frequency {freq[i]:.3f}, expected {expected[i]:.3f} "
+        f"(exact distribution {np.round(expected, 3).tolist()}, drawn "
+        f"{np.round(freq, 3).tolist()})"
+    )
     ctx.fail(
         f"the samples do not follow the distribution the spec defines: {what}.",
         case=case,

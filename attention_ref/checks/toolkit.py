@@ -48,6 +48,7 @@ LAYER_TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol
 MODEL_TOL = {torch.float64: dict(rtol=1e-5, atol=1e-6), torch.float32: TOL[torch.float32]}
 
 
+# ----------------------------------------------------------------------------- learner's module
 def build_module(
     ctx: Context,
     cls,
@@ -295,58 +296,7 @@ def _copy(p: torch.Tensor, value: torch.Tensor) -> None:
         p.copy_(value.to(dtype=p.dtype, device=p.device))
 
 
-def _assign_tensor(
-    ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: str, spec: str
-):
-    """Copy ``value`` into the tensor ``name`` of ``mod`` (a parameter, or a parametrized
-    tensor such as a weight under ``weight_norm``); return the ids of the parameters that
-    hold it, or None when ``mod`` has no such tensor. Shape mismatches become feedback."""
-    owner, _, leaf = name.rpartition(".")
-    try:
-        sub = mod.get_submodule(owner) if owner else mod
-    except AttributeError:
-        return None
-    if parametrize.is_parametrized(sub, leaf):
-        current = getattr(sub, leaf)
-        if tuple(current.shape) != tuple(value.shape):
-            ctx.fail(
-                f"{name} has shape {tuple(current.shape)}, expected {tuple(value.shape)}: "
-                f"declare self.{owner} = {spec}.",
-                case=case,
-                mistake="wrong_shape",
-            )
-        try:
-            with torch.no_grad():
-                setattr(sub, leaf, value.to(dtype=current.dtype, device=current.device))
-        except Exception as err:  # a parametrization without right_inverse, ...
-            ctx.fail(
-                f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
-                "the check cannot set it to known values.",
-                case=case,
-                mistake="parametrization_not_settable",
-            )
-        if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
-            ctx.fail(f"{name} changed shape when it was set.", case=case)
-        return {id(p) for p in sub.parametrizations[leaf].parameters()}
-    p = sub._parameters.get(leaf) if leaf else None
-    if p is None:
-        return None
-    if tuple(p.shape) != tuple(value.shape):
-        why = ""
-        if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
-            why = named("linear_in_out_swapped")
-        ctx.fail(
-            f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
-            f"self.{owner} = {spec}.",
-            case=case,
-            likely=why,
-            mistake="wrong_shape",
-        )
-    with torch.no_grad():
-        p.copy_(value.to(dtype=p.dtype, device=p.device))
-    return {id(p)}
-
-
+# ------------------------------------------------------------------------ reference parts, weights
 def dropout_p(part: nn.Module) -> float:
     """The dropout probability a learner's part uses: the largest ``p`` of its dropout
     modules, else a float attribute ``dropout``/``dropout_p``/``p``, else 0."""
@@ -463,6 +413,58 @@ def load_reference_weights(
         )
 
 
+def _assign_tensor(
+    ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: str, spec: str
+):
+    """Copy ``value`` into the tensor ``name`` of ``mod`` (a parameter, or a parametrized
+    tensor such as a weight under ``weight_norm``); return the ids of the parameters that
+    hold it, or None when ``mod`` has no such tensor. Shape mismatches become feedback."""
+    owner, _, leaf = name.rpartition(".")
+    try:
+        sub = mod.get_submodule(owner) if owner else mod
+    except AttributeError:
+        return None
+    if parametrize.is_parametrized(sub, leaf):
+        current = getattr(sub, leaf)
+        if tuple(current.shape) != tuple(value.shape):
+            ctx.fail(
+                f"{name} has shape {tuple(current.shape)}, expected {tuple(value.shape)}: "
+                f"declare self.{owner} = {spec}.",
+                case=case,
+                mistake="wrong_shape",
+            )
+        try:
+            with torch.no_grad():
+                setattr(sub, leaf, value.to(dtype=current.dtype, device=current.device))
+        except Exception as err:  # a parametrization without right_inverse, ...
+            ctx.fail(
+                f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
+                "the check cannot set it to known values.",
+                case=case,
+                mistake="parametrization_not_settable",
+            )
+        if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
+            ctx.fail(f"{name} changed shape when it was set.", case=case)
+        return {id(p) for p in sub.parametrizations[leaf].parameters()}
+    p = sub._parameters.get(leaf) if leaf else None
+    if p is None:
+        return None
+    if tuple(p.shape) != tuple(value.shape):
+        why = ""
+        if p.dim() == 2 and tuple(p.shape) == tuple(value.shape)[::-1]:
+            why = named("linear_in_out_swapped")
+        ctx.fail(
+            f"{name} has shape {tuple(p.shape)}, expected {tuple(value.shape)}: declare "
+            f"self.{owner} = {spec}.",
+            case=case,
+            likely=why,
+            mistake="wrong_shape",
+        )
+    with torch.no_grad():
+        p.copy_(value.to(dtype=p.dtype, device=p.device))
+    return {id(p)}
+
+
 def _expect_same_parameters(ctx: Context, mod: nn.Module, ours, case, layout, likely) -> None:
     got = {k: tuple(v.shape) for k, v in mod.named_parameters()}
     want = {k: tuple(v.shape) for k, v in ours.items()}
@@ -527,6 +529,29 @@ def expect_masked_weights_zero(
         likely=likely or otherwise,
         hint=hint or otherwise.hint,
     )
+
+
+def rows_not_summing_to_one(allowed: np.ndarray | None = None, axis: int = -1):
+    """The property that every row of attention weights (along ``axis``) sums to 1 (to 0 for
+    a query that ``allowed``, broadcast to the weights, lets attend to nothing), as the
+    ``fallback`` of ``Context.expect_close``: when no mistake model explains the weights,
+    the feedback names the row that breaks it (``rows_not_normalised``; ``""``: none)."""
+
+    def explain(got: np.ndarray, expected: np.ndarray) -> str:
+        if got.shape != expected.shape or not np.all(np.isfinite(got)):
+            return ""
+        want = np.ones(np.delete(got.shape, axis))
+        if allowed is not None:
+            want = np.broadcast_to(allowed, got.shape).any(axis=axis).astype(np.float64)
+        sums = got.sum(axis=axis)
+        bad = np.argwhere(~np.isclose(sums, want, rtol=0, atol=1e-4))
+        if not bad.size:
+            return ""
+        idx = tuple(int(i) for i in bad[0])
+        total, one = f"{sums[idx]:.6g}", f"{want[idx]:g}"
+        return named("rows_not_normalised", row=idx, total=total, want=one)
+
+    return explain
 
 
 def expect_not_swapped(
@@ -693,30 +718,6 @@ def random_mask(
     for row in fully_masked:
         mask[row] = False
     return mask
-
-
-# ----------------------------------------------------------------------------- more properties
-def rows_not_summing_to_one(allowed: np.ndarray | None = None, axis: int = -1):
-    """The property that every row of attention weights (along ``axis``) sums to 1 (to 0 for
-    a query that ``allowed``, broadcast to the weights, lets attend to nothing), as the
-    ``fallback`` of ``Context.expect_close``: when no mistake model explains the weights,
-    the feedback names the row that breaks it (``rows_not_normalised``; ``""``: none)."""
-
-    def explain(got: np.ndarray, expected: np.ndarray) -> str:
-        if got.shape != expected.shape or not np.all(np.isfinite(got)):
-            return ""
-        want = np.ones(np.delete(got.shape, axis))
-        if allowed is not None:
-            want = np.broadcast_to(allowed, got.shape).any(axis=axis).astype(np.float64)
-        sums = got.sum(axis=axis)
-        bad = np.argwhere(~np.isclose(sums, want, rtol=0, atol=1e-4))
-        if not bad.size:
-            return ""
-        idx = tuple(int(i) for i in bad[0])
-        total, one = f"{sums[idx]:.6g}", f"{want[idx]:g}"
-        return named("rows_not_normalised", row=idx, total=total, want=one)
-
-    return explain
 
 
 # ----------------------------------------------------------------------------- attention
