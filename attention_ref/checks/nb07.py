@@ -45,9 +45,7 @@ DEC_SPECS = {
     "self_attn": "MultiHeadAttention(d_model, n_heads, dropout=dropout) (from attention_ref)",
     "cross_attn": "MultiHeadAttention(d_model, n_heads, dropout=dropout)",
     "ff": "FeedForward(d_model, d_ff, dropout) (from attention_ref or notebook 06)",
-    "norm1": "nn.LayerNorm(d_model)",
-    "norm2": "nn.LayerNorm(d_model)",
-    "norm3": "nn.LayerNorm(d_model)",
+    **dict.fromkeys(("norm1", "norm2", "norm3"), "nn.LayerNorm(d_model)"),
 }
 
 
@@ -553,10 +551,8 @@ def check_transformer(cls, ctx: Context) -> None:
     _check_tf_properties(cls, ctx, cases[1])
 
 
-# The positional table may be held in float32 (as the reference's buffer) or computed in
-# float64; the difference (~1e-8) passes through a few layers, so float64 cases of the
-# whole model are compared a little more loosely than single layers (MODEL_TOL). Every
-# mistake changes the logits by O(1).
+# MODEL_TOL: the positional table may be held in float32 or computed in float64 (~1e-8 apart,
+# through a few layers); every mistake changes the logits by O(1).
 
 
 def _check_tf_case(cls, ctx: Context, c: TfCase, i: int, dtype) -> None:
