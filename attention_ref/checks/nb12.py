@@ -58,6 +58,10 @@ def _ops(rec: OpRecorder):
         yield base, op.args[0] if op.args else None
 
 
+def _numel(a) -> int:
+    return a.numel() if isinstance(a, torch.Tensor) else -1
+
+
 # ----------------------------------------------------------------------------- online_softmax
 def _softmax_model(
     x: np.ndarray,
@@ -176,10 +180,6 @@ def check_online_softmax(candidate, ctx: Context) -> None:
                 case=case,
                 mistake="online_global_max_first",
             )
-
-
-def _numel(a) -> int:
-    return a.numel() if isinstance(a, torch.Tensor) else -1
 
 
 # ----------------------------------------------------------------------------- online attention
