@@ -460,8 +460,7 @@ def _assign_tensor(
             likely=why,
             mistake="wrong_shape",
         )
-    with torch.no_grad():
-        p.copy_(value.to(dtype=p.dtype, device=p.device))
+    _copy(p, value)
     return {id(p)}
 
 
