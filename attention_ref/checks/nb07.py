@@ -30,11 +30,13 @@ from .toolkit import (
     MODEL_TOL,
     TOL,
     build_module,
+    causal_mask,
     dropout_p,
     dtype_name,
     expect_dropout_applied,
     load_reference_weights,
     materialize_with,
+    padding_mask,
     randomize_parameters,
     same_in_both_modes,
     substitute,
@@ -64,17 +66,15 @@ class DecCase:
     self_mask_4d: bool = False  # causal AND target padding as (B, 1, T, T)
 
     def masks(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """``(self_mask, memory_mask)``; the last target token of the last row is padding
-        in a (B, 1, T, T) self_mask."""
-        sm = torch.ones(self.T, self.T, dtype=torch.bool).tril() if self.causal else None
+        """``(self_mask, memory_mask)``; in a (B, 1, T, T) self_mask the last target token
+        of the last row is padding."""
+        sm = torch.from_numpy(causal_mask(self.T)) if self.causal else None
         mm = None
         if self.lengths is not None:
-            keep = torch.arange(self.S)[None, :] < torch.tensor(self.lengths)[:, None]  # (B, S)
-            mm = keep[:, None, None, :]
+            mm = torch.from_numpy(padding_mask(self.lengths, self.S)[:, None])  # (B, 1, 1, S)
         if self.self_mask_4d:
-            tgt_keep = torch.ones(self.B, self.T, dtype=torch.bool)
-            tgt_keep[-1, self.T - 1 :] = False
-            sm = sm & tgt_keep[:, None, None, :]
+            tgt = padding_mask([self.T] * (self.B - 1) + [self.T - 1], self.T)  # (B, 1, T)
+            sm = sm & torch.from_numpy(tgt[:, None])
         return sm, mm
 
 
