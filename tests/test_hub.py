@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import hub as hubkit
 import pytest
@@ -115,8 +116,7 @@ def hub():
         _instructor_course(h)
         TIMINGS["accounts, exchange, envs"] = time.time() - start
         hubkit.start_hub(h, config)
-        for acct in h.accounts:
-            h.start_server(acct)
+        h.start_servers(h.accounts)
         TIMINGS["setup"] = time.time() - start
         yield h
     finally:
@@ -157,6 +157,13 @@ def _answers() -> dict[str, tuple[dict[str, str], float]]:
     }
 
 
+def each_student(h, step) -> dict:
+    """``step(student)`` for every student at once (threads): {student's name: result}."""
+    with ThreadPoolExecutor(len(h.students)) as pool:
+        futures = {s.name: pool.submit(step, s) for s in h.students}
+        return {name: f.result() for name, f in futures.items()}
+
+
 @pytest.fixture(scope="module")
 def course_run(hub):
     """The whole workflow through the hub; returns what the later tests assert."""
@@ -169,9 +176,8 @@ def course_run(hub):
     run_tool(h, inst, "~/course", "attention_ref.course", "release", AID)
     run_tool(h, inst, "~/course", "nbgrader", "release_assignment", AID)
 
-    ident = {}
-    for s in h.students:
-        ident[s.name] = h.run_json(
+    def answer_and_submit(s):
+        ident = h.run_json(
             s,
             "import json, os, attention_ref\n"
             "print(json.dumps([os.getuid(), os.getcwd(), attention_ref.__file__]))",
@@ -187,7 +193,10 @@ def course_run(hub):
                 cell["source"] = sources[gid]
         h.put_notebook(s, path, nb)
         run_tool(h, s, "~", "nbgrader", "submit", AID)
-    result["ident"] = ident
+        return ident
+
+    # The students work side by side, each in their own server, as a class does.
+    result["ident"] = each_student(h, answer_and_submit)
 
     # Each student forges a newer submission under the next student's name.
     forged = {}
@@ -235,16 +244,16 @@ def course_run(hub):
         f"if r['assignment'] == {AID!r}}}))",
     )
 
-    feedback = {}
-    for s in h.students:
+    def fetch_feedback(s):
         run_tool(h, s, "~", "nbgrader", "fetch_feedback", AID)
-        feedback[s.name] = h.run_json(
+        return h.run_json(
             s,
             "import glob, json, os\n"
             f"files = glob.glob(os.path.expanduser('~/{AID}/feedback/*/{AID}.html'))\n"
             "print(json.dumps({f: open(f).read() for f in files}))",
         )
-    result["feedback"] = feedback
+
+    result["feedback"] = each_student(h, fetch_feedback)
     result["evidence"] = _evidence(h)
     TIMINGS["workflow"] = time.time() - t0
     return result

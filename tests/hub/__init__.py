@@ -183,20 +183,27 @@ class Hub:
             raise RuntimeError(f"{method} {path}: HTTP {e.code}: {e.read().decode()[:500]}") from e
         return text if raw else (json.loads(text) if text else None)
 
-    def start_server(self, acct: Account, timeout: float = 120) -> None:
-        try:
-            self.api("POST", f"/hub/api/users/{acct.name}/server", self.admin_token, {})
-        except RuntimeError as e:
-            if "400" not in str(e):  # 400: already running
-                raise
+    def start_servers(self, accts: list[Account], timeout: float = 120) -> None:
+        """Ask the hub to start every one of ``accts``' servers, then wait until all are
+        ready (they start side by side, as a class logging in does)."""
+        for acct in accts:
+            try:
+                self.api("POST", f"/hub/api/users/{acct.name}/server", self.admin_token, {})
+            except RuntimeError as e:
+                if "400" not in str(e):  # 400: already running
+                    raise
+        waiting = list(accts)
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            info = self.api("GET", f"/hub/api/users/{acct.name}", self.admin_token)
-            server = info.get("servers", {}).get("", {})
-            if server.get("ready"):
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"{acct.name}'s server did not start; hub log:\n{self.tail()}")
+        while waiting and time.time() < deadline:
+            for acct in list(waiting):
+                info = self.api("GET", f"/hub/api/users/{acct.name}", self.admin_token)
+                if info.get("servers", {}).get("", {}).get("ready"):
+                    waiting.remove(acct)
+            if waiting:
+                time.sleep(0.5)
+        if waiting:
+            names = ", ".join(a.name for a in waiting)
+            raise RuntimeError(f"servers of {names} did not start; hub log:\n{self.tail()}")
 
     def server_pids(self, acct: Account) -> list[int]:
         """Processes of ``acct``'s single-user server (any jupyterhub-singleuser run by it)."""
