@@ -147,7 +147,7 @@ def check_gpt_block(cls, ctx: Context) -> None:
         x64 = torch.randn(B, T, D, generator=g, dtype=torch.float64)
         for dtype in (torch.float64, torch.float32):
             case = f"GPTBlock({D}, {H}, {F}) in eval mode, {dtype_name(dtype)}; {label}"
-            mod = build_module(ctx, cls, (D, H, F), {}, case)
+            mod = build_module(ctx, cls, (D, H, F), {}, case, sample=(x64.to(dtype),))
             mod = _loaded(ctx, mod, P, dtype, case, BLOCK_LAYOUT)
             x = x64.to(dtype)
             with torch.no_grad():
@@ -159,7 +159,8 @@ def check_gpt_block(cls, ctx: Context) -> None:
 
 def _small_block(cls, ctx: Context, g, case: str, **kwargs) -> nn.Module:
     """The learner's GPTBlock(8, 2, 16, **kwargs) in float64 with seeded weights."""
-    mod = build_module(ctx, cls, (8, 2, 16), kwargs, case)
+    sample = (torch.zeros(1, 2, 8, dtype=torch.float64),)
+    mod = build_module(ctx, cls, (8, 2, 16), kwargs, case, sample=sample)
     P = random_state_dict(ref.GPTBlock(8, 2, 16), g)
     return _loaded(ctx, mod, P, torch.float64, case, BLOCK_LAYOUT)
 
@@ -572,7 +573,8 @@ def check_grouped_query_attention(cls, ctx: Context) -> None:
                 f"bias={bias}) {dtype_name(dtype)}; query ({B}, {n_q}, {D}), key/value ({B}, "
                 f"{n_k}, {D}), mask {None if mask is None else tuple(mask.shape)}"
             )
-            mod = build_module(ctx, cls, (D, H, G), {"bias": bias}, case)
+            sample = (query.to(dtype), kv.to(dtype), kv.to(dtype), mask)
+            mod = build_module(ctx, cls, (D, H, G), {"bias": bias}, case, sample=sample)
             mod = _loaded(
                 ctx, mod, P, dtype, case, GQA_LAYOUT, {"shape w_k": full, "shape w_v": full}
             )
@@ -585,7 +587,7 @@ def check_grouped_query_attention(cls, ctx: Context) -> None:
 
 def _check_gqa_memory(cls, ctx: Context) -> None:
     case = "GroupedQueryAttention(d_model=16, n_heads=4, n_kv_heads=2)"
-    mod = build_module(ctx, cls, (16, 4, 2), {}, case)
+    mod = build_module(ctx, cls, (16, 4, 2), {}, case, sample=(torch.zeros(1, 2, 16),) * 3)
     n = sum(p.numel() for name, p in mod.named_parameters() if name.startswith(("w_k", "w_v")))
     if n != 2 * (16 * 8 + 8):
         ctx.fail(

@@ -433,19 +433,35 @@ def _assign_tensor(
                 case=case,
                 mistake="wrong_shape",
             )
+        # A plain tensor: setting a Parameter would register a second `leaf`.
+        value = value.detach().to(dtype=current.dtype, device=current.device)
+        plist = sub.parametrizations[leaf]
         try:
             with torch.no_grad():
-                setattr(sub, leaf, value.to(dtype=current.dtype, device=current.device))
-        except Exception as err:  # a parametrization without right_inverse, ...
+                try:
+                    setattr(sub, leaf, value)  # through the parametrization's right_inverse
+                except RuntimeError as err:
+                    if "right_inverse" not in str(err) or not hasattr(plist, "original"):
+                        raise
+                    plist.original.copy_(value)  # no right_inverse: load the original itself
+        except Exception as err:
             ctx.fail(
                 f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
                 "the check cannot set it to known values.",
                 case=case,
                 mistake="parametrization_not_settable",
             )
-        if tuple(getattr(sub, leaf).shape) != tuple(value.shape):  # pragma: no cover
-            ctx.fail(f"{name} changed shape when it was set.", case=case)
-        return {id(p) for p in sub.parametrizations[leaf].parameters()}
+        loaded = getattr(sub, leaf)
+        if tuple(loaded.shape) != tuple(value.shape) or not torch.allclose(
+            loaded.detach(), value, rtol=1e-5, atol=1e-6
+        ):
+            ctx.fail(
+                f"{name} is parametrized, and after loading the check's value into it, it "
+                "reads back as something else.",
+                case=case,
+                mistake=named("parametrization_changes_weight", name=owner),
+            )
+        return {id(p) for p in plist.parameters()}
     p = sub._parameters.get(leaf) if leaf else None
     if p is None:
         return None
@@ -464,8 +480,23 @@ def _assign_tensor(
     return {id(p)}
 
 
+def _visible_parameters(mod: nn.Module) -> dict[str, tuple]:
+    """{name: shape} of ``mod``'s parameters as its forward sees them: a parametrized tensor
+    (``w.parametrizations.weight.original``) by its own name (``w.weight``) and shape."""
+    out = {}
+    for name, p in mod.named_parameters():
+        owner, sep, rest = name.partition("parametrizations.")
+        if not sep:
+            out[name] = tuple(p.shape)
+            continue
+        tensor = rest.split(".")[0]
+        holder = mod.get_submodule(owner.rstrip("."))
+        out[owner + tensor] = tuple(getattr(holder, tensor).shape)
+    return out
+
+
 def _expect_same_parameters(ctx: Context, mod: nn.Module, ours, case, layout, likely) -> None:
-    got = {k: tuple(v.shape) for k, v in mod.named_parameters()}
+    got = _visible_parameters(mod)
     want = {k: tuple(v.shape) for k, v in ours.items()}
     missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
     hint = f"declare exactly these sub-modules: {layout}."
