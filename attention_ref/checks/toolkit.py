@@ -806,11 +806,8 @@ def attention_mistakes(c: AttnCase, which: int) -> list[Mistake]:
         ]
         if (~mask).all(axis=-1).any():
             out.append(m("fully_masked_row_uniform_fill", mask_mode="fill"))
-            out.append(additive_mask_mistake(q, k, v, mask, which))
+            out.append(_additive_mask_mistake(q, k, v, mask, which))
     return out
-
-
-ADDITIVE_MASK = named("additive_mask_full_row")
 
 
 def additive_softmax(s: np.ndarray, mask: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -819,7 +816,7 @@ def additive_softmax(s: np.ndarray, mask: np.ndarray, axis: int = -1) -> np.ndar
     return M.softmax(s + np.where(mask, 0.0, -1e10), axis)
 
 
-def additive_mask_mistake(q, k, v, mask, which: int) -> Mistake:
+def _additive_mask_mistake(q, k, v, mask, which: int) -> Mistake:
     """The additive mask (:func:`additive_softmax`), which fails only on a fully masked row;
     ``which`` 0 = out, 1 = weights."""
 
