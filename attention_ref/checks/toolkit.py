@@ -258,23 +258,28 @@ def load_linear_weights(
         )
 
 
+def _set_parametrized(sub: nn.Module, leaf: str, value: torch.Tensor) -> torch.Tensor:
+    """Set the parametrized tensor ``sub.<leaf>`` to ``value`` through its parametrization's
+    right_inverse, or, without one, by loading its original; return what it reads back."""
+    plist = sub.parametrizations[leaf]
+    with torch.no_grad():
+        try:
+            setattr(sub, leaf, value)
+        except RuntimeError as err:
+            if "right_inverse" not in str(err) or not hasattr(plist, "original"):
+                raise
+            plist.original.copy_(value)
+    return getattr(sub, leaf)
+
+
 def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: str) -> set[str]:
     """Set a parametrized ``sub.weight`` to ``weight``; return the parameter names used."""
     plist = sub.parametrizations["weight"]
     value = weight.to(dtype=plist.original.dtype, device=plist.original.device)
-
-    def assign():
-        with torch.no_grad():
-            try:
-                sub.weight = value  # through the parametrization's right_inverse
-            except RuntimeError as err:
-                if "right_inverse" not in str(err) or not hasattr(plist, "original"):
-                    raise
-                plist.original.copy_(value)  # no right_inverse: load the original itself
-        return sub.weight
-
     n = ctx.cases_run  # set-up calls, not cases
-    loaded = ctx.call(assign, case=case, call_name=f"{name}'s parametrization")
+    loaded = ctx.call(
+        _set_parametrized, sub, "weight", value, case=case, call_name=f"{name}'s parametrization"
+    )
     ctx.cases_run = n
     if (
         not isinstance(loaded, torch.Tensor)
@@ -437,13 +442,7 @@ def _assign_tensor(
         value = value.detach().to(dtype=current.dtype, device=current.device)
         plist = sub.parametrizations[leaf]
         try:
-            with torch.no_grad():
-                try:
-                    setattr(sub, leaf, value)  # through the parametrization's right_inverse
-                except RuntimeError as err:
-                    if "right_inverse" not in str(err) or not hasattr(plist, "original"):
-                        raise
-                    plist.original.copy_(value)  # no right_inverse: load the original itself
+            _set_parametrized(sub, leaf, value)
         except Exception as err:
             ctx.fail(
                 f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
