@@ -280,6 +280,45 @@ def test_every_refused_variant_is_a_legal_one():
     assert set(REFUSED) <= {tuple(p.values) for p in LEGAL}
 
 
+class _Doubling(nn.Module):
+    """A parametrization whose right_inverse does not invert it: w -> 2 w."""
+
+    def forward(self, w):
+        return 2 * w
+
+    def right_inverse(self, w):
+        return w
+
+
+class _HangingInverse(_Identity):
+    """register_parametrization calls right_inverse once; when the check sets the weight
+    (the second call), it never returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def right_inverse(self, w):
+        self.calls += 1
+        while self.calls > 1:
+            pass
+        return w
+
+
+@pytest.mark.parametrize("exercise_id", ["gpt_block", "grouped_query_attention", "transformer"])
+def test_a_parametrization_that_changes_the_weight_is_named(exercise_id):
+    cls = parametrized_variant(_module_alternative(exercise_id), _Doubling)
+    msg = _only_feedback(exercise_id, cls)
+    assert msg is not None and mistake_id(msg) == "parametrization_changes_weight", msg
+
+
+def test_a_parametrization_that_never_returns_is_stopped_by_the_time_limit():
+    cls = parametrized_variant(_module_alternative("gpt_block"), _HangingInverse)
+    msg = _only_feedback("gpt_block", cls, time_limit=0.5)
+    assert msg is not None and mistake_id(msg) == "infinite_loop", msg
+    assert "parametrization did not return" in msg, msg
+
+
 # ----------------------------------------------------------------------------- self_attention
 class _SA(_Base):
     def forward(self, x, mask=None):

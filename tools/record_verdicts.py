@@ -167,6 +167,15 @@ def main() -> int:
     )
     args = ap.parse_args()
     only = {e for e in args.only.split(",") if e} or None
+    if only:
+        sys.path.insert(0, ROOT)
+        from attention_ref.checks import exercise_ids
+
+        unknown = sorted(only - set(exercise_ids()))
+        if unknown:
+            ap.error(
+                f"--only: no exercise {', '.join(unknown)}; the ids: {', '.join(exercise_ids())}"
+            )
     if args.diff:
         return diff(*args.paths, listing=not args.messages_only, only=only)
     record(args.paths[0], only)

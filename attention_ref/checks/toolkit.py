@@ -278,7 +278,9 @@ def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: st
     value = weight.to(dtype=plist.original.dtype, device=plist.original.device)
     n = ctx.cases_run  # set-up calls, not cases
     loaded = ctx.call(
-        _set_parametrized, sub, "weight", value, case=case, call_name=f"{name}'s parametrization"
+        lambda: _set_parametrized(sub, "weight", value),
+        case=case,
+        call_name=f"{name}'s parametrization",
     )
     ctx.cases_run = n
     if (
@@ -441,18 +443,27 @@ def _assign_tensor(
         # A plain tensor: setting a Parameter would register a second `leaf`.
         value = value.detach().to(dtype=current.dtype, device=current.device)
         plist = sub.parametrizations[leaf]
-        try:
-            _set_parametrized(sub, leaf, value)
-        except Exception as err:
+
+        def settable():  # the learner's parametrization, its error kept for the feedback
+            try:
+                return _set_parametrized(sub, leaf, value)
+            except Exception as err:
+                return err
+
+        n = ctx.cases_run  # a set-up call (guarded and timed), not a case
+        loaded = ctx.call(settable, case=case, call_name=f"{owner}'s parametrization")
+        ctx.cases_run = n
+        if isinstance(loaded, Exception):
             ctx.fail(
-                f"{name} is computed by a parametrization ({type(err).__name__}: {err}), so "
-                "the check cannot set it to known values.",
+                f"{name} is computed by a parametrization ({type(loaded).__name__}: {loaded}), "
+                "so the check cannot set it to known values.",
                 case=case,
                 mistake="parametrization_not_settable",
             )
-        loaded = getattr(sub, leaf)
-        if tuple(loaded.shape) != tuple(value.shape) or not torch.allclose(
-            loaded.detach(), value, rtol=1e-5, atol=1e-6
+        if (
+            not isinstance(loaded, torch.Tensor)
+            or tuple(loaded.shape) != tuple(value.shape)
+            or not torch.allclose(loaded.detach(), value, rtol=1e-5, atol=1e-6)
         ):
             ctx.fail(
                 f"{name} is parametrized, and after loading the check's value into it, it "
