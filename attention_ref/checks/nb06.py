@@ -483,7 +483,8 @@ def check_encoder_layer(cls, ctx: Context) -> None:
         (D, H, Fd, norm_first), (B, T) = layer, bt
         P = _random_values(_layer_parts(D, Fd), ctx.rng(660 + i))
         x_np = normal(rng, B, T, D, scale=scale)
-        mask = None if mask_np is None else torch.from_numpy(mask_np)
+        # A copy: the table's masks are shared by every run of the check.
+        mask = None if mask_np is None else torch.from_numpy(mask_np.copy())
         for dtype in (torch.float64, torch.float32):
             x = torch.from_numpy(x_np).to(dtype)
             case = _describe(label, layer, dtype, x, mask)
