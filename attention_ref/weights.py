@@ -55,23 +55,38 @@ def load_projections(module: nn.Module, **weights: torch.Tensor) -> None:
             )
 
 
+def set_parametrized(layer: nn.Module, leaf: str, value: torch.Tensor) -> torch.Tensor:
+    """Set ``layer.<leaf>``, a tensor behind ``torch.nn.utils.parametrize``, to ``value``:
+    through the parametrizations' ``right_inverse`` when each has one, else into the original
+    tensor itself. Returns what ``layer.<leaf>`` reads back (a parametrization that changes
+    its input reads back as something else; the caller decides what that means)."""
+    plist = layer.parametrizations[leaf]
+    with torch.no_grad():
+        if all(hasattr(p, "right_inverse") for p in plist):
+            setattr(layer, leaf, value)
+        else:
+            plist.original.copy_(value)
+    return getattr(layer, leaf)
+
+
 def _load_parametrized(name: str, layer: nn.Module, weight: torch.Tensor) -> None:
     plist = layer.parametrizations.weight
     value = weight.to(plist.original)
-    with torch.no_grad():
-        if all(hasattr(p, "right_inverse") for p in plist):
-            layer.weight = value
-        else:
-            _copy(name, plist.original, value, layout="nn.Linear's (out_features, in_features)")
-        if not torch.equal(layer.weight, value):
-            raise ValueError(f"{name}'s parametrization changes the weight it is given")
+    if not all(hasattr(p, "right_inverse") for p in plist):
+        _expect_shape(name, plist.original, value, layout="nn.Linear's (out_features, in_features)")
+    if not torch.equal(set_parametrized(layer, "weight", value), value):
+        raise ValueError(f"{name}'s parametrization changes the weight it is given")
 
 
-def _copy(name: str, param: torch.Tensor, value: torch.Tensor, layout: str) -> None:
+def _expect_shape(name: str, param: torch.Tensor, value: torch.Tensor, layout: str) -> None:
     if param.shape != value.shape:
         raise ValueError(
             f"{name} has shape {tuple(param.shape)}; the weight given fits {tuple(value.shape)} "
             f"as {layout}"
         )
+
+
+def _copy(name: str, param: torch.Tensor, value: torch.Tensor, layout: str) -> None:
+    _expect_shape(name, param, value, layout)
     with torch.no_grad():
         param.copy_(value)

@@ -24,6 +24,7 @@ from torch.nn.modules.dropout import _DropoutNd
 from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 
+from ..weights import set_parametrized
 from . import _models as M
 from ._core import Context, Mistake
 from .mistakes import Named, named
@@ -258,27 +259,13 @@ def load_linear_weights(
         )
 
 
-def _set_parametrized(sub: nn.Module, leaf: str, value: torch.Tensor) -> torch.Tensor:
-    """Set the parametrized tensor ``sub.<leaf>`` to ``value`` through its parametrization's
-    right_inverse, or, without one, by loading its original; return what it reads back."""
-    plist = sub.parametrizations[leaf]
-    with torch.no_grad():
-        try:
-            setattr(sub, leaf, value)
-        except RuntimeError as err:
-            if "right_inverse" not in str(err) or not hasattr(plist, "original"):
-                raise
-            plist.original.copy_(value)
-    return getattr(sub, leaf)
-
-
 def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: str) -> set[str]:
     """Set a parametrized ``sub.weight`` to ``weight``; return the parameter names used."""
     plist = sub.parametrizations["weight"]
     value = weight.to(dtype=plist.original.dtype, device=plist.original.device)
     n = ctx.cases_run  # set-up calls, not cases
     loaded = ctx.call(
-        lambda: _set_parametrized(sub, "weight", value),
+        lambda: set_parametrized(sub, "weight", value),
         case=case,
         call_name=f"{name}'s parametrization",
     )
@@ -446,7 +433,7 @@ def _assign_tensor(
 
         def settable():  # the learner's parametrization, its error kept for the feedback
             try:
-                return _set_parametrized(sub, leaf, value)
+                return set_parametrized(sub, leaf, value)
             except Exception as err:
                 return err
 
