@@ -10,6 +10,10 @@ graded here."""
 from __future__ import annotations
 
 import csv
+import json
+import os
+import subprocess
+import sys
 
 import nbformat
 import pytest
@@ -85,6 +89,53 @@ def test_solution_earns_every_automatic_mark(graded_course, aid):
     assert scores["solution"] == (total, total)
 
 
+ENROL_PROBE = """
+import json, sys
+from pathlib import Path
+
+from nbgrader.api import Gradebook
+
+from attention_ref.course import grading
+
+root = Path(sys.argv[1])
+
+
+def probe(root, tasks, force, jobs):  # in place of the workers: who is in the gradebook?
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        seen = sorted(s.id for s in gb.students)
+    (root / "seen.json").write_text(json.dumps({"students": seen, "tasks": len(tasks)}))
+    return {t: grading.Outcome(t[1], t[0]) for t in tasks}
+
+
+grading._grade_all = probe
+sys.exit(grading.grade(root, []))
+"""
+
+
+def test_every_student_is_in_the_gradebook_before_the_workers_start(tmp_path):
+    """Two workers grading a student's first two submissions would each add the student to
+    the gradebook at once, and one failed (UNIQUE constraint failed: student.id): `make
+    grade` adds every student first, one by one."""
+    aids = ["01_dot_product_attention", "02_masking"]
+    course = make_course(tmp_path / "course", aids)
+    for student in ("ada", "grace"):
+        for aid in aids:
+            submit(course, student, aid, solved_submission(aid))
+    env = {**os.environ, "ATTENTION_REF_SANDBOX": "off"}  # no kernel runs here
+    env.pop("NBGRADER_DB_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", ENROL_PROBE, str(course)],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads((course / "seen.json").read_text())
+    assert seen == {"students": ["ada", "grace"], "tasks": 4}
+
+
 # ----------------------------------------------------------------------------- time limits
 def test_cell_limits_fit_the_cell_and_shrink_after_a_timeout():
     from attention_ref.course.cell_limits import CellLimits
@@ -114,9 +165,6 @@ def test_cell_limits_read_the_environment(monkeypatch):
 def test_the_course_config_grades_with_the_course_limits():
     """nbgrader_config.py swaps nbgrader's Execute for the course's, without importing
     the course package (and PyTorch) into nbgrader."""
-    import subprocess
-    import sys
-
     from course_tools import ROOT
 
     code = (
@@ -160,9 +208,6 @@ def test_a_loop_costs_one_cell_limit_then_a_reduced_one(monkeypatch):
 def flaky_kernel(share, marker):
     """A JUPYTER_PATH whose python3 kernel dies at once the first time it is started (as
     a kernel does that cannot bind its port) and starts normally after that."""
-    import json
-    import sys
-
     spec = share / "kernels" / "python3"
     spec.mkdir(parents=True)
     (spec / "launch.py").write_text(

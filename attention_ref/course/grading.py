@@ -26,7 +26,9 @@ nbgrader does the grading. This module adds what an instructor needs around it:
 Concurrent workers share the gradebook. PostgreSQL handles concurrent writers itself; a
 sqlite gradebook is opened with a long busy timeout (a writer waits for another's short
 transaction instead of failing), and a submission whose grading still failed on a locked
-database is graded again (with ``--force``: nbgrader replaces the grades it wrote).
+database is graded again (with ``--force``: nbgrader replaces the grades it wrote). Every
+student is put in the gradebook before the workers start, so that no two workers add the
+same student at once.
 """
 
 from __future__ import annotations
@@ -250,6 +252,19 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+def enrol(api, students: list[str]) -> None:
+    """Put every one of ``students`` in the gradebook, one after the other, before the
+    workers start: a student's first submissions, graded side by side, would otherwise each
+    add the student at the same moment, and all but one would fail (UNIQUE constraint
+    failed: student.id)."""
+    gb = api.gradebook
+    try:
+        for student in students:
+            gb.update_or_create_student(student)
+    finally:
+        gb.close()
+
+
 def _grade_all(
     root: Path, tasks: list[tuple[str, str]], force: bool, jobs: int
 ) -> dict[tuple[str, str], Outcome]:
@@ -368,7 +383,9 @@ def grade(
         f"time limits: {CellLimits().describe()}",
         flush=True,
     )
-    done = _grade_all(root, [t for t in tasks if t not in refused], force, jobs)
+    graded = [t for t in tasks if t not in refused]
+    enrol(api, sorted({student for _, student in graded}))
+    done = _grade_all(root, graded, force, jobs)
     done.update(refused)
     outcomes = [done[t] for t in tasks]
     for o in outcomes:
