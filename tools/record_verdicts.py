@@ -73,7 +73,70 @@ def _candidates():
         yield ex, f"legal:{variant}", fuzz.VARIANTS[variant](fuzz._module_alternative(ex))
 
 
-def record(path: str, only: set[str] | None = None) -> None:
+class _Kernel:
+    """A second process that plays a graded kernel: it holds the candidates and serves the
+    checker (this process) for each check, as a notebook's kernel does under grading."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="verdicts-")
+        self.path = os.path.join(self.dir, "checker.sock")
+        import socket
+
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(1)
+        env = {**os.environ, "ATTENTION_REF_CHECKER": self.path, "PYTHONPATH": ROOT}
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def run(self, index: int, exercise: str, mode: str) -> dict[str, str]:
+        from attention_ref.checks.checker import Expected, judge
+
+        self.proc.stdin.write(f"{index}\n")
+        self.proc.stdin.flush()
+        conn, _ = self.server.accept()
+        with conn:
+            verdict = judge(conn, Expected(exercise, **MODES[mode]))
+        self.proc.stdout.readline()
+        if verdict.get("passed"):
+            return {"verdict": "pass", "message": ""}
+        if verdict.get("error"):
+            return {"verdict": "error", "message": f"{verdict['error']}: {verdict['message']}"}
+        return {"verdict": "fail", "message": _ADDRESS.sub(" at 0x?", verdict["message"])}
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _serve() -> int:
+    """The kernel's side of ``--remote``: candidate number N, checked when asked."""
+    import torch
+
+    torch.set_num_threads(1)
+    from attention_ref.checks import check
+
+    entries = list(_candidates())
+    for line in sys.stdin:
+        exercise, _, candidate = entries[int(line)]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                check(exercise, candidate)
+        except BaseException:  # noqa: BLE001 - the checker has the verdict
+            pass
+        print("done", flush=True)
+    return 0
+
+
+def record(path: str, only: set[str] | None = None, remote: bool = False) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -81,14 +144,21 @@ def record(path: str, only: set[str] | None = None) -> None:
 
     results: dict[str, dict[str, str]] = {}
     t0 = time.monotonic()
-    for exercise, name, candidate in _candidates():
+    kernel = _Kernel() if remote else None
+    for index, (exercise, name, candidate) in enumerate(_candidates()):
         if only and exercise not in only:
             continue
-        for mode, res in _run(check, exercise, candidate).items():
+        if kernel is not None:
+            verdicts = {mode: kernel.run(index, exercise, mode) for mode in MODES}
+        else:
+            verdicts = _run(check, exercise, candidate)
+        for mode, res in verdicts.items():
             key = f"{exercise}|{name}|{mode}"
             if key in results:
                 raise SystemExit(f"two entries record as {key}")
             results[key] = res
+    if kernel is not None:
+        kernel.close()
     with open(path, "w") as f:
         json.dump(results, f, indent=1, sort_keys=True, ensure_ascii=False)
     print(f"{len(results)} verdicts in {time.monotonic() - t0:.0f} s -> {path}")
@@ -165,6 +235,15 @@ def main() -> int:
         default="",
         help="comma-separated exercise ids: record (or compare) only these exercises",
     )
+    ap.add_argument(
+        "--remote",
+        action="store_true",
+        help="record as grading decides: each check in this process (the trusted checker), "
+        "each candidate in a second process that serves it (the kernel)",
+    )
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    if "--serve" in sys.argv:
+        return _serve()
     args = ap.parse_args()
     only = {e for e in args.only.split(",") if e} or None
     if only:
@@ -178,7 +257,7 @@ def main() -> int:
             )
     if args.diff:
         return diff(*args.paths, listing=not args.messages_only, only=only)
-    record(args.paths[0], only)
+    record(args.paths[0], only, remote=args.remote)
     return 0
 
 

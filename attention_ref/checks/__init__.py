@@ -23,6 +23,7 @@ import importlib
 import pkgutil
 from typing import Any
 
+from . import agent as _agent
 from ._core import DEFAULT_TIME_LIMIT, REGISTRY, TIME_LIMIT_ENV, CheckFailure, run_check
 
 # Each notebook's checks live in nbNN.py and register themselves on import.
@@ -55,6 +56,16 @@ def check(
         AssertionError: with feedback naming what failed and the likely mistake.
         ValueError: if ``exercise_id`` is unknown.
     """
+    if _agent.graded():
+        # Graded: the trusted checker decides (seed, thoroughness and limits are the
+        # instructor's); this kernel only serves it and shows its feedback.
+        verdict = _agent.check_through_checker(exercise_id, candidate)
+        if verdict.get("error") == "ValueError":
+            raise ValueError(verdict["message"])
+        if not verdict.get("passed"):
+            raise CheckFailure(verdict.get("message", ""))
+        print(verdict.get("message", ""))
+        return
     n = run_check(exercise_id, candidate, seed=seed, thorough=thorough, time_limit=time_limit)
     print(f"✓ {exercise_id}: passed ({n} cases)")
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import remote as _remote
 from .mistakes import MISTAKES, Named, named, tag
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,6 +138,8 @@ def _callable_name(fn: Any) -> str:
     """How feedback names the learner's callable: ``sdpa``, ``SelfAttention(...)`` for a
     class being built, ``SelfAttention.forward`` for a module being called."""
     try:
+        if _remote.is_remote(fn) and _remote.describe(fn).get("is_type"):
+            return f"{_remote.describe(fn).get('name', 'code')}(...)"
         if isinstance(fn, type):
             return f"{fn.__name__}(...)"
         if isinstance(fn, torch.nn.Module):
@@ -201,10 +204,12 @@ ERROR_PATTERNS = [
 ]
 
 
-def explain_error(err: BaseException, line: str) -> tuple[str, str]:
+def explain_error(err: BaseException | str, line: str) -> tuple[str, str]:
+    """The likely mistake behind an error (``err``, or its ``"Type: message"`` text) raised
+    at the learner's ``line``."""
     import re
 
-    text = f"{type(err).__name__}: {err}"
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
     for line_pat, err_pat, likely in ERROR_PATTERNS:
         if re.search(line_pat, line or "") and re.search(err_pat, text, re.IGNORECASE):
             return likely, likely.hint
@@ -487,10 +492,14 @@ class Context:
         copies = [_clone(a) for a in args]
         kw_copies = {k: _clone(v) for k, v in kwargs.items()}
         limit = None if self.time_limit is None else self.time_limit * limit_scale
+        if _remote.is_remote(fn):
+            return self._call_remote(fn, copies, kw_copies, case, name, on, limit)
         deadline = _Deadline(limit)
         try:
-            with deadline, _Tripwire(self._forbidden):
+            with deadline, _Tripwire(self._forbidden), _remote.learner_code(limit):
                 result = fn(*copies, **kw_copies)
+        except _remote.KernelError as err:  # the learner's code, in a graded kernel
+            self._kernel_failed(err.info, name, case, limit)
         except _TimeUp as up:
             if up.deadline is not deadline:
                 raise
@@ -512,24 +521,79 @@ class Context:
             )
         except CheckFailure:
             raise
+        except _remote.KernelGone as gone:
+            self._gone(gone)
         except Exception as err:  # the learner's bug, reported as feedback
             where, line = _student_line(err.__traceback__)
-            at = f"\n  Your code raised it at {where}:\n      {line}" if where else ""
-            likely, hint = explain_error(err, line)
-            self.fail(
-                f"your code raised {type(err).__name__}: {err}{at}",
-                mistake="code_raised",
-                case=case,
-                likely=likely,
-                hint=hint,
+            self._raised(
+                {"type": type(err).__name__, "message": str(err), "where": where, "line": line},
+                case,
             )
         for i, (orig, cp) in enumerate(zip(args, copies, strict=True)):
             if not _same(orig, cp):
-                self.fail(
-                    f"your code modified its input argument #{i + 1} in place.",
-                    mistake="input_modified",
-                    case=case,
-                )
+                self._modified(i, case)
+        self.doing = f"checking what your {name} returned{on}"
+        return result
+
+    def _raised(self, info: dict, case: str) -> None:
+        """Feedback for an exception of the learner's code (``info``: its type, message,
+        and the learner's line that raised it)."""
+        kind, msg = info.get("type", "Exception"), info.get("message", "")
+        where, line = info.get("where", ""), info.get("line", "")
+        at = f"\n  Your code raised it at {where}:\n      {line}" if where else ""
+        likely, hint = explain_error(f"{kind}: {msg}", line)
+        self.fail(
+            f"your code raised {kind}: {msg}{at}",
+            mistake="code_raised",
+            case=case,
+            likely=likely,
+            hint=hint,
+        )
+
+    def _kernel_failed(self, info: dict, name: str, case: str, limit: float | None) -> None:
+        """The feedback for the learner's code that failed in a graded kernel: the same
+        as for the same failure in the learner's own process."""
+        kind = info.get("kind")
+        if kind == "timeout":
+            self.fail(
+                f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
+                case=case,
+                mistake=named("infinite_loop", limit=_seconds(limit), env=TIME_LIMIT_ENV),
+            )
+        if kind == "reference":
+            self.fail(
+                f"your code calls {info.get('name', '?')} instead of implementing the exercise.",
+                mistake="reference_used",
+                case=case,
+            )
+        if kind == "not_implemented" or info.get("type") == "NotImplementedError":
+            self.fail(
+                "not implemented yet: the function still raises NotImplementedError.",
+                mistake="not_implemented",
+            )
+        self._raised(info, case)
+
+    def _modified(self, i: int, case: str) -> None:
+        self.fail(
+            f"your code modified its input argument #{i + 1} in place.",
+            mistake="input_modified",
+            case=case,
+        )
+
+    def _gone(self, gone: BaseException) -> None:
+        self.fail(f"{gone}.", mistake="kernel_stopped_answering")
+
+    def _call_remote(self, fn, copies, kw_copies, case, name, on, limit) -> Any:
+        """``call`` for a learner's object in a graded kernel: the kernel runs it under the
+        same limit and tripwire and answers with data; the verdict is the checker's."""
+        try:
+            result, modified = _remote.call_learner(fn, copies, kw_copies, limit)
+        except _remote.KernelGone as gone:
+            self._gone(gone)
+        except _remote.KernelError as err:
+            self._kernel_failed(err.info, name, case, limit)
+        if modified is not None:
+            self._modified(modified, case)
         self.doing = f"checking what your {name} returned{on}"
         return result
 
@@ -793,14 +857,20 @@ def run_check(
         known = ", ".join(sorted(REGISTRY))
         raise ValueError(f"unknown exercise id {exercise_id!r}; known ids: {known}")
     ex = REGISTRY[exercise_id]
+    if _remote.is_remote(candidate):
+        is_class = _remote.is_remote_class(candidate, torch.nn.Module)
+        is_callable = bool(_remote.describe(candidate).get("callable"))
+    else:
+        is_class = isinstance(candidate, type) and issubclass(candidate, torch.nn.Module)
+        is_callable = callable(candidate)
     if ex.kind == "module":
-        if not isinstance(candidate, type) or not issubclass(candidate, torch.nn.Module):
+        if not is_class:
             raise CheckFailure(
                 f"{exercise_id}: pass your class itself (a subclass of torch.nn.Module), not "
                 f"an instance or anything else; got {type(candidate).__name__}."
                 + tag("not_a_module_class")
             )
-    elif not callable(candidate):
+    elif not is_callable:
         raise CheckFailure(
             f"{exercise_id}: pass your function itself; got {type(candidate).__name__}."
             + tag("not_a_function")
@@ -809,6 +879,7 @@ def run_check(
     if limit is not None and thorough:
         limit *= THOROUGH_TIME_FACTOR
     ctx = Context(ex, seed, thorough, limit)
+    _remote.prepare(candidate, exercise_id, limit)
     whole = _Deadline(None if limit is None else limit * CHECK_TIME_FACTOR)
     failure = None
     try:
@@ -823,10 +894,17 @@ def run_check(
             f"{exercise_id}: the check did not finish within {_seconds(whole.seconds)} "
             f"(it was {ctx.doing}): does your code loop forever?" + tag("check_timed_out")
         )
+    except _remote.KernelGone as gone:
+        failure = f"{exercise_id}: {gone}." + tag("kernel_stopped_answering")
     except Exception as err:  # noqa: BLE001 - the safety net: never crash on a candidate
+        what = (
+            f"{err.info.get('type', 'Exception')}: {err.info.get('message', '')}"
+            if isinstance(err, _remote.KernelError)
+            else f"{type(err).__name__}: {err}"
+        )
         failure = (
             f"{exercise_id}: the check could not finish: while {ctx.doing}, it failed with "
-            f"{type(err).__name__}: {err}\n"
+            f"{what}\n"
             "  Likely mistake: something about your code (what it returns, or how your "
             "module is built) is of a kind this check did not expect.\n"
             "  Hint: follow the exercise's spec for the return types and the module's "

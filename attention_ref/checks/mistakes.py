@@ -76,6 +76,11 @@ _TABLE = """
 [not_a_function]
 [check_timed_out]
 [check_could_not_finish]
+[check_not_in_source]
+  hint: a graded test cell runs the checks its source (the instructor's) makes, in order.
+[kernel_stopped_answering]
+  hint: under grading, the check runs outside your notebook and calls your code in it; your
+    notebook's kernel stopped answering it (it died, hung or closed the connection).
 
 # --- every exercise: recognised from an exception's line and message
 [batched_dot_t] K.T reverses all axes of a batched array, not just the last two.

@@ -28,6 +28,7 @@ from .. import flash as flash_ref
 from .. import kv_cache as kv_ref
 from ..attention import sdpa, sdpa_np
 from ..efficient import OpRecorder, PeakMemory
+from .remote import autograd_grad, watching
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import mistake_id, named
@@ -150,7 +151,7 @@ def check_online_softmax(candidate, ctx: Context) -> None:
     for (label, x_np, bs), dtype in itertools.product(cases, (F32, F64)):
         x = torch.from_numpy(np.asarray(x_np, dtype=np.float64)).to(dtype)
         case = f"{label}; x {tuple(x.shape)} {dtype_name(dtype)}, block_size={bs}"
-        with OpRecorder(keep_args=True) as rec:
+        with watching(OpRecorder(keep_args=True)) as rec:
             got = ctx.call(candidate, x, bs, case=case)
         expected = torch.softmax(x.double(), 0)
         expect_tensor(ctx, got, "the result", case, like=x)
@@ -438,7 +439,7 @@ def check_online_softmax_attention(candidate, ctx: Context) -> None:
         _expect_output(ctx, got, expected, q, k, v, bs, causal, case, tol, nonfinite=True)
 
     def run(q, k, v, causal: bool, case: str) -> list[OpRecorder]:
-        with OpRecorder() as rec:
+        with watching(OpRecorder()) as rec:
             got = ctx.call(candidate, q, k, v, block_size=WATCH_BS, causal=causal, case=case)
         expected = _expected_attention(q, k, v, causal)
         expect_tensor(ctx, got, "the output", case, like=expected)
@@ -450,7 +451,10 @@ def check_online_softmax_attention(candidate, ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- KV cache
 class _WatchedCache:
-    """A :class:`KVCache` that counts what is appended to it."""
+    """A :class:`KVCache` that counts what is appended to it. Under grading the learner's
+    code uses this one, in the checker, by reference."""
+
+    __by_reference__ = True
 
     def __init__(self, max_len: int) -> None:
         self._cache = kv_ref.KVCache(max_len)
@@ -704,7 +708,7 @@ def _flash_backward(ctx: Context, cls: type, out, leaves, do, case: str):
         )
     try:
         grads = ctx.call(
-            lambda: torch.autograd.grad(out, leaves, do, allow_unused=True),
+            lambda: autograd_grad(out, leaves, do, allow_unused=True),
             case=case,
             call_name=f"{cls.__name__}.backward",
         )
@@ -828,7 +832,7 @@ def _check_flash_two_calls(ctx: Context, cls: type, g) -> None:
 def _forward_keeping(ctx: Context, cls: type, leaves, bs: int, causal: bool, case: str):
     """The learner's forward pass (checked to return a tensor of q's shape) and the bytes
     it created that are still held besides the output, for the backward pass."""
-    with PeakMemory() as mem:
+    with watching(PeakMemory()) as mem:
         out = _flash_forward(ctx, cls, leaves, bs, causal, case)
         expect_tensor(ctx, out, "the output", case, like=leaves[0])
         return out, mem.current - out.untyped_storage().nbytes()
@@ -845,10 +849,10 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
 
     def run(q, k, v, causal: bool, case: str) -> list[OpRecorder]:
         leaves = _leaves(q, k, v)
-        with OpRecorder() as rec_f:
+        with watching(OpRecorder()) as rec_f:
             out, kept = _forward_keeping(ctx, cls, leaves, bs, causal, case)
         do = torch.randn(out.shape, generator=g, dtype=F32)
-        with OpRecorder() as rec_b, PeakMemory() as mem_b:
+        with watching(OpRecorder()) as rec_b, watching(PeakMemory()) as mem_b:
             grads = _flash_backward(ctx, cls, out, leaves, do, case)
         peak_backward[causal], kept_by[causal] = mem_b.peak, kept
         expected, want = _reference(q, k, v, causal, do)
@@ -896,7 +900,7 @@ def _check_flash_memory_and_skipping(ctx: Context, cls: type, g) -> None:
     what = "what your forward pass keeps for the backward pass"
     expect_linear(what, kept_by[False], kept, "", "flash_bwd_saves_weights")
     do = torch.randn(out.shape, generator=g, dtype=F32)
-    with PeakMemory() as mem_b:
+    with watching(PeakMemory()) as mem_b:
         _flash_backward(ctx, cls, out, leaves, do, case)
     why = " at once, a number of values that grows with n^2"
     what = "the peak memory of your backward pass"

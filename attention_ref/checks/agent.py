@@ -1,0 +1,444 @@
+"""The kernel's side of a graded check: it serves the trusted checker, it does not judge.
+
+Under grading (``make grade``), ``check(exercise_id, candidate)`` in the learner's kernel
+connects to the checker over the Unix socket named by ``$ATTENTION_REF_CHECKER`` and asks
+it to check ``candidate``. The checker runs the check's code in its own process
+(:mod:`attention_ref.checks.remote`) and asks back for what only the kernel can do: call
+the learner's function, build the learner's module, read its attributes, set its
+weights. :func:`serve` does each request and answers with data
+(:mod:`attention_ref.checks.wire`): tensors and arrays by value, any other object as a
+handle that the checker can use in a later request.
+
+What the kernel observes here is *evidence*, not a verdict: the time a call took (the same
+per-call limit as the self-check) and whether it reached a forbidden function (the same
+tripwire). The checker decides, and the grader takes the points from the checker's
+record, never from this process. Nothing here can make a check pass that the checker
+failed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+from typing import Any
+
+from . import wire
+
+#: The environment variable that names the checker's socket in a graded kernel.
+SOCKET_ENV = "ATTENTION_REF_CHECKER"
+
+
+class CallbackFailed(BaseException):  # noqa: N818 - an event: the checker's callable raised
+    """Raised in the learner's code when a callable of the check's (a table language model,
+    say) failed on what the learner passed it; the checker has the real error."""
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, agent: Agent) -> None:
+        import io
+
+        super().__init__(io.BytesIO(data))
+        self.agent = agent
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, key = pid[0], pid[1]
+        if kind == "k":
+            return self.agent.objects[key]
+        if kind == "cb":
+            return self.agent.callback(key)
+        if kind == "obj":
+            return CheckerObject(self.agent, key)
+        if kind == "leaf":  # a tensor of the check's that autograd differentiates
+            leaf = self.agent.leaves.get(key)
+            if leaf is None:
+                leaf = self.agent.leaves[key] = pid[2].requires_grad_(True)
+            return leaf
+        raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+
+
+def describe(obj: Any) -> dict:
+    """What the checker may know of a kernel object besides its id: its type's name, the
+    torch or course classes it is an instance of (so that ``isinstance`` against them
+    answers as in the kernel), and whether it is a class, a callable, a module."""
+    t = type(obj)
+    names = []
+    for base in t.__mro__:
+        mod = getattr(base, "__module__", "") or ""
+        if mod.split(".")[0] in ("torch", "attention_ref", "numpy", "builtins"):
+            names.append(f"{mod}:{base.__qualname__}")
+    info: dict[str, Any] = {
+        "type": t.__name__,
+        "mro": names,
+        "callable": callable(obj),
+        "is_type": isinstance(obj, type),
+    }
+    if isinstance(obj, type):
+        info["name"] = obj.__name__
+        info["bases"] = [
+            f"{b.__module__}:{b.__qualname__}"
+            for b in obj.__mro__
+            if (b.__module__ or "").split(".")[0] in ("torch", "attention_ref")
+        ]
+    else:
+        name = getattr(obj, "__name__", None) if callable(obj) else None
+        if isinstance(name, str):
+            info["name"] = name
+    return info
+
+
+class Agent:
+    """The kernel's objects the checker holds handles to, and the requests it serves."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.objects: dict[int, Any] = {}
+        self._ids: dict[int, int] = {}
+        self.leaves: dict[int, Any] = {}  # the check's tensors that require gradients
+
+    # -- objects
+    def handle(self, obj: Any) -> dict:
+        key = self._ids.get(id(obj))
+        if key is None or self.objects.get(key) is not obj:
+            key = len(self.objects) + 1
+            self.objects[key] = obj
+            self._ids[id(obj)] = key
+        return {"t": "handle", "id": key, **describe(obj)}
+
+    def encode(self, value: Any, *, refs: bool = False) -> bytes:
+        enc = wire.Encoder(self.handle)
+        try:
+            tree = enc(value, refs=refs)
+        except Exception as err:  # noqa: BLE001 - a value that cannot be read: say so
+            return self.reply_error("unreadable", err)
+        return wire.pack({"ok": tree}, enc.buffers)
+
+    def reply_error(self, kind: str, err: BaseException | None = None, **extra: Any) -> bytes:
+        info = {"kind": kind, **extra}
+        if err is not None:
+            info.setdefault("type", type(err).__name__)
+            try:
+                info.setdefault("message", str(err))
+            except Exception:  # noqa: BLE001 - an exception whose str() raises
+                info.setdefault("message", "")
+        return wire.pack({"error": info}, [])
+
+    def ask_checker(self, key: int, op: str, *args: Any, name: str = "", **kwargs: Any) -> Any:
+        """Use the check's object ``key`` (``op``: call, method, getattr, len, getitem) in
+        the checker; what it returns."""
+        enc = wire.Encoder(self.handle)
+        tree = {"cb": key, "op": op, "name": name, "args": enc(list(args)), "kwargs": enc(kwargs)}
+        wire.send_frame(self.sock, wire.pack(tree, enc.buffers))
+        while True:
+            msg = self.receive()
+            if msg.get("op") == "cb_result":
+                return _Method() if msg.get("method") else msg["value"]
+            if msg.get("op") == "cb_error":
+                raise CallbackFailed(msg.get("message", ""))
+            self.answer(msg)  # the checker reads something while it computes
+
+    def callback(self, key: int):
+        agent = self
+
+        def call_checker(*args: Any, **kwargs: Any) -> Any:
+            return agent.ask_checker(key, "call", *args, **kwargs)
+
+        call_checker.__name__ = f"check_callable_{key}"
+        return call_checker
+
+    # -- the loop
+    def receive(self) -> dict:
+        frame = wire.recv_frame(self.sock)
+        try:
+            msg = _Unpickler(frame, self).load()
+        except Exception as err:  # noqa: BLE001 - the checker learns of it, as data
+            import pickle as _p
+
+            seq = None
+            try:  # the request's number, to answer it
+                seq = _p.loads(frame).get("seq")
+            except Exception:  # noqa: BLE001
+                pass
+            return {"op": "unreadable", "seq": seq, "error": f"{type(err).__name__}: {err}"}
+        return msg if isinstance(msg, dict) else {"op": "unreadable", "seq": None}
+
+    def answer(self, msg: dict) -> None:
+        wire.send_frame(self.sock, self.serve(msg))
+
+    def serve(self, msg: dict) -> bytes:
+        """Do one request of the checker's; the answer, encoded."""
+        import torch
+
+        op = msg.get("op")
+        seq = msg.get("seq")
+        with torch.set_grad_enabled(bool(msg.get("grad", True))):
+            try:
+                if op in ("call", "grad", "backward"):
+                    out = self._call(msg)
+                elif op == "getattr":
+                    return self._tag(seq, self._guarded(msg, getattr, msg["target"], msg["name"]))
+                elif op == "setattr":
+                    out = self._guarded(msg, setattr, msg["target"], msg["name"], msg["value"])
+                elif op == "iter":
+                    out = self._guarded(msg, iter, msg["target"])
+                elif op == "next":
+                    out = self._guarded(msg, next, msg["target"], _STOP)
+                elif op == "len":
+                    out = self._guarded(msg, len, msg["target"])
+                elif op == "bool":
+                    out = self._guarded(msg, bool, msg["target"])
+                elif op == "contains":
+                    out = self._guarded(msg, _contains, msg["target"], msg["value"])
+                elif op == "getitem":
+                    out = self._guarded(msg, _getitem, msg["target"], msg["value"])
+                elif op == "setitem":
+                    out = self._guarded(msg, _setitem, msg["target"], msg["name"], msg["value"])
+                elif op == "inplace":
+                    out = self._guarded(msg, _inplace, msg["target"], msg["name"], msg["args"])
+                else:
+                    return self._tag(seq, self.reply_error("protocol", note=f"op {op!r}"))
+            except _Failed as failed:
+                return self._tag(seq, failed.reply)
+        return self._tag(seq, out)
+
+    def _tag(self, seq: Any, payload: bytes) -> bytes:
+        tree, buffers = wire.unpack(payload)
+        tree["seq"] = seq
+        return wire.pack(tree, [bytes(b) for b in buffers])
+
+    def _guarded(self, msg: dict, fn, *args: Any) -> bytes:
+        """``fn(*args)`` on the learner's objects (a property, an iterator, ``__len__`` are
+        the learner's code too): under the time limit; errors come back as data."""
+        from ._core import _Deadline, _TimeUp
+
+        deadline = _Deadline(msg.get("limit"))
+        try:
+            with deadline:
+                out = fn(*args)
+        except _TimeUp as up:
+            if up.deadline is not deadline:
+                raise
+            raise _Failed(self.reply_error("timeout", limit=msg.get("limit"))) from None
+        except CallbackFailed:
+            raise _Failed(self.reply_error("callback")) from None
+        except Exception as err:  # noqa: BLE001 - the learner's error is data
+            raise _Failed(self._raised(err)) from None
+        if out is _STOP:
+            return wire.pack({"stop": True}, [])
+        return self.encode(out, refs=msg.get("op") != "call")
+
+    def _call(self, msg: dict) -> bytes:
+        """The learner's code itself, as ``Context.call`` runs it in the self-check: under
+        the time limit and the tripwire of the exercise's forbidden functions."""
+        from ._core import REGISTRY, ReferenceUsed, _Deadline, _Tripwire, _TimeUp
+
+        import contextlib
+
+        import torch
+
+        op = msg.get("op")
+        target, args, kwargs = msg.get("target"), msg.get("args", ()), msg.get("kwargs", {})
+        if op == "grad":  # the learner's backward pass, through autograd
+            target, args, kwargs = torch.autograd.grad, args, kwargs
+        elif op == "backward":
+            target, args = _backward, args
+        ex = REGISTRY.get(msg.get("exercise") or "")
+        forbidden = ex.forbidden() if ex is not None and msg.get("tripwire") else []
+        deadline = _Deadline(msg.get("limit"))
+        before = [_snapshot(a) for a in args]
+        if msg.get("rng") is not None:  # the random state the checker's process would have
+            torch.set_rng_state(msg["rng"])
+        watchers = [_watcher(w) for w in msg.get("watch", [])]
+        try:
+            with deadline, _Tripwire(forbidden), contextlib.ExitStack() as stack:
+                for w in watchers:
+                    stack.enter_context(w)
+                out = target(*args, **kwargs)
+                if op == "backward":
+                    out = {str(k): leaf.grad for k, leaf in self.leaves.items()}
+        except _TimeUp as up:
+            if up.deadline is not deadline:
+                raise
+            return self.reply_error("timeout", limit=msg.get("limit"))
+        except ReferenceUsed as used:
+            return self.reply_error("reference", name=used.name)
+        except NotImplementedError as err:
+            return self.reply_error("not_implemented", err)
+        except CallbackFailed:
+            return self.reply_error("callback")
+        except Exception as err:  # noqa: BLE001 - the learner's error is data
+            return self._raised(err)
+        except BaseException as err:  # SystemExit, KeyboardInterrupt: the checker decides
+            return self.reply_error("base", err)
+        modified = next(
+            (i for i, (a, b) in enumerate(zip(args, before, strict=True)) if not _unchanged(a, b)),
+            None,
+        )
+        extra = {"rng": torch.get_rng_state()} if msg.get("rng") is not None else {}
+        if watchers:
+            extra["watched"] = [_watched(w) for w in watchers]
+        return self.encode((out, modified, extra), refs="results")
+
+    def _raised(self, err: BaseException) -> bytes:
+        from ._core import _student_line
+
+        try:
+            where, line = _student_line(err.__traceback__)
+        except Exception:  # noqa: BLE001
+            where, line = "", ""
+        return self.reply_error("raised", err, where=where, line=line)
+
+
+class CheckerObject:
+    """An object of the check's that the learner's code uses by reference (a watched
+    cache): its methods and attributes are the checker's, reached across the wire."""
+
+    __slots__ = ("_agent", "_key")
+
+    def __init__(self, agent: Agent, key: int) -> None:
+        object.__setattr__(self, "_agent", agent)
+        object.__setattr__(self, "_key", key)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        agent, key = object.__getattribute__(self, "_agent"), object.__getattribute__(self, "_key")
+        value = agent.ask_checker(key, "getattr", name=name)
+        if isinstance(value, _Method):
+
+            def method(*args: Any, **kwargs: Any) -> Any:
+                return agent.ask_checker(key, "method", *args, name=name, **kwargs)
+
+            method.__name__ = name
+            return method
+        return value
+
+    def __len__(self) -> int:
+        return self._ask("len")
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._ask("getitem", item)
+
+    def _ask(self, op: str, *args: Any) -> Any:
+        agent, key = object.__getattribute__(self, "_agent"), object.__getattribute__(self, "_key")
+        return agent.ask_checker(key, op, *args)
+
+
+class _Method:
+    """What the checker answers when the learner's code reads a method of a check's object:
+    the kernel calls it by name."""
+
+
+class _Failed(Exception):  # noqa: N818 - carries an error reply out of a guarded request
+    def __init__(self, reply: bytes) -> None:
+        super().__init__("failed")
+        self.reply = reply
+
+
+_STOP = object()
+
+
+def _backward(tensor: Any, gradient: Any = None) -> None:
+    tensor.backward(gradient)
+
+
+def _watcher(spec: Any):
+    """A recorder of what the learner's code does in this process, as the check asks:
+    ``("ops", keep_args)`` an OpRecorder, ``("memory",)`` a PeakMemory."""
+    from ..efficient import OpRecorder, PeakMemory
+
+    if spec[0] == "ops":
+        return OpRecorder(keep_args=bool(spec[1]))
+    return PeakMemory()
+
+
+def _watched(w: Any) -> Any:
+    from ..efficient import OpRecorder
+
+    if isinstance(w, OpRecorder):
+        return [[op.name, [list(s) for s in op.shapes], op.flops, list(op.args)] for op in w.ops]
+    return {"peak": w.peak, "current": w.current}
+
+
+def _snapshot(x: Any) -> Any:
+    import numpy as np
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return None
+
+
+def _unchanged(x: Any, before: Any) -> bool:
+    import numpy as np
+    import torch
+
+    if before is None:
+        return True
+    try:
+        if isinstance(before, torch.Tensor):
+            return bool(torch.equal(x, before))
+        return bool(np.array_equal(x, before, equal_nan=True))
+    except Exception:  # noqa: BLE001 - an input replaced by something else: not in place
+        return True
+
+
+def _contains(obj: Any, value: Any) -> bool:
+    return value in obj
+
+
+def _getitem(obj: Any, key: Any) -> Any:
+    return obj[key]
+
+
+def _setitem(obj: Any, key: Any, value: Any) -> None:
+    obj[key] = value
+
+
+#: In-place tensor methods the checker may apply to a kernel tensor (a parameter).
+INPLACE = {"copy_", "fill_", "zero_", "normal_", "uniform_", "mul_", "add_", "requires_grad_"}
+
+
+def _inplace(obj: Any, name: str, args: tuple) -> Any:
+    import torch
+
+    if name not in INPLACE or not isinstance(obj, torch.Tensor):
+        raise TypeError(f"{name} is not an in-place tensor method the checker may use")
+    getattr(obj, name)(*args)
+    return None
+
+
+def connect() -> socket.socket | None:
+    """The connection to the checker, when this kernel is graded through one."""
+    path = os.environ.get(SOCKET_ENV, "")
+    if not path:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    return sock
+
+
+def check_through_checker(exercise_id: str, candidate: Any) -> dict:
+    """Ask the checker to check ``candidate`` and serve its requests until its verdict
+    comes: ``{"passed": bool, "message": str, "cases": int}``."""
+    sock = connect()
+    if sock is None:  # pragma: no cover - only called under grading
+        raise RuntimeError(f"${SOCKET_ENV} is not set")
+    with sock:
+        agent = Agent(sock)
+        enc = wire.Encoder(agent.handle)
+        request = {"op": "check", "id": str(exercise_id), "candidate": enc(candidate)}
+        wire.send_frame(sock, wire.pack(request, enc.buffers))
+        while True:
+            msg = agent.receive()
+            if msg.get("op") == "verdict":
+                return msg
+            agent.answer(msg)
+
+
+def graded() -> bool:
+    """Whether ``check`` in this process serves a checker (the kernel is being graded)."""
+    return bool(os.environ.get(SOCKET_ENV)) and "attention_ref.checks.checker" not in sys.modules

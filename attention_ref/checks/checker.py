@@ -1,0 +1,216 @@
+"""The trusted checker: where a graded check runs and its verdict is decided.
+
+Under grading every notebook's kernel runs in a sandbox and is never trusted. Its
+``check(exercise_id, candidate)`` does not judge: it connects to the checker (a process of
+the grader's, outside the sandbox) and serves it (:mod:`attention_ref.checks.agent`). The
+checker runs the check's code on a stand-in for the learner's function or class
+(:mod:`attention_ref.checks.remote`), decides, sends the kernel its feedback to show, and
+keeps the verdict in its own record.
+
+:func:`judge` runs one check on one connection. :class:`CellRecord` is what the checker
+records for one graded test cell: the checks the instructor's source cell makes, in
+order (``check("sdpa", sdpa)`` then ``_fresh_check("sdpa", sdpa, seed=2024,
+thorough=True)``); the seed and thoroughness of each are the source's, whatever the kernel
+asks; the cell passes only when each of them was asked for, in that order, and passed.
+
+Run as ``python -m attention_ref.checks.checker SOCKET``, it is the grader's checker
+process: it listens on the Unix socket ``SOCKET`` (the only thing of the checker's a
+kernel can reach) and takes orders from the grader on its standard input, one JSON line
+each, answering on its standard output (:func:`main`).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import pickle
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import wire
+from ._core import REGISTRY, CheckFailure, run_check
+from .mistakes import tag
+from .remote import Link
+
+CHECK_NAMES = {"check", "_fresh_check"}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One check that a source test cell makes: the exercise and how it is run."""
+
+    exercise: str
+    seed: int = 0
+    thorough: bool = False
+    time_limit: float | None = None
+
+
+def expected_checks(source: str) -> list[Expected]:
+    """The checks a test cell's source makes, in order: every call ``check("id", ...)`` or
+    ``_fresh_check("id", ...)`` whose exercise id, seed, thoroughness and time limit are
+    literals. A cell whose source cannot be parsed makes none."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        if name not in CHECK_NAMES or not node.args:
+            continue
+        first = node.args[0]
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            continue
+        kw = {}
+        for k in node.keywords:
+            if k.arg in ("seed", "thorough", "time_limit") and isinstance(k.value, ast.Constant):
+                kw[k.arg] = k.value.value
+        found.append((node.lineno, node.col_offset, Expected(first.value, **kw)))
+    return [e for *_, e in sorted(found, key=lambda t: (t[0], t[1]))]
+
+
+@dataclass
+class CellRecord:
+    """The checker's record of one graded test cell."""
+
+    cell: str
+    expected: list[Expected]
+    results: list[dict] = field(default_factory=list)
+
+    def next_expected(self) -> Expected | None:
+        n = len(self.results)
+        return self.expected[n] if n < len(self.expected) else None
+
+    @property
+    def passed(self) -> bool:
+        return (
+            bool(self.expected)
+            and len(self.results) == len(self.expected)
+            and all(r["passed"] for r in self.results)
+        )
+
+    def summary(self) -> dict:
+        return {
+            "cell": self.cell,
+            "passed": self.passed,
+            "expected": [e.exercise for e in self.expected],
+            "results": self.results,
+        }
+
+
+def _send_verdict(sock: socket.socket, verdict: dict) -> None:
+    buf = io.BytesIO()
+    pickle.dump({"op": "verdict", **verdict}, buf, protocol=pickle.HIGHEST_PROTOCOL)
+    wire.send_frame(sock, buf.getvalue())
+
+
+def judge(sock: socket.socket, expect: Expected | None) -> dict:
+    """Run one check that the kernel at ``sock`` asks for, as ``expect`` says (None: the
+    source makes no further check here, so none is run and the request fails); send the
+    kernel its feedback and return the verdict ``{"exercise", "passed", "message",
+    "cases"}``."""
+    link = Link(sock)
+    try:
+        tree, buffers = wire.unpack(wire.recv_frame(sock))
+        if not isinstance(tree, dict) or tree.get("op") != "check":
+            raise wire.WireError("the kernel's first message is not a check request")
+        asked = str(tree.get("id"))
+        candidate = link.decode(tree.get("candidate"), buffers)
+    except (wire.WireError, OSError, ValueError, KeyError, TypeError) as err:
+        return {"exercise": "", "passed": False, "message": f"unreadable request: {err}"}
+    verdict: dict[str, Any] = {"exercise": asked, "cases": 0}
+    if expect is None or asked != expect.exercise:
+        where = (
+            "this cell makes no further check"
+            if expect is None
+            else f"this cell checks {expect.exercise!r} here"
+        )
+        verdict.update(
+            passed=False,
+            message=f"{asked}: not graded: the check asked for {asked!r}, but {where}."
+            + tag("check_not_in_source"),
+        )
+    elif asked not in REGISTRY:
+        verdict.update(passed=False, error="ValueError", message=f"unknown exercise id {asked!r}")
+    else:
+        try:
+            n = run_check(
+                asked,
+                candidate,
+                seed=expect.seed,
+                thorough=expect.thorough,
+                time_limit=expect.time_limit,
+            )
+            verdict.update(passed=True, cases=n, message=f"✓ {asked}: passed ({n} cases)")
+        except CheckFailure as failure:
+            verdict.update(passed=False, message=str(failure))
+    try:
+        _send_verdict(sock, verdict)
+    except OSError:
+        pass  # the kernel went away: the record holds the verdict all the same
+    return verdict
+
+
+# ----------------------------------------------------------------------------- the process
+def main(argv: list[str]) -> int:
+    """The checker process. Orders on stdin, one JSON object a line:
+
+    - ``{"cell": ID, "source": SRC}``: a graded test cell starts; its record begins.
+      The checker then serves the kernel's check requests (each attributed to this cell)
+      until the next order;
+    - ``{"end": true}``: the cell has finished; the answer is its record;
+    - ``{"quit": true}``.
+
+    Answers on stdout, one JSON object a line: ``{"ready": true}`` once listening, and a
+    record after each ``end``. Check requests that come outside a cell are refused.
+    """
+    path = argv[0]
+    import selectors
+
+    import torch
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o666)  # the kernel runs under another user id when grading as root
+    server.listen(4)
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    sel = selectors.DefaultSelector()
+    sel.register(server, selectors.EVENT_READ, "kernel")
+    sel.register(sys.stdin, selectors.EVENT_READ, "grader")
+    record: CellRecord | None = None
+    while True:
+        for key, _ in sel.select():
+            if key.data == "kernel":
+                conn, _ = server.accept()
+                with conn:
+                    if record is None:
+                        judge(conn, None)  # refused: no graded cell is running
+                        continue
+                    record.results.append(judge(conn, record.next_expected()))
+                continue
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            order = json.loads(line)
+            if order.get("quit"):
+                return 0
+            if "cell" in order:
+                record = CellRecord(str(order["cell"]), expected_checks(order.get("source", "")))
+            elif order.get("end"):
+                summary = record.summary() if record is not None else {"passed": False}
+                record = None
+                out.write(json.dumps(summary) + "\n")
+                out.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,566 @@
+"""The checker's side of a graded check: the check runs here, the learner's code there.
+
+A :class:`Link` is one connection to a graded kernel (:mod:`attention_ref.checks.agent`).
+The check's code runs in this process unchanged, on a :class:`Remote` stand-in for the
+learner's function or class: calling it, reading or setting its attributes, iterating
+over what it returns (a module's parameters) become requests to the kernel, and what comes
+back is data (fresh arrays and tensors built from bytes, :mod:`attention_ref.checks.wire`)
+or another stand-in. A stand-in's type has the name of the kernel object's type and
+answers ``isinstance`` against the torch and course classes the kernel object is an
+instance of, so the feedback names things as the self-check does. A parameter of the
+learner's module is a :class:`RemoteTensor`: a tensor holding a copy of its values whose
+in-place methods (``copy_``, ...) are applied to the kernel's tensor too.
+
+Nothing the kernel sends is executed or unpickled here; a kernel that sends garbage,
+stops answering or closes the connection makes the check fail (:class:`KernelGone`),
+never the checker crash.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import socket
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from . import wire
+
+#: Seconds the checker waits for an answer beyond the kernel's own limit for the request.
+GRACE = 30.0
+#: The longest the checker waits for an answer to a request without a time limit.
+NO_LIMIT_WAIT = 600.0
+
+
+class KernelGone(Exception):  # noqa: N818 - an event
+    """The kernel stopped answering, closed the connection or broke the protocol."""
+
+
+class KernelError(Exception):
+    """A request of the checker's raised in the kernel (the learner's code, or an attribute
+    it does not have): ``info`` is what the kernel said, as data."""
+
+    def __init__(self, info: dict) -> None:
+        self.info = info
+        super().__init__(f"{info.get('type', 'Error')}: {info.get('message', '')}")
+
+
+_ERRORS: dict[str, type] = {}
+
+
+def kernel_error(info: dict) -> KernelError:
+    """The kernel's error as an exception here: for the learner's code raising a built-in
+    exception (``ValueError``, ``AttributeError``...), an instance of a class of that name
+    that is both that built-in and a :class:`KernelError`, so that the check's own
+    ``except ValueError`` and its feedback read it as in the learner's process."""
+    import builtins
+
+    name = info.get("type", "")
+    base = getattr(builtins, name, None) if info.get("kind") == "raised" else None
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        return KernelError(info)
+    cls = _ERRORS.get(name)
+    if cls is None:
+        cls = type(name, (KernelError, base), {"__str__": lambda self: self.info.get("message", "")})
+        cls.__module__ = "builtins"
+        _ERRORS[name] = cls
+    err = cls.__new__(cls)
+    err.info = info
+    err.args = (info.get("message", ""),)
+    return err
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles what the checker sends; kernel objects go as their ids, and a function that
+    pickle cannot name (a closure, a lambda) as a callback the kernel calls back."""
+
+    def __init__(self, buf, link: Link) -> None:
+        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        self.link = link
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, Remote):
+            return ("k", object.__getattribute__(obj, "_id"))
+        if isinstance(obj, RemoteTensor):
+            return ("k", obj._ref)
+        if (
+            type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter
+        ) and obj.requires_grad and obj.is_leaf:
+            return ("leaf", self.link.leaf_key(obj), obj.detach().clone())
+        if getattr(type(obj), "__by_reference__", False):
+            return ("obj", self.link.register_callback(obj))
+        if callable(obj) and not isinstance(obj, type | torch.nn.Module):
+            qual = getattr(obj, "__qualname__", "") or ""
+            if "<" in qual or not getattr(obj, "__module__", None):
+                return ("cb", self.link.register_callback(obj))
+        return None
+
+
+class Link:
+    """One connection to one graded kernel, for one check."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.seq = 0
+        self.proxies: dict[int, Any] = {}
+        self.tensors: dict[int, RemoteTensor] = {}
+        self.callbacks: dict[int, Any] = {}
+        self.pending: BaseException | None = None
+        self.limit: float | None = None  # the per-request limit of attribute reads
+        self.exercise = ""
+        self.dead: str = ""
+        self.leaves: dict[int, torch.Tensor] = {}  # key -> the check's tensor
+        self._leaf_keys: dict[int, int] = {}  # id(tensor) -> key
+        self.watchers: list[Any] = []  # OpRecorder / PeakMemory the check watches with
+        self.learner_limit: Any = None  # inside Context.call of a function of the check's
+
+    def leaf_key(self, t: torch.Tensor) -> int:
+        key = self._leaf_keys.get(id(t))
+        if key is None or self.leaves.get(key) is not t:
+            key = len(self.leaves) + 1
+            self.leaves[key] = t
+            self._leaf_keys[id(t)] = key
+        return key
+
+    def learner_request(self, op: str, target: Any, args: tuple, kwargs: dict,
+                        limit: Any = "default", tripwire: bool = True) -> tuple[Any, Any]:
+        """Run the learner's code in the kernel (``op``: call, grad, backward) as the
+        self-check runs it: the per-call limit, the tripwire, the checker's random state,
+        and the watchers the check has on; ``(result, input modified in place or None)``."""
+        from ..efficient import OpRecorder
+
+        watch = [
+            ["ops", w.keep_args] if isinstance(w, OpRecorder) else ["memory"]
+            for w in self.watchers
+        ]
+        value, modified, extra = self.request(
+            op,
+            target,
+            args=tuple(args),
+            kwargs=dict(kwargs),
+            limit=limit,
+            exercise=self.exercise,
+            tripwire=tripwire,
+            rng=torch.get_rng_state(),
+            watch=watch,
+        )
+        if isinstance(extra, dict):
+            if isinstance(extra.get("rng"), torch.Tensor):
+                torch.set_rng_state(extra["rng"])
+            for w, seen in zip(self.watchers, extra.get("watched", []), strict=False):
+                _merge(w, seen)
+        self.raise_pending()
+        return value, modified
+
+    # -- sending
+    def register_callback(self, fn: Any) -> int:
+        key = len(self.callbacks) + 1
+        self.callbacks[key] = fn
+        return key
+
+    def _send(self, msg: dict) -> None:
+        buf = io.BytesIO()
+        _Pickler(buf, self).dump(msg)
+        wire.send_frame(self.sock, buf.getvalue())
+
+    def request(self, op: str, target: Any = None, *, limit: Any = "default", **fields) -> Any:
+        """Send one request; the decoded answer. Raises :class:`KernelError` with the
+        kernel's error, or :class:`KernelGone`."""
+        if self.dead:
+            raise KernelGone(self.dead)
+        self.seq += 1
+        seq = self.seq
+        lim = self.limit if limit == "default" else limit
+        msg = {"op": op, "seq": seq, "grad": torch.is_grad_enabled(), "limit": lim, **fields}
+        if target is not None:
+            msg["target"] = target
+        try:
+            self._send(msg)
+            wait = NO_LIMIT_WAIT if lim is None else 4 * lim + GRACE
+            return self._answer(seq, wait)
+        except (KernelError, StopIteration):
+            raise
+        except (OSError, wire.WireError, ValueError, KeyError, TypeError) as err:
+            self.dead = f"the kernel stopped answering the checker ({type(err).__name__}: {err})"
+            raise KernelGone(self.dead) from None
+
+    def _answer(self, seq: int, wait: float) -> Any:
+        self.sock.settimeout(wait)
+        while True:
+            try:
+                tree, buffers = wire.unpack(wire.recv_frame(self.sock))
+            except TimeoutError:
+                raise wire.WireError(f"no answer within {wait:g} s") from None
+            if not isinstance(tree, dict):
+                raise wire.WireError("an answer that is not a record")
+            if "cb" in tree:
+                self._serve_callback(tree, buffers)
+                continue
+            if tree.get("seq") not in (seq, None):
+                continue  # the late answer of a request the checker gave up on
+            if "error" in tree:
+                info = tree["error"]
+                if not isinstance(info, dict):
+                    raise wire.WireError("a malformed error")
+                raise kernel_error({str(k): str(v) if k != "limit" else v for k, v in info.items()})
+            if tree.get("stop"):
+                raise StopIteration
+            return self.decode(tree["ok"], buffers)
+
+    def decode(self, node: Any, buffers) -> Any:
+        return wire.Decoder(buffers, self._proxy, self._tensor_ref)(node)
+
+    def _serve_callback(self, tree: dict, buffers) -> None:
+        """The kernel uses an object of the check's (a callable, a watched cache): do it
+        here, on the data the kernel sent."""
+        obj = self.callbacks.get(int(tree["cb"]))
+        try:
+            if obj is None:
+                raise wire.WireError("a callback the checker never gave")
+            args = self.decode(tree["args"], buffers)
+            kwargs = self.decode(tree["kwargs"], buffers)
+            op = tree.get("op", "call")
+            if op == "call":
+                value = obj(*args, **kwargs)
+            elif op == "method":
+                name = str(tree.get("name", ""))
+                if name.startswith("_"):
+                    raise AttributeError(name)
+                value = getattr(obj, name)(*args, **kwargs)
+            elif op == "getattr":
+                name = str(tree.get("name", ""))
+                if name.startswith("_"):
+                    raise AttributeError(name)
+                value = getattr(obj, name)
+                if callable(value) and not isinstance(value, type | torch.Tensor):
+                    self._send({"op": "cb_result", "method": True})
+                    return
+            elif op == "len":
+                value = len(obj)
+            elif op == "getitem":
+                value = obj[args[0]]
+            else:
+                raise wire.WireError(f"a callback op {op!r}")
+        except BaseException as err:  # noqa: BLE001 - kept; the call fails with it
+            if self.pending is None:
+                self.pending = err
+            self._send({"op": "cb_error", "message": type(err).__name__})
+            return
+        self._send({"op": "cb_result", "value": value})
+
+    # -- stand-ins
+    def _proxy(self, node: dict) -> Any:
+        key = int(node["id"])
+        p = self.proxies.get(key)
+        if p is None:
+            p = _proxy_class(node)(self, key, node)
+            self.proxies[key] = p
+        return p
+
+    def _tensor_ref(self, x: torch.Tensor, node: dict) -> torch.Tensor:
+        key = int(node["ref"])
+        t = self.tensors.get(key)
+        if t is not None and t.shape == x.shape and t.dtype == x.dtype:
+            with torch.no_grad():
+                torch.Tensor.copy_(t, x)
+            return t
+        t = RemoteTensor.make(x, self, key, bool(node.get("fn")))
+        self.tensors[key] = t
+        return t
+
+    def raise_pending(self) -> None:
+        if self.pending is not None:
+            err, self.pending = self.pending, None
+            raise err
+
+
+# ----------------------------------------------------------------------------- stand-ins
+_CLASSES: dict[tuple, type] = {}
+
+
+def _resolve(name: str) -> type | None:
+    """A class of the checker's own, by ``module:qualname``, among modules already
+    imported here (nothing is imported on a kernel's word)."""
+    mod, _, qual = name.partition(":")
+    obj: Any = sys.modules.get(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, type) else None
+
+
+def _proxy_class(node: dict) -> type:
+    mro = tuple(str(n) for n in node.get("mro", []))
+    key = (str(node.get("type", "object")), mro, bool(node.get("is_type")))
+    cls = _CLASSES.get(key)
+    if cls is None:
+        spoof = next(
+            (c for c in map(_resolve, mro) if c is not None and c is not object), None
+        )
+        attrs: dict[str, Any] = {"__slots__": ()}
+        if spoof is not None and not node.get("is_type"):
+            attrs["__class__"] = property(lambda self, c=spoof: c)
+        if node.get("is_type"):
+            # A class of the kernel's: isinstance(x, type) holds, and issubclass against
+            # the torch and course classes it derives from answers as in the kernel
+            # (issubclass walks __bases__ of what is not a real class).
+            bases = tuple(
+                c for c in map(_resolve, node.get("bases", [])) if c is not None
+            )[:1] or (object,)
+            attrs["__class__"] = property(lambda self: type)
+            attrs["__bases__"] = property(lambda self, b=bases: b)
+        cls = type(key[0], (Remote,), attrs)
+        _CLASSES[key] = cls
+    return cls
+
+
+class Remote:
+    """The checker's stand-in for an object in the kernel."""
+
+    __slots__ = ("_link", "_id", "_desc")
+
+    def __init__(self, link: Link, key: int, desc: dict) -> None:
+        object.__setattr__(self, "_link", link)
+        object.__setattr__(self, "_id", key)
+        object.__setattr__(self, "_desc", desc)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__") and name not in REMOTE_DUNDERS:
+            raise AttributeError(name)
+        link = object.__getattribute__(self, "_link")
+        try:
+            return link.request("getattr", self, name=name)
+        except KernelError as err:
+            if err.info.get("type") == "AttributeError":
+                raise AttributeError(err.info.get("message", name)) from None
+            raise
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__getattribute__(self, "_link").request("setattr", self, name=name, value=value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return remote_call(self, args, kwargs)
+
+    def __iter__(self):
+        link = object.__getattribute__(self, "_link")
+        it = link.request("iter", self)
+        while True:
+            try:
+                yield link.request("next", it)
+            except StopIteration:
+                return
+
+    def __len__(self) -> int:
+        return int(object.__getattribute__(self, "_link").request("len", self))
+
+    def __bool__(self) -> bool:
+        return bool(object.__getattribute__(self, "_link").request("bool", self))
+
+    def __contains__(self, value: Any) -> bool:
+        return bool(object.__getattribute__(self, "_link").request("contains", self, value=value))
+
+    def __getitem__(self, key: Any) -> Any:
+        return object.__getattribute__(self, "_link").request("getitem", self, value=key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        link = object.__getattribute__(self, "_link")
+        link.request("setitem", self, name=key, value=value)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} in the graded kernel>"
+
+
+#: Dunder attributes a stand-in fetches from the kernel (others are the stand-in's own).
+REMOTE_DUNDERS = {"__name__", "__qualname__", "__self__", "__func__", "__wrapped__"}
+
+
+def describe(obj: Any) -> dict:
+    """What the kernel told about a stand-in (``{}`` for anything else)."""
+    return object.__getattribute__(obj, "_desc") if isinstance(obj, Remote) else {}
+
+
+def is_remote_class(obj: Any, base: type) -> bool:
+    """Whether a stand-in is a class in the kernel that subclasses ``base``."""
+    d = describe(obj)
+    return bool(d.get("is_type")) and f"{base.__module__}:{base.__qualname__}" in d.get(
+        "bases", []
+    )
+
+
+class CallOutcome:
+    """What a call of the learner's code did in the kernel, for ``Context.call``."""
+
+    def __init__(self, kind: str, info: dict) -> None:
+        self.kind = kind
+        self.info = info
+
+
+_local = threading.local()
+
+
+def is_remote(obj: Any) -> bool:
+    return isinstance(obj, Remote)
+
+
+def prepare(candidate: Any, exercise_id: str, limit: float | None) -> None:
+    """Before a check of a learner's object in a kernel: the exercise (for the tripwire)
+    and the time limit of every request about it."""
+    prepare_active(candidate)
+    if isinstance(candidate, Remote):
+        link: Link = object.__getattribute__(candidate, "_link")
+        link.exercise = exercise_id
+        link.limit = limit
+
+
+def remote_call(target: Any, args: tuple, kwargs: dict) -> Any:
+    """Call a kernel object from the check's own code: inside ``Context.call`` (a function
+    of the check's that calls the learner's code) as the learner's code, else as a method
+    the check uses (building a module, moving it to a dtype)."""
+    link: Link = object.__getattribute__(target, "_link")
+    inside = link.learner_limit is not None
+    limit = link.learner_limit[0] if inside else "default"
+    value, _ = link.learner_request("call", target, args, kwargs, limit=limit, tripwire=inside)
+    return value
+
+
+def call_learner(target: Any, args: list, kwargs: dict, limit: float | None) -> tuple[Any, Any]:
+    """``Context.call`` of a kernel object: run under ``limit`` and the exercise's
+    tripwire; ``(result, index of an input it modified in place or None)``."""
+    link: Link = object.__getattribute__(target, "_link")
+    return link.learner_request("call", target, args, kwargs, limit=limit)
+
+
+#: The link of the check running now (None in the self-check).
+ACTIVE: list[Link] = []
+
+
+class learner_code:  # noqa: N801 - used as a context manager, reads as what it marks
+    """``with learner_code(limit):`` the check's own function calls the learner's code
+    in the kernel: those calls get the per-call limit and the tripwire."""
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self.saved: Any = None
+
+    def __enter__(self) -> learner_code:
+        if ACTIVE:
+            self.saved = ACTIVE[-1].learner_limit
+            ACTIVE[-1].learner_limit = (self.limit,)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if ACTIVE:
+            ACTIVE[-1].learner_limit = self.saved
+
+
+class watching:  # noqa: N801 - a context manager
+    """``with watching(OpRecorder()) as rec:``: in the self-check the recorder watches this
+    process; in a graded check it watches the kernel, call by call, and the records come
+    back as data (evidence from inside the kernel, not a verdict)."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder = recorder
+
+    def __enter__(self) -> Any:
+        if ACTIVE:
+            ACTIVE[-1].watchers.append(self.recorder)
+            return self.recorder
+        return self.recorder.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        if ACTIVE:
+            ACTIVE[-1].watchers.remove(self.recorder)
+            return False
+        return self.recorder.__exit__(*exc)
+
+
+def _merge(watcher: Any, seen: Any) -> None:
+    from ..efficient import OpRecord, OpRecorder
+
+    if isinstance(watcher, OpRecorder):
+        for name, shapes, flops, args in seen:
+            shapes = tuple(tuple(int(d) for d in s) for s in shapes)
+            watcher.ops.append(OpRecord(str(name), shapes, int(flops), tuple(args)))
+    else:
+        watcher.peak = max(watcher.peak, watcher.current + int(seen["peak"]))
+        watcher.current += int(seen["current"])
+
+
+def autograd_grad(outputs: Any, inputs: Any, grad_outputs: Any = None, allow_unused: bool = False):
+    """``torch.autograd.grad``, also for outputs of the learner's code in a graded kernel
+    (the backward pass then runs there, as the learner's code)."""
+    outs = outputs if isinstance(outputs, tuple | list) else (outputs,)
+    if not any(isinstance(o, RemoteTensor) for o in outs):
+        return torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=allow_unused)
+    link = next(o._link for o in outs if isinstance(o, RemoteTensor))
+    limit = link.learner_limit[0] if link.learner_limit is not None else "default"
+    value, _ = link.learner_request(
+        "grad", None, (outputs, inputs, grad_outputs), {"allow_unused": allow_unused}, limit=limit
+    )
+    return tuple(value)
+
+
+def prepare_active(candidate: Any) -> None:
+    """Make ``candidate``'s link the active one (or none, for the self-check)."""
+    ACTIVE.clear()
+    if isinstance(candidate, Remote):
+        ACTIVE.append(object.__getattribute__(candidate, "_link"))
+
+
+class _GradFn:
+    """Stands for the kernel tensor's ``grad_fn`` (the graph lives in the kernel)."""
+
+    def __repr__(self) -> str:
+        return "<grad_fn in the graded kernel>"
+
+
+_GRAD_FN = _GradFn()
+
+
+class RemoteTensor(torch.Tensor):
+    """A tensor of the learner's module (a parameter): a copy of its values here, and
+    in-place methods that change the kernel's tensor as well."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def make(x: torch.Tensor, link: Link, ref: int, has_fn: bool = False) -> RemoteTensor:
+        t = torch.Tensor._make_subclass(RemoteTensor, x.detach(), x.requires_grad)
+        t._link = link
+        t._ref = ref
+        t._param = isinstance(x, torch.nn.Parameter)
+        t._has_fn = has_fn
+        return t
+
+    @property
+    def grad_fn(self):  # noqa: D102 - the kernel tensor's: a marker when it has one
+        return _GRAD_FN if getattr(self, "_has_fn", False) else None
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        """The learner's backward pass, in the kernel; the gradients of the check's tensors
+        that crossed to the kernel come back to their ``.grad``."""
+        link = self._link
+        limit = link.learner_limit[0] if link.learner_limit is not None else "default"
+        grads, _ = link.learner_request("backward", None, (self, gradient), {}, limit=limit)
+        for key, g in grads.items():
+            leaf = link.leaves.get(int(key))
+            if leaf is not None and g is not None:
+                leaf.grad = g if leaf.grad is None else leaf.grad + g
+
+    def _remote_inplace(self, name: str, *args: Any) -> RemoteTensor:
+        self._link.request("inplace", self, name=name, args=args)
+        with torch.no_grad():
+            getattr(torch.Tensor, name)(self, *args)
+        return self
+
+    def copy_(self, src, non_blocking=False):  # noqa: D102
+        value = torch.Tensor.detach(src).as_subclass(torch.Tensor).to(self.dtype)
+        return self._remote_inplace("copy_", value)
+
+    def fill_(self, value):  # noqa: D102
+        return self._remote_inplace("fill_", value)
+
+    def zero_(self):  # noqa: D102
+        return self._remote_inplace("zero_")
