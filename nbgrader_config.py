@@ -57,9 +57,18 @@ def _load(name):
 _sandbox = _load("sandbox")
 _cell_limits = _load("cell_limits")
 _feedback = _load("feedback")
+_trusted = _load("trusted")
+# The verdict is decided outside the kernel: every graded test cell gets the points the
+# trusted checker recorded for it (attention_ref/course/trusted.py), never what the
+# kernel printed; the tags of every cell are the instructor's.
 _CourseExecute = _cell_limits.execute_preprocessor(
-    _sandbox.kernel_manager_class() if _sandbox.enabled() else None
+    _sandbox.kernel_manager_class() if _sandbox.enabled() else None, trusted=_trusted
 )
+c.Autograde.sanitize_preprocessors = [
+    *Autograde.class_traits()["sanitize_preprocessors"].default(),
+    _trusted.SourceTags,
+]
+c.SourceTags.source_root = os.path.join(c.CourseDirectory.root, "solutions")
 c.Autograde.autograde_preprocessors = [
     _CourseExecute if p is Execute else p
     for p in Autograde.class_traits()["autograde_preprocessors"].default()

@@ -104,9 +104,11 @@ def timeout_message(limit: int, cell: Any) -> str:
     )
 
 
-def execute_preprocessor(kernel_manager_class=None):
+def execute_preprocessor(kernel_manager_class=None, trusted=None):
     """nbgrader's ``Execute`` preprocessor with the course's per-cell limits, whose
-    kernels ``kernel_manager_class`` starts (the sandbox's; None: Jupyter's default).
+    kernels ``kernel_manager_class`` starts (the sandbox's; None: Jupyter's default), and,
+    given ``trusted`` (the module :mod:`attention_ref.course.trusted`), whose graded test
+    cells get the points of the trusted checker's record.
     Imported lazily: this module must load without nbgrader for :class:`CellLimits`."""
     from nbgrader.preprocessors import Execute
 
@@ -114,12 +116,40 @@ def execute_preprocessor(kernel_manager_class=None):
         """Execute with :class:`CellLimits`: a fresh budget for each notebook; a kernel
         that dies before its first cell is replaced (:func:`kernel_failed_to_start`)."""
 
+        checker = None
+
         def __init__(self, *args, **kwargs):
             if kernel_manager_class is not None:
                 kwargs.setdefault("kernel_manager_class", kernel_manager_class)
             super().__init__(*args, **kwargs)
 
         def preprocess(self, nb, resources=None, km=None):
+            if trusted is None:
+                return self._preprocess(nb, resources, km)
+            self.checker = trusted.CheckerProcess()
+            try:
+                return self._preprocess(nb, resources, km)
+            finally:
+                self.checker.stop()
+                self.checker = None
+
+        def start_new_kernel(self, **kwargs):
+            # nbclient binds start_new_kernel to its own async one: go through ours.
+            from jupyter_core.utils import run_sync
+
+            return run_sync(self.async_start_new_kernel)(**kwargs)
+
+        async def async_start_new_kernel(self, **kwargs):
+            if self.checker is not None:
+                if hasattr(self.km, "checker_socket"):  # the sandbox binds it in
+                    self.km.checker_socket = str(self.checker.socket)
+                else:
+                    env = dict(kwargs.get("env") or os.environ)
+                    env[trusted.SOCKET_ENV] = str(self.checker.socket)
+                    kwargs["env"] = env
+            return await super().async_start_new_kernel(**kwargs)
+
+        def _preprocess(self, nb, resources=None, km=None):
             for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
                 self.limits = CellLimits()
                 self.timeout_func = self.limits
@@ -144,9 +174,22 @@ def execute_preprocessor(kernel_manager_class=None):
                     )
             raise AssertionError("unreachable")  # pragma: no cover
 
+        def execute_cell(self, cell, cell_index, *args, **kwargs):
+            # nbclient binds execute_cell to its own async_execute_cell: go through ours.
+            from jupyter_core.utils import run_sync
+
+            return run_sync(self.async_execute_cell)(cell, cell_index, *args, **kwargs)
+
         async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
             self.cells_started += 1
-            return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+            if self.checker is None or not trusted.is_graded_test(cell):
+                return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+            gid = trusted.grade_id(cell)
+            self.checker.begin(gid, cell.source)
+            try:
+                return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
+            finally:
+                trusted.apply_record(cell, self.checker.end(gid))
 
         async def _async_handle_timeout(self, timeout, cell=None):
             self.limits.timed_out(timeout)

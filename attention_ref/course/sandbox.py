@@ -72,6 +72,7 @@ RUN = f"{SANDBOX}/.kernel"  # the kernel's Unix sockets
 CONNECTION_FILE = "/opt/kernel.json"
 PACKAGE_DIR = "/opt/course-package"
 LAUNCHER = "/opt/course-launcher.py"
+CHECKER_SOCKET = "/opt/checker.sock"  # the trusted checker's (attention_ref.course.trusted)
 # The user id a kernel gets when grading runs as root: one of its own, so that the
 # process cap counts its processes alone.
 ROOT_UID_BASE, ROOT_UID_SPAN = 1_500_000_000, 500_000_000
@@ -302,6 +303,7 @@ def bwrap_argv(
     package: Path,
     hide: list[Path],
     uid: int | None = None,
+    checker: Path | None = None,
 ) -> list[str]:
     """The command line that runs ``command`` (a kernel) in a sandbox.
 
@@ -344,6 +346,9 @@ def bwrap_argv(
     argv += ["--perms", "0755", "--dir", "/opt"]
     argv += ["--ro-bind", str(connection_file), CONNECTION_FILE]
     argv += ["--ro-bind", str(package), PACKAGE_DIR]
+    if checker is not None:  # the trusted checker's socket, the one way out of the sandbox
+        argv += ["--ro-bind", str(checker), CHECKER_SOCKET]
+        argv += ["--setenv", "ATTENTION_REF_CHECKER", CHECKER_SOCKET]
     argv += ["--ro-bind", str(Path(__file__).resolve()), LAUNCHER, "--chdir", WORK]
     for k, v in sorted(env.items()):
         argv += ["--setenv", k, v]
@@ -407,6 +412,9 @@ def kernel_manager_class():
         talking to the grader over Unix sockets; interrupted by a message (a signal would
         reach bwrap, not the kernel)."""
 
+        #: The trusted checker's socket (set by the grader before the kernel starts).
+        checker_socket: str | None = None
+
         def __init__(self, **kwargs):
             kwargs.setdefault("transport", "ipc")
             super().__init__(**kwargs)
@@ -464,6 +472,7 @@ def kernel_manager_class():
                 package=student_edition(),
                 hide=hide,
                 uid=uid,
+                checker=Path(self.checker_socket) if self.checker_socket else None,
             )
             try:
                 await super()._async_launch_kernel(argv, **kw)

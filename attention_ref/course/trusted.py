@@ -1,0 +1,246 @@
+"""Grading that graded code cannot forge: the instructor's cells, the checker's verdicts.
+
+Two rules, applied while a submission is autograded (``make grade``, ``nbgrader
+autograde``, formgrader's button: every run goes through nbgrader_config.py):
+
+1. **The source notebook is the truth about cells.** :class:`SourceTags` (a sanitising
+   preprocessor, after nbgrader restores the graded cells' source) gives every cell of the
+   submission the tags of the instructor's cell it is: the cell with the same ``grade_id``,
+   or, for a cell without one, the instructor's cell with the same source text. Any other
+   cell has no tags. So a ``training`` tag (the long time limit) or ``skip-execution`` (a
+   test cell never run) written into a submission changes nothing.
+
+2. **Points come from the checker's record.** :class:`CheckerProcess` is the trusted
+   checker (:mod:`attention_ref.checks.checker`), a process of the grader's that the
+   kernel reaches through one Unix socket. Before each graded test cell runs, the grader
+   tells the checker which cell it is and what its (instructor's) source checks; the
+   kernel's ``check(...)`` calls are judged there; after the cell, the checker's record of
+   it comes back. :func:`apply_record` then replaces the cell's outputs with the checker's
+   feedback, and adds an error output when the record is not a pass, so that nbgrader's
+   own scoring (an error: no points) gives exactly the record's points: a cell that never
+   called the checker (emptied, skipped, its kernel dead) earns nothing, and nothing the
+   kernel printed in a test cell is kept.
+
+This module imports nothing from the course package (nbgrader_config.py loads it by
+path) and no PyTorch: the checker is a separate process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool, Unicode
+
+#: Where the checker's socket appears inside the sandbox.
+SANDBOX_SOCKET = "/opt/checker.sock"
+#: The kernel's environment variable naming the socket (attention_ref.checks.agent).
+SOCKET_ENV = "ATTENTION_REF_CHECKER"
+#: Seconds the grader waits for the checker's record of a cell once the cell has ended.
+RECORD_WAIT = 120.0
+#: Environment variables the checker keeps (it needs no credential of any kind).
+CHECKER_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "PYTHONHASHSEED",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "ATTENTION_REF_TIME_LIMIT",
+    "LD_LIBRARY_PATH",
+)
+ENAME = "NotGraded"
+
+
+def grade_id(cell: Any) -> str:
+    return (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade_id", "") or ""
+
+
+def is_graded_test(cell: Any) -> bool:
+    """A code cell worth points that the learner does not write (nbgrader's test cell)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {}) or {}
+    return (
+        cell.get("cell_type") == "code"
+        and bool(meta.get("grade"))
+        and not meta.get("solution")
+        and bool(grade_id(cell))
+    )
+
+
+# ----------------------------------------------------------------------------- cells
+class SourceTags(Preprocessor):
+    """Give each cell of a submission the tags of the instructor's cell it is (by
+    ``grade_id``, else by identical source), and none otherwise."""
+
+    enabled = Bool(True).tag(config=True)
+    source_root = Unicode("", help="the course's source directory (solutions/)").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        source = self._source(resources)
+        if source is None:
+            return nb, resources
+        by_id = {grade_id(c): c for c in source.cells if grade_id(c)}
+        by_text = {}
+        for c in source.cells:
+            if not grade_id(c):
+                by_text.setdefault((c.cell_type, c.source), c)
+        for cell in nb.cells:
+            gid = grade_id(cell)
+            mine = by_id.get(gid) if gid else by_text.get((cell.cell_type, cell.source))
+            tags = list(mine.metadata.get("tags", [])) if mine is not None else []
+            if tags:
+                cell.metadata["tags"] = tags
+            else:
+                cell.metadata.pop("tags", None)
+        return nb, resources
+
+    def _source(self, resources):
+        import nbformat
+
+        info = resources.get("nbgrader", {}) if resources else {}
+        aid, name = info.get("assignment"), info.get("notebook")
+        if not (self.source_root and aid and name):
+            return None
+        path = Path(self.source_root) / aid / f"{name}.ipynb"
+        if not path.is_file():
+            return None
+        return nbformat.read(path, as_version=4)
+
+
+# ----------------------------------------------------------------------------- the checker
+class CheckerProcess:
+    """The trusted checker of one notebook's grading: a child process of the grader's,
+    listening on a Unix socket in a folder of the grader's."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="ar-checker-"))
+        self.socket = self.dir / "checker.sock"
+        env = {k: os.environ[k] for k in CHECKER_ENV if k in os.environ}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "attention_ref.checks.checker", str(self.socket)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=self.dir,
+        )
+        ready = self._read(60.0)
+        if not ready or not ready.get("ready"):
+            self.stop()
+            raise RuntimeError("the trusted checker did not start")
+        self.records: dict[str, dict] = {}
+
+    def _read(self, wait: float) -> dict | None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + wait
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+                line = self.proc.stdout.readline()
+                if not line:
+                    return None
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    continue
+        finally:
+            sel.close()
+        return None
+
+    def _order(self, order: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(order) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def begin(self, cell_id: str, source: str) -> None:
+        """A graded test cell starts: the checker attributes the kernel's checks to it."""
+        self._order({"cell": cell_id, "source": source})
+
+    def end(self, cell_id: str) -> dict:
+        """The cell has ended: the checker's record of it (a failed one if the checker
+        does not answer)."""
+        record = self._read(RECORD_WAIT) if self._order({"end": True}) else None
+        if not isinstance(record, dict) or record.get("cell") != cell_id:
+            record = {
+                "cell": cell_id,
+                "passed": False,
+                "results": [],
+                "note": "the trusted checker kept no record of this cell",
+            }
+        self.records[cell_id] = record
+        return record
+
+    def stop(self) -> None:
+        try:
+            self._order({"quit": True})
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def record_text(record: dict) -> tuple[str, str]:
+    """What the cell shows: ``(feedback of the checks that passed, the failure or "")``."""
+    shown, failure = [], ""
+    for r in record.get("results", []):
+        if r.get("passed"):
+            shown.append(str(r.get("message", "")))
+        elif not failure:
+            failure = str(r.get("message", ""))
+    if not record.get("passed") and not failure:
+        expected = record.get("expected") or []
+        done = len(record.get("results", []))
+        if record.get("note"):
+            failure = f"Not graded: {record['note']}."
+        elif not expected:
+            failure = "Not graded: this test cell makes no check."
+        else:
+            missing = expected[done] if done < len(expected) else expected[-1]
+            failure = (
+                f"Not graded: the check of {missing!r} that this cell makes never reached the "
+                "grader's checker (the cell was interrupted, its code did not run, or the "
+                "kernel stopped)."
+            )
+    return "\n".join(shown), failure
+
+
+def apply_record(cell: Any, record: dict) -> None:
+    """Make the cell's outputs the checker's: its feedback as text, and an error output
+    when the record is not a pass (nbgrader then gives the cell no points)."""
+    import nbformat
+
+    shown, failure = record_text(record)
+    outputs = []
+    if shown:
+        outputs.append(nbformat.v4.new_output("stream", name="stdout", text=shown + "\n"))
+    if not record.get("passed"):
+        outputs.append(
+            nbformat.v4.new_output(
+                "error",
+                ename=ENAME if failure.startswith("Not graded") else "CheckFailure",
+                evalue=failure,
+                traceback=[failure],
+            )
+        )
+    cell["outputs"] = outputs
+    cell["execution_count"] = cell.get("execution_count")
