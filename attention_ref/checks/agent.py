@@ -18,6 +18,7 @@ failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -156,10 +157,8 @@ class Agent:
             import pickle as _p
 
             seq = None
-            try:  # the request's number, to answer it
+            with contextlib.suppress(Exception):  # the request's number, to answer it
                 seq = _p.loads(frame).get("seq")
-            except Exception:  # noqa: BLE001
-                pass
             return {"op": "unreadable", "seq": seq, "error": f"{type(err).__name__}: {err}"}
         return msg if isinstance(msg, dict) else {"op": "unreadable", "seq": None}
 
@@ -231,11 +230,11 @@ class Agent:
     def _call(self, msg: dict) -> bytes:
         """The learner's code itself, as ``Context.call`` runs it in the self-check: under
         the time limit and the tripwire of the exercise's forbidden functions."""
-        from ._core import REGISTRY, ReferenceUsed, _Deadline, _Tripwire, _TimeUp
-
         import contextlib
 
         import torch
+
+        from ._core import REGISTRY, ReferenceUsed, _Deadline, _TimeUp, _Tripwire
 
         op = msg.get("op")
         target, args, kwargs = msg.get("target"), msg.get("args", ()), msg.get("kwargs", {})

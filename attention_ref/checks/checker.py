@@ -22,6 +22,7 @@ each, answering on its standard output (:func:`main`).
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import json
 import os
@@ -150,10 +151,8 @@ def judge(sock: socket.socket, expect: Expected | None) -> dict:
             verdict.update(passed=True, cases=n, message=f"✓ {asked}: passed ({n} cases)")
         except CheckFailure as failure:
             verdict.update(passed=False, message=str(failure))
-    try:
+    with contextlib.suppress(OSError):  # a kernel gone: the record holds the verdict
         _send_verdict(sock, verdict)
-    except OSError:
-        pass  # the kernel went away: the record holds the verdict all the same
     return verdict
 
 

@@ -28,10 +28,10 @@ from .. import flash as flash_ref
 from .. import kv_cache as kv_ref
 from ..attention import sdpa, sdpa_np
 from ..efficient import OpRecorder, PeakMemory
-from .remote import autograd_grad, watching
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import mistake_id, named
+from .remote import autograd_grad, watching
 from .toolkit import BUILTIN_ATTENTION, TOL, dtype_name, expect_tensor
 
 _SOFTMAXES = [

@@ -64,7 +64,8 @@ def kernel_error(info: dict) -> KernelError:
         return KernelError(info)
     cls = _ERRORS.get(name)
     if cls is None:
-        cls = type(name, (KernelError, base), {"__str__": lambda self: self.info.get("message", "")})
+        text = {"__str__": lambda self: self.info.get("message", "")}
+        cls = type(name, (KernelError, base), text)
         cls.__module__ = "builtins"
         _ERRORS[name] = cls
     err = cls.__new__(cls)
@@ -87,8 +88,10 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, RemoteTensor):
             return ("k", obj._ref)
         if (
-            type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter
-        ) and obj.requires_grad and obj.is_leaf:
+            (type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter)
+            and obj.requires_grad
+            and obj.is_leaf
+        ):
             return ("leaf", self.link.leaf_key(obj), obj.detach().clone())
         if getattr(type(obj), "__by_reference__", False):
             return ("obj", self.link.register_callback(obj))
@@ -125,16 +128,22 @@ class Link:
             self._leaf_keys[id(t)] = key
         return key
 
-    def learner_request(self, op: str, target: Any, args: tuple, kwargs: dict,
-                        limit: Any = "default", tripwire: bool = True) -> tuple[Any, Any]:
+    def learner_request(
+        self,
+        op: str,
+        target: Any,
+        args: tuple,
+        kwargs: dict,
+        limit: Any = "default",
+        tripwire: bool = True,
+    ) -> tuple[Any, Any]:
         """Run the learner's code in the kernel (``op``: call, grad, backward) as the
         self-check runs it: the per-call limit, the tripwire, the checker's random state,
         and the watchers the check has on; ``(result, input modified in place or None)``."""
         from ..efficient import OpRecorder
 
         watch = [
-            ["ops", w.keep_args] if isinstance(w, OpRecorder) else ["memory"]
-            for w in self.watchers
+            ["ops", w.keep_args] if isinstance(w, OpRecorder) else ["memory"] for w in self.watchers
         ]
         value, modified, extra = self.request(
             op,
@@ -296,9 +305,7 @@ def _proxy_class(node: dict) -> type:
     key = (str(node.get("type", "object")), mro, bool(node.get("is_type")))
     cls = _CLASSES.get(key)
     if cls is None:
-        spoof = next(
-            (c for c in map(_resolve, mro) if c is not None and c is not object), None
-        )
+        spoof = next((c for c in map(_resolve, mro) if c is not None and c is not object), None)
         attrs: dict[str, Any] = {"__slots__": ()}
         if spoof is not None and not node.get("is_type"):
             attrs["__class__"] = property(lambda self, c=spoof: c)
@@ -306,9 +313,9 @@ def _proxy_class(node: dict) -> type:
             # A class of the kernel's: isinstance(x, type) holds, and issubclass against
             # the torch and course classes it derives from answers as in the kernel
             # (issubclass walks __bases__ of what is not a real class).
-            bases = tuple(
-                c for c in map(_resolve, node.get("bases", [])) if c is not None
-            )[:1] or (object,)
+            bases = tuple(c for c in map(_resolve, node.get("bases", [])) if c is not None)[:1] or (
+                object,
+            )
             attrs["__class__"] = property(lambda self: type)
             attrs["__bases__"] = property(lambda self, b=bases: b)
         cls = type(key[0], (Remote,), attrs)
@@ -384,9 +391,7 @@ def describe(obj: Any) -> dict:
 def is_remote_class(obj: Any, base: type) -> bool:
     """Whether a stand-in is a class in the kernel that subclasses ``base``."""
     d = describe(obj)
-    return bool(d.get("is_type")) and f"{base.__module__}:{base.__qualname__}" in d.get(
-        "bases", []
-    )
+    return bool(d.get("is_type")) and f"{base.__module__}:{base.__qualname__}" in d.get("bases", [])
 
 
 class CallOutcome:

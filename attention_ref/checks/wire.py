@@ -25,6 +25,7 @@ This module imports only the standard library, NumPy and (lazily) torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -301,10 +302,8 @@ class Decoder:
             if dtype == "bfloat16":
                 x = x.view(torch.bfloat16)
             if device != "cpu" and not device.startswith("meta"):
-                try:
+                with contextlib.suppress(RuntimeError, AssertionError):  # no such device
                     x = x.to(device)
-                except (RuntimeError, AssertionError):  # no such device here: keep CPU
-                    pass
         if node.get("param"):
             x = torch.nn.Parameter(x, requires_grad=bool(node.get("grad")))
         elif node.get("grad") and x.is_floating_point():
