@@ -100,6 +100,9 @@ class Agent:
 
     # -- objects
     def handle(self, obj: Any) -> dict:
+        mine = _checker_key(obj)
+        if mine is not None:  # the checker's own object, given back
+            return {"t": "checker", "id": mine}
         key = self._ids.get(id(obj))
         if key is None or self.objects.get(key) is not obj:
             key = len(self.objects) + 1
@@ -146,6 +149,7 @@ class Agent:
             return agent.ask_checker(key, "call", *args, **kwargs)
 
         call_checker.__name__ = f"check_callable_{key}"
+        call_checker._checker_key = key
         return call_checker
 
     # -- the loop
@@ -234,7 +238,7 @@ class Agent:
 
         import torch
 
-        from ._core import REGISTRY, ReferenceUsed, _Deadline, _TimeUp, _Tripwire
+        from ._core import REGISTRY, ReferenceUsed, _Deadline, _TimeUp
 
         op = msg.get("op")
         target, args, kwargs = msg.get("target"), msg.get("args", ()), msg.get("kwargs", {})
@@ -250,7 +254,8 @@ class Agent:
             torch.set_rng_state(msg["rng"])
         watchers = [_watcher(w) for w in msg.get("watch", [])]
         try:
-            with deadline, _Tripwire(forbidden), contextlib.ExitStack() as stack:
+            tripwire = graded_tripwire(forbidden) if msg.get("tripwire") else graded_tripwire([])
+            with deadline, tripwire, contextlib.ExitStack() as stack:
                 for w in watchers:
                     stack.enter_context(w)
                 out = target(*args, **kwargs)
@@ -287,6 +292,13 @@ class Agent:
         except Exception:  # noqa: BLE001
             where, line = "", ""
         return self.reply_error("raised", err, where=where, line=line)
+
+
+def _checker_key(obj: Any) -> int | None:
+    if type(obj) is CheckerObject:
+        return object.__getattribute__(obj, "_key")
+    key = getattr(obj, "_checker_key", None) if type(obj).__name__ == "function" else None
+    return key if isinstance(key, int) else None
 
 
 class CheckerObject:
@@ -336,6 +348,54 @@ class _Failed(Exception):  # noqa: N818 - carries an error reply out of a guarde
 
 
 _STOP = object()
+
+
+#: The files of the checks whose functions the learner's code may reach while graded: the
+#: wire and this agent (a check's objects used by reference), the time limit's handler.
+_ALLOWED_CHECK_FILES = ("agent", "wire", "remote", "_core", "__init__")
+
+
+def graded_tripwire(forbidden: list):
+    """The self-check's tripwire, and under grading more: the learner's code may not switch
+    the watch off (``sys.setprofile``, ``sys.settrace``, ``threading``'s), start a thread
+    (which the watch does not follow), or call the checks' own code (their float64 models
+    of the right answer)."""
+    import re
+    import threading
+
+    from ._core import ReferenceUsed, _Tripwire
+
+    watch_off = [
+        (sys.setprofile, "sys.setprofile (which would switch off the check's watch)"),
+        (sys.settrace, "sys.settrace (which would switch off the check's watch)"),
+        (threading.setprofile, "threading.setprofile (the check's watch)"),
+        (threading.settrace, "threading.settrace (the check's watch)"),
+    ]
+    import _thread
+
+    for name in ("start_new_thread", "start_joinable_thread", "start_new"):
+        fn = getattr(_thread, name, None)
+        if fn is not None:
+            watch_off.append((fn, "a new thread (the check watches the code it calls)"))
+    allowed = "|".join(_ALLOWED_CHECK_FILES)
+    checks = re.compile(rf"attention_ref[/\\]checks[/\\](?!({allowed})\.py)")
+
+    class GradedTripwire(_Tripwire):
+        def _profile(self, frame, event, arg):
+            if event == "call" and checks.search(frame.f_code.co_filename):
+                sys.setprofile(None)
+                raise ReferenceUsed("the course's checks (attention_ref.checks)")
+            if event == "c_call" and frame.f_code in OWN:
+                return None  # the tripwire's own exit puts the old profile back
+            return super()._profile(frame, event, arg)
+
+        def __enter__(self):
+            self._old = sys.getprofile()
+            sys.setprofile(self._profile)  # always on: the checks' code is always forbidden
+            return self
+
+    OWN = {_Tripwire.__exit__.__code__, GradedTripwire.__exit__.__code__}
+    return GradedTripwire([*forbidden, *watch_off])
 
 
 def _backward(tensor: Any, gradient: Any = None) -> None:

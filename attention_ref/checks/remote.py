@@ -74,6 +74,12 @@ def kernel_error(info: dict) -> KernelError:
     return err
 
 
+def _of_checks(obj: Any) -> bool:
+    """Whether ``obj`` (a function or a class) is defined by the checks' own modules."""
+    mod = getattr(obj, "__module__", "") or ""
+    return mod.startswith("attention_ref.checks.") or mod == "attention_ref.checks"
+
+
 class _Pickler(pickle.Pickler):
     """Pickles what the checker sends; kernel objects go as their ids, and a function that
     pickle cannot name (a closure, a lambda) as a callback the kernel calls back."""
@@ -93,11 +99,14 @@ class _Pickler(pickle.Pickler):
             and obj.is_leaf
         ):
             return ("leaf", self.link.leaf_key(obj), obj.detach().clone())
-        if getattr(type(obj), "__by_reference__", False):
+        # The checks' own objects stay here (the learner's code uses them by reference):
+        # none of the checks' code runs in the kernel, so calling it can be forbidden there.
+        by_reference = getattr(type(obj), "__by_reference__", False) or _of_checks(type(obj))
+        if by_reference and not isinstance(obj, type | torch.nn.Module) and not callable(obj):
             return ("obj", self.link.register_callback(obj))
         if callable(obj) and not isinstance(obj, type | torch.nn.Module):
             qual = getattr(obj, "__qualname__", "") or ""
-            if "<" in qual or not getattr(obj, "__module__", None):
+            if "<" in qual or not getattr(obj, "__module__", None) or _of_checks(obj):
                 return ("cb", self.link.register_callback(obj))
         return None
 
@@ -263,6 +272,10 @@ class Link:
     # -- stand-ins
     def _proxy(self, node: dict) -> Any:
         key = int(node["id"])
+        if node.get("t") == "checker":  # one of the check's objects, given back
+            if key not in self.callbacks:
+                raise wire.WireError("an object the checker never gave")
+            return self.callbacks[key]
         p = self.proxies.get(key)
         if p is None:
             p = _proxy_class(node)(self, key, node)

@@ -271,7 +271,7 @@ class Decoder:
             return torch.device(str(node["v"]))
         if t == "size":
             return torch.Size([int(v) for v in _list(node["v"])])
-        if t == "handle":
+        if t in ("handle", "checker"):
             return self.handle(node)
         raise WireError(f"a value of unknown kind {t!r}")
 

@@ -37,6 +37,7 @@ path, without importing PyTorch). Run as a script, it is the launcher inside the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -403,6 +404,50 @@ def _copy_notebooks(src_dir: Path, dest: Path) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------- kernels
+def pin_sockets(pid: int, ports: list[int], pins: Path) -> list[int]:
+    """Open the kernel's socket files ``RUN/k-PORT`` inside the sandbox of ``pid`` (its
+    root, seen from here) with ``O_PATH | O_NOFOLLOW`` at every step below that root, check
+    each is a socket, and make ``pins/k-PORT`` a link to ``/proc/self/fd/N``: connecting
+    there reaches the socket opened, whatever the kernel does to its names later. Returns
+    the descriptors (held until the kernel is cleaned up). ``FileNotFoundError`` while the
+    kernel has not made them all yet; ``SandboxUnavailableError`` for a name that is not a
+    socket (a link, a file)."""
+    import stat
+
+    flags = os.O_PATH | os.O_NOFOLLOW
+    opened: list[int] = []
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY)
+        opened.append(root)
+        here = root
+        for part in Path(RUN).parts[1:]:
+            here = os.open(part, flags | os.O_DIRECTORY, dir_fd=here)
+            opened.append(here)
+        fds = []
+        for port in ports:
+            fd = os.open(f"k-{port}", flags, dir_fd=here)
+            opened.append(fd)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                raise SandboxUnavailableError(
+                    f"the kernel's k-{port} is not a socket: refusing to connect to it"
+                )
+            fds.append(fd)
+    except BaseException:
+        for fd in opened:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise
+    for fd in opened:
+        if fd not in fds:
+            os.close(fd)
+    for port, fd in zip(ports, fds, strict=True):
+        link = pins / f"k-{port}"
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        link.symlink_to(f"/proc/self/fd/{fd}")
+    return fds
+
+
 def kernel_manager_class():
     """The sandboxed kernel manager (imported lazily: the launcher needs no jupyter)."""
     from jupyter_client.manager import AsyncKernelManager
@@ -478,8 +523,37 @@ def kernel_manager_class():
                 await super()._async_launch_kernel(argv, **kw)
             finally:
                 kw["stderr"].close()  # bwrap holds its own copy
-            # The grader reaches the sockets through the sandbox's root, seen from here.
-            self.ip = f"/proc/{self._sandbox_pid()}/root{RUN}/k"
+            # The grader reaches the kernel's sockets through links of its own to file
+            # descriptors it holds, opened once inside the sandbox's root without following
+            # any link: a kernel that later swaps its socket files for links (to a socket
+            # of the host, say) is never followed, even when the grader reconnects.
+            self.ip = await self._pin_sockets(self._sandbox_pid())
+
+        async def _pin_sockets(self, pid: int) -> str:
+            import asyncio
+
+            self._unpin()
+            ports = [self.shell_port, self.iopub_port, self.stdin_port]
+            ports += [self.control_port, self.hb_port]
+            pins = self._run_dir / "pins"
+            pins.mkdir(mode=0o700, exist_ok=True)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    self._pinned = pin_sockets(pid, ports, pins)
+                    return str(pins / "k")
+                except FileNotFoundError:  # the kernel has not bound them all yet
+                    if time.monotonic() > deadline or self.provisioner.process.poll() is not None:
+                        raise SandboxUnavailableError(
+                            "the sandboxed kernel did not open its sockets"
+                        ) from None
+                    await asyncio.sleep(0.05)
+
+        def _unpin(self) -> None:
+            for fd in getattr(self, "_pinned", []):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._pinned = []
 
         def _sandbox_pid(self) -> int:
             """The pid (here) of the first process inside the sandbox: bwrap's child."""
@@ -503,6 +577,7 @@ def kernel_manager_class():
         def cleanup_connection_file(self) -> None:
             # Called whenever the kernel is cleaned up for good (not on a restart).
             super().cleanup_connection_file()
+            self._unpin()
             shutil.rmtree(self._run_dir, ignore_errors=True)
 
     return SandboxKernelManager

@@ -178,7 +178,14 @@ class CheckerProcess:
     def end(self, cell_id: str) -> dict:
         """The cell has ended: the checker's record of it (a failed one if the checker
         does not answer)."""
-        record = self._read(RECORD_WAIT) if self._order({"end": True}) else None
+        record = None
+        if self._order({"end": True}):
+            deadline = time.monotonic() + RECORD_WAIT
+            while record is None or record.get("cell") != cell_id:  # skip a late one
+                left = deadline - time.monotonic()
+                record = self._read(left) if left > 0 else None
+                if record is None:
+                    break
         if not isinstance(record, dict) or record.get("cell") != cell_id:
             record = {
                 "cell": cell_id,
