@@ -57,16 +57,22 @@ def _load(name):
 _sandbox = _load("sandbox")
 _cell_limits = _load("cell_limits")
 _feedback = _load("feedback")
+_inert = _load("inert")
 _CourseExecute = _cell_limits.execute_preprocessor(
     _sandbox.kernel_manager_class() if _sandbox.enabled() else None
 )
 c.Autograde.autograde_preprocessors = [
     _CourseExecute if p is Execute else p
     for p in Autograde.class_traits()["autograde_preprocessors"].default()
-]
+] + [_inert.Inert]
+# Nothing a submission wrote runs as script where it is shown: after the grades are saved,
+# the graded notebook (which formgrader, the feedback and the class report read) keeps only
+# inert outputs, and written answers have their HTML escaped (attention_ref/course/inert.py);
+# the feedback makes it inert again, for notebooks graded before this was done.
 # Feedback shows that hidden tests ran and their points, never their code.
 c.GenerateFeedback.preprocessors = [
     _feedback.HideHiddenTests,
+    _inert.Inert,
     *GenerateFeedback.class_traits()["preprocessors"].default(),
 ]
 c.Execute.timeout = _cell_limits.CellLimits().cell  # the limit of cells outside autograde
