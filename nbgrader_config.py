@@ -68,11 +68,12 @@ c.Autograde.autograde_preprocessors = [
 # Nothing a submission wrote runs as script where it is shown: after the grades are saved,
 # the graded notebook (which formgrader, the feedback and the class report read) keeps only
 # inert outputs, and written answers have their HTML escaped (attention_ref/course/inert.py);
-# the feedback makes it inert again, for notebooks graded before this was done.
+# the HTML pages of formgrader and the feedback make it inert again as they render it (a
+# notebook graded before this was done, or by another configuration).
+c.HTMLExporter.preprocessors = [_inert.Inert]
 # Feedback shows that hidden tests ran and their points, never their code.
 c.GenerateFeedback.preprocessors = [
     _feedback.HideHiddenTests,
-    _inert.Inert,
     *GenerateFeedback.class_traits()["preprocessors"].default(),
 ]
 c.Execute.timeout = _cell_limits.CellLimits().cell  # the limit of cells outside autograde

@@ -301,3 +301,32 @@ def test_a_page_with_every_injection_runs_none_of_them_once_inert(browser, tmp_p
     assert page.get_by_text("<script>(top.__pwned").count() >= 1  # the answer, as text
     page.screenshot(path=str(ARTIFACTS / "inert-page.png"), full_page=True)
     page.close()
+
+
+@pytest.mark.parametrize("style", ["nbgrader", "formgrader"])
+def test_the_preprocessor_trusts_the_markdown_of_the_assignments_source(tmp_path, style):
+    """nbgrader's converters name the notebook in resources["nbgrader"], formgrader's page
+    in resources itself; either way the source's markdown is kept as written."""
+    from traitlets.config import Config
+
+    hint = "<details><summary>Hint</summary>`x.max(axis, keepdims=True)`</details>"
+    source = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(hint)])
+    (tmp_path / "solutions" / "a1").mkdir(parents=True)
+    nbformat.write(source, tmp_path / "solutions" / "a1" / "nb.ipynb")
+    config = Config()
+    config.CourseDirectory.root = str(tmp_path)
+    config.CourseDirectory.source_directory = "solutions"
+    graded = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell(hint), nbformat.v4.new_markdown_cell(f"x {hint}")]
+    )
+    names = {"assignment": "a1", "notebook": "nb"}
+    resources = (
+        {"nbgrader": names} if style == "nbgrader" else {"assignment_id": "a1", "notebook_id": "nb"}
+    )
+    nb, _ = inert.Inert(config=config).preprocess(graded, resources)
+    assert nb.cells[0].source == hint
+    assert nb.cells[1].source.startswith("x \\<details>")
+    untrusted, _ = inert.Inert(config=config).preprocess(
+        nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(hint)]), {}
+    )
+    assert untrusted.cells[0].source.startswith("\\<details>")

@@ -10,13 +10,15 @@ generated with ``nbgrader generate_feedback`` and the class report made with
 Jupyter server with nbgrader's formgrader (as the instructor sees it, with the server's
 credentials in reach), the feedback HTML the student receives and the report are opened;
 each page shows the student's text and none of the payloads ran (nothing recorded in the
-page, its title unchanged, no request for ``/pwned-*``). A control student, whose graded
-notebook holds the same payloads as they were, proves that formgrader's page runs them
-when nothing makes them inert, and that the test sees it.
+page, its title unchanged, no request for ``/pwned-*``). A second student's graded
+notebook holds the same payloads as they were (graded before this was in place):
+formgrader makes it inert as it shows it; and formgrader over a copy of the course whose
+configuration does not, runs them (the control: the test sees a payload that runs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -33,7 +35,7 @@ from test_browser import ARTIFACTS, Lab, browser  # noqa: F401 - the Chromium fi
 from test_inert import scriptable
 
 import injections
-from course_tools import make_course, run_course, test_cells
+from course_tools import make_course, run_course, solution_path, test_cells
 from test_class_grading import LIMITS
 from test_grading import solved_submission, submit
 
@@ -97,17 +99,24 @@ def graded(tmp_path_factory):
     return course, submitted
 
 
-@pytest.fixture(scope="module")
-def server(graded):
-    """Jupyter (with nbgrader's formgrader) serving the graded course on 127.0.0.1."""
+@contextlib.contextmanager
+def jupyter(course: Path):
+    """Jupyter (with nbgrader's formgrader) serving ``course`` on 127.0.0.1."""
     home = Path(tempfile.mkdtemp(prefix="xss-jupyter-"))
-    lab = Lab(graded[0], home)
+    lab = Lab(course, home)
     try:
         lab.wait_ready()
         yield lab
     finally:
         lab.stop()
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(graded):
+    """Formgrader over the graded course, as the instructor runs it."""
+    with jupyter(graded[0]) as lab:
+        yield lab
 
 
 def test_the_graded_notebook_keeps_only_inert_outputs_and_escaped_answers(graded):
@@ -170,19 +179,50 @@ def test_formgrader_shows_the_submission_and_runs_none_of_its_scripts(graded, se
     assert page.locator(f"input.score#{WRITTEN}").count() == 1, page.content()[:2000]
     assert_nothing_ran(found, requests, dialogs, page)
     assert page.get_by_text(ERROR_SCRIPT).count() >= 1  # the error's message, as text
+    # The instructor's own markdown renders as written: its hints in <details>.
+    source = nbformat.read(solution_path(AID), as_version=4)
+    hints = sum(c.source.count("<summary>") for c in source.cells if c.cell_type == "markdown")
+    assert hints and page.locator(".text_cell_render details > summary").count() == hints
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "formgrader-xss.png"), full_page=True)
     page.close()
 
 
-def test_formgrader_runs_the_payloads_of_a_notebook_not_made_inert(graded, server, browser):  # noqa: F811
-    """The control: the same payloads as they were run in formgrader's page."""
+def test_formgrader_makes_a_notebook_graded_without_inert_inert_as_it_shows_it(
+    graded,
+    server,
+    browser,  # noqa: F811
+):
+    """A notebook graded before this was in place (or by another configuration): its
+    outputs and markdown are the payloads as they were; formgrader's page runs none."""
     course, _ = graded
-    found, requests, _, page = open_page(browser, submission_url(server, course, CONTROL))
-    ran = set(found["pwned"])
+    found, requests, dialogs, page = open_page(browser, submission_url(server, course, CONTROL))
+    assert_nothing_ran(found, requests, dialogs, page)
+    page.close()
+
+
+#: The line of nbgrader_config.py that has formgrader's page made inert as it renders.
+VIEW_TIME = "c.HTMLExporter.preprocessors = [_inert.Inert]\n"
+
+
+def test_formgrader_without_the_course_configuration_runs_the_payloads(
+    graded,
+    browser,  # noqa: F811
+    tmp_path,
+):
+    """The control: formgrader over a copy of the course whose configuration lacks that
+    line runs the payloads of the same notebook, and the test sees them run."""
+    course = tmp_path / "course"
+    shutil.copytree(graded[0], course, ignore=shutil.ignore_patterns("feedback", "report"))
+    config = (course / "nbgrader_config.py").read_text()
+    assert VIEW_TIME in config
+    (course / "nbgrader_config.py").write_text(config.replace(VIEW_TIME, ""))
+    with jupyter(course) as lab:
+        found, requests, _, page = open_page(browser, submission_url(lab, course, CONTROL))
+        ran = set(found["pwned"])
+        page.close()
     assert {"script-tag", "img-onerror", "application-javascript", "answer-script"} <= ran, ran
     assert any(f"/pwned-{name}" in u for u in requests for name in ran)
-    page.close()
 
 
 def test_the_feedback_html_runs_none_of_the_submission_scripts(graded, browser):  # noqa: F811

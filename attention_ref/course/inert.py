@@ -28,7 +28,8 @@ credentials). :class:`Inert` makes a notebook inert:
 
 It runs last among the autograde preprocessors (nbgrader_config.py), after the grades are
 saved, so the graded notebook that formgrader, the feedback and the class report read is
-inert; and again first among the feedback preprocessors, for notebooks graded before it.
+inert; and again in the HTML exporter that renders formgrader's page and the feedback, for
+a notebook graded before it was in place or by another configuration.
 
 This module imports nothing from the course package (nbgrader_config.py loads it by path)
 and nothing heavier than bleach and nbconvert.
@@ -390,11 +391,16 @@ class Inert(Preprocessor):
         return make_inert(nb, self._trusted(resources)), resources
 
     def _trusted(self, resources) -> frozenset[str]:
-        info = (resources or {}).get("nbgrader") or {}
-        if not info.get("assignment") or not info.get("notebook"):
+        """The instructor's markdown of the notebook being converted: nbgrader's converters
+        name it in ``resources["nbgrader"]``, formgrader's page in ``resources`` itself."""
+        resources = resources or {}
+        info = resources.get("nbgrader") or {}
+        assignment = info.get("assignment") or resources.get("assignment_id")
+        notebook = info.get("notebook") or resources.get("notebook_id")
+        if not assignment or not notebook:
             return frozenset()
         from nbgrader.coursedir import CourseDirectory  # noqa: PLC0415
 
         course = CourseDirectory(config=self.config)
-        folder = course.format_path(course.source_directory, ".", info["assignment"])
-        return instructor_markdown(Path(folder) / f"{info['notebook']}.ipynb")
+        folder = course.format_path(course.source_directory, ".", assignment)
+        return instructor_markdown(Path(folder) / f"{notebook}.ipynb")
