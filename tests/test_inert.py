@@ -101,10 +101,10 @@ def test_script_bearing_output_types_are_removed_with_a_note():
 
 
 def test_a_pandas_table_keeps_its_cells_and_alignment_but_not_its_style_sheet():
+    assert "style" in Tags(DATAFRAME).tags  # what is cut is there to cut
     cleaned = inert.clean_html(DATAFRAME)
     parsed = Tags(cleaned)
     assert parsed.tags.count("td") == 1 and parsed.tags.count("th") == 3
-    assert ("table", "class", "dataframe") in parsed.attrs
     assert ("table", "border", "1") in parsed.attrs
     assert ("tr", "style", "text-align: right;") in parsed.attrs
     assert "style" not in parsed.tags and "vertical-align" not in cleaned
@@ -212,6 +212,16 @@ def test_the_instructors_markdown_is_kept_and_an_edited_copy_is_escaped():
     inert.make_inert(nb, frozenset({hint}))
     assert nb.cells[0].source == hint
     assert "\\<details>" in nb.cells[1].source
+
+
+def test_html_that_could_cover_the_page_loses_its_classes_and_layout():
+    html = (
+        '<div class="navbar navbar-fixed-top modal" style="position: fixed; top: 0; '
+        'width: 100%; height: 100%; margin: -900px; color: red">fake grade: 10/10</div>'
+    )
+    cleaned = inert.clean_html(html)
+    assert Tags(cleaned).attrs == [("div", "style", "color: red;")], cleaned
+    assert "fake grade: 10/10" in cleaned
 
 
 def test_metadata_that_templates_write_into_the_page_is_cut():

@@ -53,8 +53,7 @@ IMAGES = ("image/png", "image/jpeg", "image/gif")
 KEPT = {"text/plain", "text/html", "text/markdown", "text/latex", "image/svg+xml", *IMAGES}
 REMOVED_NOTE = "[output not shown in grading views: {types}]"
 AS_TEXT_NOTE = (
-    "_[Shown as plain text: this answer holds HTML, links or images that grading views do "
-    "not render.]_\n\n"
+    "_[Shown as plain text: it holds HTML, links or images that grading views do not render.]_\n\n"
 )
 
 # --------------------------------------------------------------------------- HTML outputs
@@ -68,7 +67,7 @@ HTML_TAGS = frozenset({
 })
 # fmt: on
 HTML_ATTRIBUTES = {
-    "*": ["class", "title", "align", "style"],
+    "*": ["title", "align", "style"],  # no class: the page's own classes (a fixed navbar)
     "a": ["href"],
     "img": ["src", "alt", "width", "height"],
     "table": ["border", "cellpadding", "cellspacing"],
@@ -77,12 +76,12 @@ HTML_ATTRIBUTES = {
     "col": ["span", "width"],
     "ol": ["start", "type"],
 }
-#: CSS properties kept in style attributes (pandas' tables and tqdm's text use a few).
+#: CSS properties kept in style attributes (pandas' tables use a few): colour and text,
+#: nothing that sizes, moves or lays out (an output could cover the grading form).
 # fmt: off
 CSS_PROPERTIES = frozenset({
     "color", "background-color", "text-align", "vertical-align", "font-weight", "font-style",
-    "font-family", "font-size", "white-space", "border", "border-collapse", "border-spacing",
-    "padding", "margin", "width", "max-width", "min-width", "height", "text-decoration",
+    "white-space", "border", "border-collapse", "text-decoration",
 })
 # fmt: on
 #: Elements whose content is dropped with them (their text means nothing as text).
