@@ -47,6 +47,12 @@ CONTROL = "xss-control"  # in the gradebook, its graded notebook the payloads as
 WRITTEN = "why_sqrt_dk"  # the notebook's written answer
 RAISES = "sdpa"  # the exercise whose code raises a script as its error message
 ERROR_SCRIPT = f"<script>{injections.run('error-message')}</script>"
+#: A figure among the payloads: what a submission legitimately shows is kept.
+FIGURE = (
+    "import io\n\nimport matplotlib.pyplot as plt\nfrom IPython.display import Image, display\n\n"
+    "fig = plt.figure(figsize=(3, 2))\nplt.plot([0, 1], [1, 0])\nbuf = io.BytesIO()\n"
+    "fig.savefig(buf, format='png')\ndisplay(Image(buf.getvalue()))\n"
+)
 
 
 def xss_submission() -> nbformat.NotebookNode:
@@ -57,7 +63,7 @@ def xss_submission() -> nbformat.NotebookNode:
         RAISES
     ].source = f"def {RAISES}(q, k, v, mask=None):\n    raise ValueError({ERROR_SCRIPT!r})\n"
     i = nb.cells.index(test_cells(nb)[0])
-    nb.cells[i + 1 : i + 1] = injections.payload_cells()
+    nb.cells[i + 1 : i + 1] = [*injections.payload_cells(), nbformat.v4.new_code_cell(FIGURE)]
     return nb
 
 
@@ -96,6 +102,8 @@ def graded(tmp_path_factory):
     control = graded_path(course, CONTROL)
     control.parent.mkdir(parents=True)
     nbformat.write(injections.payload_notebook(), control)
+    feedback = nbgrader_cmd(course, "generate_feedback", AID, "--student", CONTROL)
+    assert feedback.returncode == 0, feedback.stdout + feedback.stderr
     return course, submitted
 
 
@@ -124,6 +132,7 @@ def test_the_graded_notebook_keeps_only_inert_outputs_and_escaped_answers(graded
     nb = nbformat.read(graded_path(course, STUDENT), as_version=4)
     mimes = {m for c in nb.cells for o in c.get("outputs", []) for m in o.get("data", {})}
     assert mimes <= {"text/plain", "text/html", "text/markdown", "image/png"}, mimes
+    assert "image/png" in mimes  # the notebook's figures are kept
     htmls = [
         o["data"]["text/html"]
         for c in nb.cells
@@ -157,9 +166,9 @@ def open_page(browser, url: str):  # noqa: F811
     return page.evaluate(injections.PWNED), requests, dialogs, page
 
 
-def assert_nothing_ran(found, requests, dialogs, page, title_not: str = "PWNED"):
+def assert_nothing_ran(found, requests, dialogs, page):
     assert found["pwned"] == [], found
-    assert found["title"] != title_not and requests == [] and dialogs == []
+    assert found["title"] != "PWNED" and requests == [] and dialogs == []
     shown = page.get_by_text(injections.MARKER)
     assert shown.count() >= 3, "the student's text is not on the page"
     assert shown.first.is_visible()  # no style sheet of theirs hid it
@@ -179,6 +188,10 @@ def test_formgrader_shows_the_submission_and_runs_none_of_its_scripts(graded, se
     assert page.locator(f"input.score#{WRITTEN}").count() == 1, page.content()[:2000]
     assert_nothing_ran(found, requests, dialogs, page)
     assert page.get_by_text(ERROR_SCRIPT).count() >= 1  # the error's message, as text
+    figures = page.eval_on_selector_all(
+        "img[src^='data:image/png']", "els => els.map(e => e.complete && e.naturalWidth > 0)"
+    )
+    assert figures and all(figures), figures  # the student's figure is shown
     # The instructor's own markdown renders as written: its hints in <details>.
     source = nbformat.read(solution_path(AID), as_version=4)
     hints = sum(c.source.count("<summary>") for c in source.cells if c.cell_type == "markdown")
@@ -225,15 +238,18 @@ def test_formgrader_without_the_course_configuration_runs_the_payloads(
     assert any(f"/pwned-{name}" in u for u in requests for name in ran)
 
 
-def test_the_feedback_html_runs_none_of_the_submission_scripts(graded, browser):  # noqa: F811
+@pytest.mark.parametrize("student", [STUDENT, CONTROL])
+def test_the_feedback_html_runs_none_of_the_submission_scripts(graded, browser, student):  # noqa: F811
+    """The student's feedback, and that of a notebook graded without being made inert
+    (the feedback makes it inert as it renders it)."""
     course, _ = graded
-    path = course / "feedback" / STUDENT / AID / f"{AID}.html"
+    path = course / "feedback" / student / AID / f"{AID}.html"
     text = path.read_text()
     assert not re.search(r"<script>\(top\.__pwned", text)
     found, requests, dialogs, page = open_page(browser, path.as_uri())
     assert_nothing_ran(found, requests, dialogs, page)
-    assert page.get_by_text(re.compile(r"Score: [\d.]+ / 2")).count() >= 1  # the feedback
-    page.screenshot(path=str(ARTIFACTS / "feedback-xss.png"), full_page=True)
+    assert page.get_by_text(re.compile(r"Score: [\d.]+ / [\d.]+")).count() >= 1  # feedback
+    page.screenshot(path=str(ARTIFACTS / f"feedback-{student}.png"), full_page=True)
     page.close()
 
 
