@@ -340,3 +340,27 @@ def test_the_preprocessor_trusts_the_markdown_of_the_assignments_source(tmp_path
         nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(hint)]), {}
     )
     assert untrusted.cells[0].source.startswith("\\<details>")
+
+
+def test_the_course_config_makes_notebooks_inert_after_grading_and_in_its_pages():
+    """nbgrader_config.py: Inert is the last autograde preprocessor (after the grades are
+    saved) and the preprocessor of the HTML pages (formgrader's, the feedback's), loaded
+    without importing PyTorch into nbgrader."""
+    import ast
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from traitlets.config.loader import PyFileConfigLoader\n"
+        f"c = PyFileConfigLoader('nbgrader_config.py', path={str(ROOT)!r}).load_config()\n"
+        "print([p.__name__ for p in c.Autograde.autograde_preprocessors])\n"
+        "print([p.__name__ for p in c.HTMLExporter.preprocessors])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    autograde = ast.literal_eval(out[0])
+    assert autograde[-1] == "Inert" and autograde.index("SaveAutoGrades") < len(autograde) - 1
+    assert out[1] == "['Inert']" and out[2] == "False", out
