@@ -34,7 +34,7 @@ PYTEST_ARGS ?=
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
 	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py tests/test_report.py \
-	tests/test_exchange.py
+	tests/test_exchange.py tests/test_inert_views.py
 ASSIGNMENTS ?=
 JOBS ?=
 

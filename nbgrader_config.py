@@ -57,6 +57,7 @@ def _load(name):
 _sandbox = _load("sandbox")
 _cell_limits = _load("cell_limits")
 _feedback = _load("feedback")
+_inert = _load("inert")
 _trusted = _load("trusted")
 # The verdict is decided outside the kernel: every graded test cell gets the points the
 # trusted checker recorded for it (attention_ref/course/trusted.py), never what the
@@ -72,7 +73,13 @@ c.SourceTags.source_root = os.path.join(c.CourseDirectory.root, "solutions")
 c.Autograde.autograde_preprocessors = [
     _CourseExecute if p is Execute else p
     for p in Autograde.class_traits()["autograde_preprocessors"].default()
-]
+] + [_inert.Inert]
+# Nothing a submission wrote runs as script where it is shown: after the grades are saved,
+# the graded notebook (which formgrader, the feedback and the class report read) keeps only
+# inert outputs, and written answers have their HTML escaped (attention_ref/course/inert.py);
+# the HTML pages of formgrader and the feedback make it inert again as they render it (a
+# notebook graded before this was done, or by another configuration).
+c.HTMLExporter.preprocessors = [_inert.Inert]
 # Feedback shows that hidden tests ran and their points, never their code.
 c.GenerateFeedback.preprocessors = [
     _feedback.HideHiddenTests,

@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import nbformat
 import pytest
 from test_browser import browser  # noqa: F401 - the headless Chromium fixture
 
@@ -276,3 +277,66 @@ def test_a_course_never_graded_gets_an_error_not_an_empty_gradebook(tmp_path):
     assert "no gradebook" in proc.stderr and "make grade" in proc.stderr, proc.stderr
     assert not (course / "gradebook.db").exists()
     assert not (course / "report").exists()
+
+
+def graded_notebook(path: Path, feedback: dict[str, str]) -> Path:
+    """A graded notebook in which the test cell of each exercise of ``feedback`` failed
+    with that feedback as its error (whatever graded code made its kernel print)."""
+    nb = nbformat.v4.new_notebook()
+    for exercise, text in feedback.items():
+        answer = nbformat.v4.new_code_cell(f"def {exercise}(x):\n    return x")
+        answer.metadata["nbgrader"] = {"grade_id": exercise, "solution": True, "grade": False}
+        test = nbformat.v4.new_code_cell(f"check({exercise!r}, {exercise})")
+        test.metadata["nbgrader"] = {"grade_id": f"test_{exercise}", "grade": True, "points": 2}
+        test.outputs = [
+            nbformat.v4.new_output("error", ename="AssertionError", evalue=text, traceback=[])
+        ]
+        nb.cells += [answer, test]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_mistake_id_that_is_not_in_the_mistakes_table_is_not_counted(tmp_path):
+    from attention_ref.checks.mistakes import MISTAKES
+    from attention_ref.course.report import UNNAMED, Assignment, _read_notebook, count_rows
+
+    assert "scale_missing" in MISTAKES and "forged_by_student" not in MISTAKES
+    feedback = {
+        "known": "sdpa is wrong on Q (2, 3, 4)\n  [mistake: scale_missing]",
+        "forged": "all good, really\n  [mistake: forged_by_student]",
+        "html": "x\n  [mistake: <img src=x onerror=alert(1)>]",
+    }
+    path = graded_notebook(tmp_path / "nb.ipynb", feedback)
+    rep = Assignment("01_x", 6.0)
+    _read_notebook(rep, "s1", path, {f"test_{e}": (0.0, 2.0) for e in feedback}, ["s1"])
+    mistakes = {name: dict(ex.mistakes) for name, ex in rep.exercises.items()}
+    assert mistakes == {
+        "known": {"scale_missing": 1},
+        "forged": {UNNAMED: 1},
+        "html": {UNNAMED: 1},
+    }
+    assert all(ex.outcomes == {"failed": 1} for ex in rep.exercises.values())
+    names = {r["name"] for r in count_rows([rep]) if r["kind"] == "mistake"}
+    assert names == {"scale_missing", UNNAMED}
+
+
+def test_the_report_shows_feedback_that_holds_html_as_text(tmp_path, browser):  # noqa: F811
+    from attention_ref.course.report import Assignment, _read_notebook, render_html
+
+    script = "<script>window.__pwned = 1</script><img src=x onerror='window.__pwned = 2'>"
+    path = graded_notebook(
+        tmp_path / "nb.ipynb",
+        {"sdpa": f"your code raised ValueError: {script}\n  [mistake: code_raised]"},
+    )
+    rep = Assignment("01_x", 2.0)
+    _read_notebook(rep, "s1", path, {"test_sdpa": (0.0, 2.0)}, ["s1"])
+    assert rep.exercises["sdpa"].examples["code_raised"].endswith(script)
+    page_path = tmp_path / "report.html"
+    page_path.write_text(render_html([rep]))
+    assert "<script>window" not in page_path.read_text()
+    page = browser.new_page()
+    page.goto(page_path.as_uri())
+    page.locator("summary", has_text="feedback for code_raised").click()
+    assert page.evaluate("() => window.__pwned") is None
+    assert page.get_by_text(script).is_visible()  # the student's text, shown as text
+    page.close()

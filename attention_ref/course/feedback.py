@@ -2,11 +2,12 @@
 
 nbgrader's ``generate_feedback`` renders the graded notebook, in which every test cell
 holds its hidden tests (``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``) as they
-ran. :class:`HideHiddenTests`, first among the feedback preprocessors
-(nbgrader_config.py), replaces each hidden block by one line that says hidden tests ran
-there, replaces the traceback of a test cell's error by the error itself (a traceback
-quotes the lines it passed through), and removes every line of hidden-test code that a
-cell's output repeats word for word. The cell's points are shown as before.
+ran. :class:`HideHiddenTests`, first among nbgrader's feedback preprocessors (after only
+the page's own, attention_ref/course/inert.py; nbgrader_config.py), replaces each hidden
+block by one line that says hidden tests ran there, replaces the traceback of a test
+cell's error by the error itself (a traceback quotes the lines it passed through), and
+removes every line of hidden-test code that a cell's output repeats word for word. The
+cell's points are shown as before.
 
 What a student still learns: that hidden tests ran in that cell, whether the cell passed,
 its points, and the check's feedback message (which names the exercise's mistake and the

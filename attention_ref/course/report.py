@@ -3,10 +3,12 @@
 For every assignment and exercise it counts the submissions that passed, failed, hit the
 per-cell time limit or a cap of the sandbox, or did not attempt the exercise (its answer
 cell still the stub); the named mistakes, counted by the stable id each check prints on
-the last line of its feedback (``[mistake: <id>]``), most common first, each with one
-anonymised example of that feedback; and the distribution of scores. It writes one
-self-contained HTML page (figures embedded as PNG) and a CSV of the same counts. Neither
-names a student unless ``names`` is asked for (instructors show the page in class).
+the last line of its feedback (``[mistake: <id>]``; an id that is not in the mistakes
+table, attention_ref/checks/mistakes.py, is not counted), most common first, each with
+one anonymised example of that feedback (escaped: the page shows it as text); and the
+distribution of scores. It writes one self-contained HTML page (figures embedded as PNG)
+and a CSV of the same counts. Neither names a student unless ``names`` is asked for
+(instructors show the page in class).
 
 It also writes the grades in the import formats of Canvas and Moodle gradebooks
 (:func:`write_canvas`, :func:`write_moodle`): one row per student, one column per
@@ -83,8 +85,12 @@ def _mistakes_module():
 
 
 def _mistake_id(feedback: str) -> str:
-    """The stable id the feedback names (its ``[mistake: <id>]`` line), or ""."""
-    return _mistakes_module().mistake_id(feedback)
+    """The stable id the feedback names (its ``[mistake: <id>]`` line), or "" when it names
+    none or an id that is not in the mistakes table (graded code can print any text: a
+    forged id is not counted)."""
+    mistakes = _mistakes_module()
+    mid = mistakes.mistake_id(feedback)
+    return mid if mid in mistakes.MISTAKES else ""
 
 
 def anonymise(text: str, who: list[str]) -> str:

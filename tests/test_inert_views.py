@@ -1,0 +1,267 @@
+"""Nothing a submission wrote runs as script where grading shows it (COURSE_DESIGN.md
+section 5; attention_ref/course/inert.py).
+
+A student submits notebook 01 solved, with every injection of tests/injections.py: code
+cells that display each payload, a written answer and an added markdown cell with raw HTML
+and a ``javascript:`` link, a raw HTML cell, and an exercise whose code raises an error
+whose message is a script. It is graded with `make grade`'s code path, its feedback
+generated with ``nbgrader generate_feedback`` and the class report made with
+`make report`. Then, in Chromium: formgrader's view of the submission, served by a real
+Jupyter server with nbgrader's formgrader (as the instructor sees it, with the server's
+credentials in reach), the feedback HTML the student receives and the report are opened;
+each page shows the student's text and none of the payloads ran (nothing recorded in the
+page, its title unchanged, no request for ``/pwned-*``). A second student's graded
+notebook holds the same payloads as they were (graded before this was in place):
+formgrader makes it inert as it shows it; and formgrader over a copy of the course whose
+configuration does not, runs them (the control: the test sees a payload that runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+from test_browser import ARTIFACTS, Lab, browser  # noqa: F401 - the Chromium fixture
+from test_inert import scriptable
+
+import injections
+from course_tools import make_course, run_course, solution_path, test_cells
+from test_class_grading import LIMITS
+from test_grading import solved_submission, submit
+
+pytestmark = pytest.mark.grading
+
+AID = "01_dot_product_attention"
+STUDENT = "xss"
+CONTROL = "xss-control"  # in the gradebook, its graded notebook the payloads as they are
+WRITTEN = "why_sqrt_dk"  # the notebook's written answer
+RAISES = "sdpa"  # the exercise whose code raises a script as its error message
+ERROR_SCRIPT = f"<script>{injections.run('error-message')}</script>"
+#: A figure among the payloads: what a submission legitimately shows is kept.
+FIGURE = (
+    "import io\n\nimport matplotlib.pyplot as plt\nfrom IPython.display import Image, display\n\n"
+    "fig = plt.figure(figsize=(3, 2))\nplt.plot([0, 1], [1, 0])\nbuf = io.BytesIO()\n"
+    "fig.savefig(buf, format='png')\ndisplay(Image(buf.getvalue()))\n"
+)
+
+
+def xss_submission() -> nbformat.NotebookNode:
+    nb = solved_submission(AID)
+    cells = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in nb.cells}
+    cells[WRITTEN].source = injections.ANSWER
+    cells[
+        RAISES
+    ].source = f"def {RAISES}(q, k, v, mask=None):\n    raise ValueError({ERROR_SCRIPT!r})\n"
+    i = nb.cells.index(test_cells(nb)[0])
+    nb.cells[i + 1 : i + 1] = [*injections.payload_cells(), nbformat.v4.new_code_cell(FIGURE)]
+    return nb
+
+
+def nbgrader_cmd(course: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env.pop("NBGRADER_DB_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def graded_path(course: Path, student: str) -> Path:
+    return course / "autograded" / student / AID / f"{AID}.ipynb"
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The course with the xss student graded, its feedback generated and the report
+    made; the control student added to the gradebook."""
+    course = make_course(tmp_path_factory.mktemp("xss") / "course", [AID])
+    submitted = xss_submission()
+    submit(course, STUDENT, AID, submitted)
+    proc = run_course(course, "grade", env_extra=LIMITS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    feedback = nbgrader_cmd(course, "generate_feedback", AID, "--student", STUDENT)
+    assert feedback.returncode == 0, feedback.stdout + feedback.stderr
+    report = run_course(course, "report")
+    assert report.returncode == 0, report.stdout + report.stderr
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        gb.add_student(CONTROL)
+        gb.add_submission(AID, CONTROL)
+    control = graded_path(course, CONTROL)
+    control.parent.mkdir(parents=True)
+    nbformat.write(injections.payload_notebook(), control)
+    feedback = nbgrader_cmd(course, "generate_feedback", AID, "--student", CONTROL)
+    assert feedback.returncode == 0, feedback.stdout + feedback.stderr
+    return course, submitted
+
+
+@contextlib.contextmanager
+def jupyter(course: Path):
+    """Jupyter (with nbgrader's formgrader) serving ``course`` on 127.0.0.1."""
+    home = Path(tempfile.mkdtemp(prefix="xss-jupyter-"))
+    lab = Lab(course, home)
+    try:
+        lab.wait_ready()
+        yield lab
+    finally:
+        lab.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(graded):
+    """Formgrader over the graded course, as the instructor runs it."""
+    with jupyter(graded[0]) as lab:
+        yield lab
+
+
+def test_the_graded_notebook_keeps_only_inert_outputs_and_escaped_answers(graded):
+    course, submitted = graded
+    nb = nbformat.read(graded_path(course, STUDENT), as_version=4)
+    mimes = {m for c in nb.cells for o in c.get("outputs", []) for m in o.get("data", {})}
+    assert mimes <= {"text/plain", "text/html", "text/markdown", "image/png"}, mimes
+    assert "image/png" in mimes  # the notebook's figures are kept
+    htmls = [
+        o["data"]["text/html"]
+        for c in nb.cells
+        for o in c.get("outputs", [])
+        if "text/html" in o.get("data", {})
+    ]
+    assert len(htmls) >= 10 and not [h for h in htmls if scriptable(h)]
+    printed = json.dumps([c.get("outputs", []) for c in nb.cells])
+    for name, *_ in injections.outputs():  # every payload cell ran under grading
+        assert name in printed, name
+    answer = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == WRITTEN)
+    assert "\\<script>" in answer.source and injections.MARKER in answer.source
+    # The student's file is the same as submitted.
+    assert nbformat.read(course / "submitted" / STUDENT / AID / f"{AID}.ipynb", 4) == submitted
+
+
+def open_page(browser, url: str):  # noqa: F811
+    """Open ``url``, click every link (a payload may hide behind one) and return (what
+    the payloads left, the requests for /pwned-*, dialogs, the page)."""
+    page = browser.new_page()
+    requests: list[str] = []
+    dialogs: list[str] = []
+    page.on("request", lambda r: requests.append(r.url) if "pwned" in r.url else None)
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(url, wait_until="load")
+    for link in page.locator("#notebook a, body > a, .text_cell_render a").all():
+        href = link.get_attribute("href") or ""
+        if not href.startswith(("http", "#", "/")):
+            link.evaluate("a => a.click()")
+    page.wait_for_timeout(1500)
+    return page.evaluate(injections.PWNED), requests, dialogs, page
+
+
+def assert_nothing_ran(found, requests, dialogs, page):
+    assert found["pwned"] == [], found
+    assert found["title"] != "PWNED" and requests == [] and dialogs == []
+    shown = page.get_by_text(injections.MARKER)
+    assert shown.count() >= 3, "the student's text is not on the page"
+    assert shown.first.is_visible()  # no style sheet of theirs hid it
+    assert page.get_by_text(f"<script>{injections.run('answer-script')}").count() >= 1
+
+
+def submission_url(server: Lab, course: Path, student: str) -> str:
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        sid = gb.find_submission_notebook(AID, AID, student).id
+    return f"http://127.0.0.1:{server.port}/formgrader/submissions/{sid}/?token={server.token}"
+
+
+def test_formgrader_shows_the_submission_and_runs_none_of_its_scripts(graded, server, browser):  # noqa: F811
+    course, _ = graded
+    found, requests, dialogs, page = open_page(browser, submission_url(server, course, STUDENT))
+    # formgrader's own page: its score boxes for the written answer and the test cells.
+    assert page.locator(f"input.score#{WRITTEN}").count() == 1, page.content()[:2000]
+    assert_nothing_ran(found, requests, dialogs, page)
+    assert page.get_by_text(ERROR_SCRIPT).count() >= 1  # the error's message, as text
+    figures = page.eval_on_selector_all(
+        "img[src^='data:image/png']", "els => els.map(e => e.complete && e.naturalWidth > 0)"
+    )
+    assert figures and all(figures), figures  # the student's figure is shown
+    # The instructor's own markdown renders as written: its hints in <details>.
+    source = nbformat.read(solution_path(AID), as_version=4)
+    hints = sum(c.source.count("<summary>") for c in source.cells if c.cell_type == "markdown")
+    assert hints and page.locator(".text_cell_render details > summary").count() == hints
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "formgrader-xss.png"), full_page=True)
+    page.close()
+
+
+def test_formgrader_makes_a_notebook_graded_without_inert_inert_as_it_shows_it(
+    graded,
+    server,
+    browser,  # noqa: F811
+):
+    """A notebook graded before this was in place (or by another configuration): its
+    outputs and markdown are the payloads as they were; formgrader's page runs none."""
+    course, _ = graded
+    found, requests, dialogs, page = open_page(browser, submission_url(server, course, CONTROL))
+    assert_nothing_ran(found, requests, dialogs, page)
+    page.close()
+
+
+#: The line of nbgrader_config.py that has formgrader's page made inert as it renders.
+VIEW_TIME = "c.HTMLExporter.preprocessors = [_inert.Inert]\n"
+
+
+def test_formgrader_without_the_course_configuration_runs_the_payloads(
+    graded,
+    browser,  # noqa: F811
+    tmp_path,
+):
+    """The control: formgrader over a copy of the course whose configuration lacks that
+    line runs the payloads of the same notebook, and the test sees them run."""
+    course = tmp_path / "course"
+    shutil.copytree(graded[0], course, ignore=shutil.ignore_patterns("feedback", "report"))
+    config = (course / "nbgrader_config.py").read_text()
+    assert VIEW_TIME in config
+    (course / "nbgrader_config.py").write_text(config.replace(VIEW_TIME, ""))
+    with jupyter(course) as lab:
+        found, requests, _, page = open_page(browser, submission_url(lab, course, CONTROL))
+        ran = set(found["pwned"])
+        page.close()
+    assert {"script-tag", "img-onerror", "application-javascript", "answer-script"} <= ran, ran
+    assert any(f"/pwned-{name}" in u for u in requests for name in ran)
+
+
+@pytest.mark.parametrize("student", [STUDENT, CONTROL])
+def test_the_feedback_html_runs_none_of_the_submission_scripts(graded, browser, student):  # noqa: F811
+    """The student's feedback, and that of a notebook graded without being made inert
+    (the feedback makes it inert as it renders it)."""
+    course, _ = graded
+    path = course / "feedback" / student / AID / f"{AID}.html"
+    text = path.read_text()
+    assert not re.search(r"<script>\(top\.__pwned", text)
+    found, requests, dialogs, page = open_page(browser, path.as_uri())
+    assert_nothing_ran(found, requests, dialogs, page)
+    assert page.get_by_text(re.compile(r"Score: [\d.]+ / [\d.]+")).count() >= 1  # feedback
+    page.screenshot(path=str(ARTIFACTS / f"feedback-{student}.png"), full_page=True)
+    page.close()
+
+
+def test_the_class_report_shows_the_error_message_as_text(graded, browser):  # noqa: F811
+    course, _ = graded
+    path = course / "report" / "report.html"
+    assert ERROR_SCRIPT not in path.read_text()
+    page = browser.new_page()
+    page.goto(path.as_uri())
+    for summary in page.locator("summary").all():
+        summary.click()
+    page.wait_for_timeout(500)
+    assert page.evaluate(injections.PWNED) == {"pwned": [], "title": "Class report"}
+    assert page.get_by_text(re.compile(re.escape(ERROR_SCRIPT[:40]))).count() >= 1
+    page.close()
