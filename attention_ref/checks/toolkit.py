@@ -262,7 +262,9 @@ def load_linear_weights(
 def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: str) -> set[str]:
     """Set a parametrized ``sub.weight`` to ``weight``; return the parameter names used."""
     plist = sub.parametrizations["weight"]
-    value = weight.to(dtype=plist.original.dtype, device=plist.original.device)
+    # original, or original0, original1, ... when right_inverse returns several (weight_norm)
+    first = next(plist.parameters())
+    value = weight.to(dtype=first.dtype, device=first.device)
     n = ctx.cases_run  # set-up calls, not cases
     loaded = ctx.call(
         lambda: set_parametrized(sub, "weight", value),
