@@ -695,6 +695,51 @@ def expect_dropout_applied(ctx: Context, train_out, eval_out, *, p: float, case:
         )
 
 
+def _zero_output(module, args, out):
+    """A forward hook: the part's output (the first of a tuple) as zeros."""
+    if isinstance(out, tuple):
+        return (torch.zeros_like(out[0]), *out[1:])
+    return torch.zeros_like(out)
+
+
+def expect_sublayer_dropout(
+    ctx: Context, mod: nn.Module, run, sublayers: dict[str, str], *, p: float, case: str
+) -> None:
+    """The layer's own dropout on each sub-layer's output, before the residual add. ``mod``
+    was built with dropout ``p``, the reference parts in it; ``sublayers`` maps each part
+    (``"self_attn"``) to the dropout the spec puts on its output (``"dropout1"``); ``run(c)``
+    returns the layer's output. With the parts' own dropout (attention weights, hidden units)
+    off and every other part's output zeroed, only the dropout on this part's output can make
+    the training-mode output differ from the eval-mode one."""
+    for name in sublayers:
+        for m in getattr(mod, name).modules():
+            if isinstance(m, _DropoutNd):
+                m.p = 0.0
+    for name, drop in sublayers.items():
+        hooks = [
+            getattr(mod, other).register_forward_hook(_zero_output)
+            for other in sublayers
+            if other != name
+        ]
+        where = f"{case}, only {name}'s output non-zero, its own dropout off"
+        try:
+            mod.train()
+            torch.manual_seed(ctx.seed)
+            train = run(where + ", training mode")
+            mod.eval()
+            evaluated = run(where + ", eval mode")
+        finally:
+            for h in hooks:
+                h.remove()
+        if same_in_both_modes(train, evaluated):
+            ctx.fail(
+                f"with dropout={p} in training mode, {name}'s output is not dropped: the output "
+                "equals the eval-mode output.",
+                case=where + ", training mode",
+                mistake=named("sublayer_dropout_missing", name=name, dropout=drop),
+            )
+
+
 def earlier_position_changed(before, after, atol: float) -> int | None:
     """The causality property: ``before`` and ``after`` are outputs ``(1, T, ...)`` for
     inputs that differ only in the last token; the first earlier position whose output
