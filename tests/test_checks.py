@@ -160,3 +160,17 @@ def test_a_mistake_that_changes_nothing_on_the_input_is_not_named():
         ctx.expect_close(got, expected, what="w", rtol=1e-7, atol=1e-10, mistakes=mistakes)
     assert "harmless here" not in str(err.value)
     assert "Likely mistake: the real one" in str(err.value)
+
+
+@pytest.mark.parametrize(("seed", "thorough"), [(0, False), (2024, True)])
+def test_the_large_logit_case_of_sdpa_np_overflows_an_unstable_softmax(seed, thorough):
+    """Issue 29: "scores around 1000" peaked at 679, below where float64's exp overflows, so
+    an unstable softmax passed the self-check and failed only the graded run."""
+    from attention_ref.checks import nb01
+
+    ctx = _core.Context(_core.REGISTRY["sdpa_np"], seed, thorough)
+    (case,) = [c for c in nb01.attention_cases(ctx) if c.label.startswith("large logits")]
+    scores = case.q @ case.k.T / np.sqrt(case.q.shape[-1])
+    assert (scores > nb01.EXP_OVERFLOW).all(), scores
+    assert abs(scores.mean() - 1000) < 100, scores  # "around 1000"
+    assert np.ptp(scores, axis=-1).min() > 10, scores  # tens apart: the weights still differ
