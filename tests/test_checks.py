@@ -233,3 +233,29 @@ def test_multi_head_attention_is_graded_on_the_reference_split_heads():
         check("multi_head_attention", namespace["MultiHeadAttention"])
     assert namespace["split_heads"] is mine  # ... and the notebook's own are back
     assert namespace["merge_heads"] is namespace["unmerged"]
+
+
+def test_sdpa_np_is_graded_on_the_reference_softmax_np():
+    """Issue 29: an unstable softmax_np cost its own 2 points and sdpa_np's 3. sdpa_np is
+    graded with the reference softmax_np under its name; a softmax written inside sdpa_np
+    is still graded there (the catalog's sdpa_np_unstable_softmax)."""
+    namespace: dict = {"np": np}
+    exec(
+        "def softmax_np(x, axis=-1):  # exercise 1, unstable\n"
+        "    e = np.exp(x)\n"
+        "    return e / e.sum(axis=axis, keepdims=True)\n"
+        "\n"
+        "def sdpa_np(Q, K, V, mask=None):\n"
+        "    s = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])\n"
+        "    if mask is not None:\n"
+        "        s = np.where(mask, s, -np.inf)\n"
+        "    w = softmax_np(s)\n"
+        "    return w @ V, w\n",
+        namespace,
+    )
+    mine = namespace["softmax_np"]
+    with pytest.raises(AssertionError, match="softmax_unstable"):
+        check("softmax_np", mine)  # costs softmax_np's points...
+    check("sdpa_np", namespace["sdpa_np"])  # ... and only those
+    check("sdpa_np", namespace["sdpa_np"], seed=2024, thorough=True)
+    assert namespace["softmax_np"] is mine

@@ -27,6 +27,7 @@ from .toolkit import (
     normal,
     padding_mask,
     random_mask,
+    reference_functions,
 )
 
 
@@ -287,7 +288,10 @@ def _check_causal_leak(candidate, ctx: Context, dtype) -> None:
 
 @exercise("sdpa_np", forbidden=_forbidden_attention, summary="attention in NumPy")
 def check_sdpa_np(candidate, ctx: Context) -> None:
-    check_attention(candidate, ctx, torch_dtype=None)
+    """Graded with the reference softmax_np in place of the learner's (exercise 1 earns its
+    own points): a softmax the learner writes inside sdpa_np is graded here."""
+    with reference_functions(candidate, softmax_np=ref.softmax_np):
+        check_attention(candidate, ctx, torch_dtype=None)
 
 
 @exercise("sdpa", forbidden=_forbidden_attention, summary="batched attention in PyTorch")

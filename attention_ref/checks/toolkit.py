@@ -324,14 +324,16 @@ def substitute(ctx: Context, mod: nn.Module, name: str, make, case: str, spec: s
 
 
 @contextmanager
-def reference_functions(cls, **functions):
-    """Inside, the learner's class sees the reference ``functions`` (earlier exercises) under
-    their exercise names: ``split_heads`` in the globals its ``forward`` looks names up in
-    (the notebook's, for a class written there) is the reference one, so a bug in the earlier
-    exercise costs points once, there. Only names that are defined there are replaced, and
-    each is restored on the way out, whatever happened inside."""
-    forward = getattr(cls, "forward", None)
-    namespace = getattr(forward, "__globals__", None)
+def reference_functions(candidate, **functions):
+    """Inside, the learner's function or class sees the reference ``functions`` (earlier
+    exercises) under their exercise names: ``split_heads`` in the globals that the function
+    (a class: its ``forward``) looks names up in, the notebook's for code written there, is
+    the reference one, so a bug in the earlier exercise costs points once, there. Only names
+    that are defined there are replaced, and each is restored on the way out, whatever
+    happened inside."""
+    namespace = getattr(candidate, "__globals__", None)
+    if namespace is None:
+        namespace = getattr(getattr(candidate, "forward", None), "__globals__", None)
     if not isinstance(namespace, dict):
         yield
         return
