@@ -331,9 +331,12 @@ def reference_functions(candidate, **functions):
     the reference one, so a bug in the earlier exercise costs points once, there. Only names
     that are defined there are replaced, and each is restored on the way out, whatever
     happened inside."""
-    namespace = getattr(candidate, "__globals__", None)
-    if namespace is None:
-        namespace = getattr(getattr(candidate, "forward", None), "__globals__", None)
+    try:  # whatever the candidate is: a hostile __getattr__ leaves its names alone
+        namespace = getattr(candidate, "__globals__", None)
+        if namespace is None:
+            namespace = getattr(getattr(candidate, "forward", None), "__globals__", None)
+    except Exception:  # noqa: BLE001
+        namespace = None
     if not isinstance(namespace, dict):
         yield
         return
