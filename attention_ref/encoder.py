@@ -10,7 +10,8 @@
 - ``Encoder``: token embedding scaled by ``sqrt(d_model)``, sinusoidal positions, dropout
   and a stack of ``n_layers`` encoder layers (plus a final LayerNorm for pre-norm).
 
-Embedding scale (the paper's scheme, one for the whole course): the token embedding is
+Embedding scale (one scheme for the whole course): as in tensor2tensor, the paper's authors'
+code (the paper itself states only the sqrt(d_model) factor), the token embedding is
 initialised ``N(0, 1/d_model)`` and multiplied by ``sqrt(d_model)`` in forward, so the
 scaled token vectors have per-coordinate std 1, the same size as the sinusoidal positions
 (values in [-1, 1], per-coordinate RMS about 0.71). ``nn.Embedding``'s own ``N(0, 1)``
@@ -177,7 +178,7 @@ class Encoder(nn.Module):
     """A stack of ``n_layers`` encoder layers over embedded tokens.
 
     ``x = dropout(embed(src) * sqrt(d_model) + PE[:S])``, with ``embed`` initialised
-    ``N(0, 1/d_model)`` (the paper's scheme, see the module docstring), then each layer in
+    ``N(0, 1/d_model)`` (tensor2tensor's scheme, see the module docstring), then each layer in
     turn, then ``final_norm`` (a LayerNorm for pre-norm, whose residual stream is never normalised
     otherwise; the identity for post-norm).
 

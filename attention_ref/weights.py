@@ -55,6 +55,41 @@ def load_projections(module: nn.Module, **weights: torch.Tensor) -> None:
             )
 
 
+def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """``module.load_state_dict(state)`` for every declaration a spec allows: a weight behind
+    a parametrization (``weight_norm`` stores it as ``original0``, ``original1``) is set
+    through it, lazy layers take their shapes from ``state``, and the module's own buffers
+    that ``state`` does not name (a call counter, a cached mask) are left as they are.
+
+    Raises:
+        ValueError: if ``state`` names a tensor the module does not have, a parameter of the
+            module is not in ``state``, or a parametrization changes the value it is given.
+    """
+    plain, covered = {}, set()
+    for name, value in state.items():
+        owner, _, leaf = name.rpartition(".")
+        try:
+            sub = module.get_submodule(owner)
+        except AttributeError:
+            sub = None
+        if sub is not None and parametrize.is_parametrized(sub, leaf):
+            value = value.to(next(sub.parametrizations[leaf].parameters()))
+            if not _reads_back(set_parametrized(sub, leaf, value), value):
+                raise ValueError(f"{name}'s parametrization changes the value it is given")
+            covered |= {id(p) for p in sub.parametrizations[leaf].parameters()}
+        else:
+            plain[name] = value
+    missing, unexpected = module.load_state_dict(plain, strict=False)
+    params = dict(module.named_parameters())
+    missing = [n for n in missing if n in params and id(params[n]) not in covered]
+    if missing or unexpected:
+        raise ValueError(
+            "the module's parameters do not match the weights by name"
+            + (f"; not loaded: {', '.join(missing)}" if missing else "")
+            + (f"; no such tensor in the module: {', '.join(unexpected)}" if unexpected else "")
+        )
+
+
 def set_parametrized(layer: nn.Module, leaf: str, value: torch.Tensor) -> torch.Tensor:
     """Set ``layer.<leaf>``, a tensor behind ``torch.nn.utils.parametrize``, to ``value``:
     through the parametrizations' ``right_inverse`` when each has one, else into the original
@@ -71,11 +106,20 @@ def set_parametrized(layer: nn.Module, leaf: str, value: torch.Tensor) -> torch.
 
 def _load_parametrized(name: str, layer: nn.Module, weight: torch.Tensor) -> None:
     plist = layer.parametrizations.weight
-    value = weight.to(plist.original)
+    # Its first original tensor gives dtype and device: a parametrization whose right_inverse
+    # returns several tensors (weight_norm: g and v) has original0, original1, ... instead.
+    value = weight.to(next(plist.parameters()))
     if not all(hasattr(p, "right_inverse") for p in plist):
         _expect_shape(name, plist.original, value, layout="nn.Linear's (out_features, in_features)")
-    if not torch.equal(set_parametrized(layer, "weight", value), value):
+    if not _reads_back(set_parametrized(layer, "weight", value), value):
         raise ValueError(f"{name}'s parametrization changes the weight it is given")
+
+
+def _reads_back(loaded: torch.Tensor, value: torch.Tensor) -> bool:
+    """``loaded`` is ``value`` up to rounding (weight_norm recomputes it from g and v)."""
+    return loaded.shape == value.shape and torch.allclose(
+        loaded.detach(), value, rtol=1e-5, atol=1e-6
+    )
 
 
 def _expect_shape(name: str, param: torch.Tensor, value: torch.Tensor, layout: str) -> None:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from attention_ref import SelfAttention, causal_mask, self_attention_cost
+from attention_ref import MultiHeadAttention, SelfAttention, causal_mask, self_attention_cost
 from attention_ref.plots import plot_attention_cost
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-10, atol=1e-12)}
@@ -239,7 +239,9 @@ def test_load_projections_fills_every_declaration_the_spec_allows():
     param = nn.ParameterDict({"w_q": nn.Parameter(torch.zeros(6, 4))})
     parametrized = nn.Linear(6, 4, bias=False)
     nn.utils.parametrize.register_parametrization(parametrized, "weight", Identity())
-    for layer in (linear, lazy, parametrized):
+    # weight_norm's right_inverse returns g and v: original0, original1, no original
+    normed = nn.utils.parametrizations.weight_norm(nn.Linear(6, 4, bias=False))
+    for layer in (linear, lazy, parametrized, normed):
         holder = nn.Module()
         holder.w_q = layer
         load_projections(holder, w_q=w)
@@ -254,3 +256,27 @@ def test_load_projections_fills_every_declaration_the_spec_allows():
         load_projections(holder, w_q=w.T)
     with pytest.raises(ValueError, match="no projection 'w_k'.*its attributes: w_q"):
         load_projections(holder, w_k=w)
+
+
+def test_load_weights_is_load_state_dict_for_every_declaration_the_spec_allows():
+    """Issue 29: a weight_norm layer or a persistent buffer of the learner's own passed the
+    checks, then load_state_dict failed in notebooks 04 and 06. A name that does not match
+    is still an error."""
+    from attention_ref.weights import load_weights
+
+    torch.manual_seed(0)
+    ref = MultiHeadAttention(8, 2)
+    mine = MultiHeadAttention(8, 2)
+    for name in ("w_q", "w_k", "w_v", "w_o"):
+        setattr(mine, name, nn.utils.parametrizations.weight_norm(getattr(mine, name)))
+    mine.register_buffer("calls", torch.zeros((), dtype=torch.long))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        mine.load_state_dict(ref.state_dict())
+    load_weights(mine, ref.state_dict())
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(mine(x, x, x)[0], ref(x, x, x)[0])
+    renamed = MultiHeadAttention(8, 2)
+    renamed.w_out = renamed.w_o
+    del renamed.w_o
+    with pytest.raises(ValueError, match="not loaded: w_out.weight.*no such tensor.*w_o.weight"):
+        load_weights(renamed, ref.state_dict())

@@ -491,6 +491,10 @@ _TABLE = """
     in forward).
   hint: self.dropout1 = nn.Dropout(dropout), self.dropout2 = nn.Dropout(dropout) applied to each
     sublayer's output before the residual add, and FeedForward(d_model, d_ff, dropout).
+[sublayer_dropout_missing] {name}'s output is not dropped before the residual add.
+  hint: self.{dropout} = nn.Dropout(dropout), applied to what self.{name} returns before it is
+    added to the residual stream, as PyTorch's layer does: dropout on the attention weights
+    and inside the feed-forward network does not replace it.
 [attention_dropout_not_passed] the dropout is not passed on to the self-attention.
   hint: self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout) (as a keyword:
     the third positional argument is bias).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -26,6 +27,7 @@ from .toolkit import (
     normal,
     padding_mask,
     random_mask,
+    reference_functions,
 )
 
 
@@ -141,9 +143,8 @@ def attention_cases(ctx: Context) -> list[AttnCase]:
             "a mask (3, 5) where query 1 may attend to one key only",
             *((3, 4), (5, 4), (5, 2), sparse, 1.0),
         ),
-        ("large logits (scores around 1000)", (2, 64), (3, 64), (3, 4), None, 32.0),
     ]
-    drawn = [_draw(rng, *row) for row in cases]
+    drawn = [_draw(rng, *row) for row in cases] + [_draw_large(rng)]
     if ctx.thorough:
         m = random_mask(rng, (2, 4, 6), 0.5, attend=2)
         cases = [
@@ -159,6 +160,20 @@ def _draw(rng, label, q_shape, k_shape, v_shape, mask, scale=1.0) -> AttnCase:
     """q, k scaled by ``scale`` (large logits), v not."""
     q, k = normal(rng, *q_shape, scale=scale), normal(rng, *k_shape, scale=scale)
     return AttnCase(label, q, k, normal(rng, *v_shape), mask)
+
+
+#: float64's exp overflows above log(max float64) = 709.78: every score of the large case
+#: is above it (tests/test_checks.py proves it), so an unstable softmax fails visibly.
+EXP_OVERFLOW = float(np.log(np.finfo(np.float64).max))
+
+
+def _draw_large(rng) -> AttnCase:
+    """Scores around 1000, each above EXP_OVERFLOW and tens apart: q (2, 64) and k (3, 64)
+    share one large direction c (c . c / sqrt(64) = 1000), plus N(0, 4) noise."""
+    d = 64
+    c = np.full(d, math.sqrt(1000 * math.sqrt(d) / d))
+    q, k = c + normal(rng, 2, d, scale=2.0), c + normal(rng, 3, d, scale=2.0)
+    return AttnCase("large logits (scores around 1000)", q, k, normal(rng, 3, 4), None)
 
 
 def _to(x: np.ndarray | None, torch_dtype=None):
@@ -197,6 +212,19 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
                 "the weights contain NaN in the rows of queries that may attend to every key.",
                 case=case,
                 mistake="mask_inverted_nan_rows",
+            )
+        overflows = np.abs(c.q @ np.swapaxes(c.k, -1, -2)).max() / math.sqrt(c.q.shape[-1])
+        if (
+            torch_dtype is None
+            and overflows > EXP_OVERFLOW
+            and shaped
+            and not np.all(np.isfinite(as_float64(got[1])))
+        ):
+            ctx.fail(
+                "the weights contain NaN or inf for scores above 709.8, where np.exp "
+                "overflows in float64.",
+                case=case,
+                mistake="softmax_unstable",
             )
         ctx.expect_array(got[1], like[1], what="weights", case=case)
         ctx.expect_array(got[0], like[0], what="out", case=case)
@@ -260,7 +288,10 @@ def _check_causal_leak(candidate, ctx: Context, dtype) -> None:
 
 @exercise("sdpa_np", forbidden=_forbidden_attention, summary="attention in NumPy")
 def check_sdpa_np(candidate, ctx: Context) -> None:
-    check_attention(candidate, ctx, torch_dtype=None)
+    """Graded with the reference softmax_np in place of the learner's (exercise 1 earns its
+    own points): a softmax the learner writes inside sdpa_np is graded here."""
+    with reference_functions(candidate, softmax_np=ref.softmax_np):
+        check_attention(candidate, ctx, torch_dtype=None)
 
 
 @exercise("sdpa", forbidden=_forbidden_attention, summary="batched attention in PyTorch")

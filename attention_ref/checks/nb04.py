@@ -36,6 +36,7 @@ from .toolkit import (
     normal,
     padding_mask,
     random_mask,
+    reference_functions,
 )
 
 
@@ -331,6 +332,14 @@ MHA_THOROUGH_CASES = [
     ("cross-attention, one query, 2 heads", 10, 2, True, (2, 1, 7), None, 1.0),
     ("one token", 8, 4, True, (2, 1, None), None, 1.0),
 ]
+#: Visible cases drawn after the others (so those draw the same values as before): the
+#: sixth mask shape of the spec, (B, 1, n_q, n_k).
+MHA_LATE_CASES = [
+    (
+        "a mask (2, 1, 5, 5), one per batch element with its head axis: causal, lengths 5 and 3",
+        *(8, 2, True, (2, 5, None), "causal_pad_4d", 1.0),
+    ),
+]
 
 
 def _mha_cases(ctx: Context) -> list[MHACase]:
@@ -358,7 +367,8 @@ def _mha_cases(ctx: Context) -> list[MHACase]:
         masks["random"] = random_mask(rng, (3, 7, 7), 0.5, attend=3)
         masks["random_4d"] = masks["random"][:, None]
         cases += [draw(*row) for row in MHA_THOROUGH_CASES]
-    return cases
+    masks["causal_pad_4d"] = causal_mask(5)[None, None] & padding_mask([5, 3], 5)[:, None]
+    return cases + [draw(*row) for row in MHA_LATE_CASES]
 
 
 def _mha_mistakes(c: MHACase, args: tuple, P, which: int) -> list[Mistake]:
@@ -412,6 +422,13 @@ def _prepare_mha(cls, ctx: Context, D: int, H: int, bias, P, dtype, case) -> nn.
     summary="multi-head attention with W_Q, W_K, W_V, W_O",
 )
 def check_multi_head_attention(cls, ctx: Context) -> None:
+    """Graded with the reference split_heads and merge_heads in place of the learner's
+    (exercises 1 and 2, which earn their own points): see :func:`_check_mha`."""
+    with reference_functions(cls, split_heads=ref.split_heads, merge_heads=ref.merge_heads):
+        _check_mha(cls, ctx)
+
+
+def _check_mha(cls, ctx: Context) -> None:
     """Each case in both dtypes: the shapes, then the property (masked weights are 0), then
     the weights and the output against the model, naming the mistake model that explains a
     difference; then the keys as a set, and d_model not divisible by n_heads."""

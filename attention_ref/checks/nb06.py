@@ -31,6 +31,7 @@ from .toolkit import (
     dtype_name,
     expect_dropout_applied,
     expect_not_swapped,
+    expect_sublayer_dropout,
     load_reference_weights,
     materialize_with,
     normal,
@@ -529,7 +530,7 @@ def check_encoder_layer(cls, ctx: Context) -> None:
 def _check_layer_properties(cls, ctx: Context) -> None:
     """Post-norm then pre-norm: with a padding mask, new values at the padded tokens leave
     the real outputs unchanged; then dropout=0.3, random in training mode (the attention
-    weights too), the reference in eval mode."""
+    weights too, and each sub-layer's output on its own), the reference in eval mode."""
     rng = ctx.rng(67)
     real = np.array([[True] * 6, [True] * 4 + [False] * 2])
     mask = torch.from_numpy(real[:, None, None, :])
@@ -582,3 +583,5 @@ def _check_layer_properties(cls, ctx: Context) -> None:
                 case=case + ", training mode",
                 mistake="attention_dropout_not_passed",
             )
+        sublayers = {"self_attn": "dropout1", "ff": "dropout2"}
+        expect_sublayer_dropout(ctx, mod, run, sublayers, p=0.3, case=case)

@@ -34,6 +34,7 @@ from .toolkit import (
     dropout_p,
     dtype_name,
     expect_dropout_applied,
+    expect_sublayer_dropout,
     load_reference_weights,
     materialize_with,
     padding_mask,
@@ -308,7 +309,8 @@ def _check_dec_causality(cls, ctx: Context) -> None:
 
 def _check_dec_dropout(cls, ctx: Context) -> None:
     """dropout=0.3: the reference in eval mode; in training mode the output and both
-    attention maps are dropped (PyTorch's layer applies its dropout to the weights too)."""
+    attention maps are dropped (PyTorch's layer applies its dropout to the weights too), and
+    each sub-layer's output on its own."""
     gen = ctx.torch_gen(795)
     for nf in (False, True):
         c = DecCase("", 8, 2, 16, nf, 2, 5, 6)
@@ -345,6 +347,12 @@ def _check_dec_dropout(cls, ctx: Context) -> None:
                     case=training,
                     mistake=named("dropout_not_passed_on", name=name),
                 )
+
+        def run(c: str, mod=mod, y=y, memory=memory):
+            return _dec_call(ctx, mod, y, memory, None, None, c)[0]
+
+        sublayers = {"self_attn": "dropout1", "cross_attn": "dropout2", "ff": "dropout3"}
+        expect_sublayer_dropout(ctx, mod, run, sublayers, p=0.3, case=case)
 
 
 # ----------------------------------------------------------------------------- transformer

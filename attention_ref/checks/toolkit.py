@@ -15,6 +15,7 @@ reference's on the same weights.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -262,7 +263,9 @@ def load_linear_weights(
 def _load_parametrized(ctx: Context, sub: nn.Module, name: str, weight, case: str) -> set[str]:
     """Set a parametrized ``sub.weight`` to ``weight``; return the parameter names used."""
     plist = sub.parametrizations["weight"]
-    value = weight.to(dtype=plist.original.dtype, device=plist.original.device)
+    # original, or original0, original1, ... when right_inverse returns several (weight_norm)
+    first = next(plist.parameters())
+    value = weight.to(dtype=first.dtype, device=first.device)
     n = ctx.cases_run  # set-up calls, not cases
     loaded = ctx.call(
         lambda: set_parametrized(sub, "weight", value),
@@ -318,6 +321,31 @@ def substitute(ctx: Context, mod: nn.Module, name: str, make, case: str, spec: s
             mistake="parameter_names",
         )
     setattr(mod, name, make(dropout_p(part)))
+
+
+@contextmanager
+def reference_functions(candidate, **functions):
+    """Inside, the learner's function or class sees the reference ``functions`` (earlier
+    exercises) under their exercise names: ``split_heads`` in the globals that the function
+    (a class: its ``forward``) looks names up in, the notebook's for code written there, is
+    the reference one, so a bug in the earlier exercise costs points once, there. Only names
+    that are defined there are replaced, and each is restored on the way out, whatever
+    happened inside."""
+    try:  # whatever the candidate is: a hostile __getattr__ leaves its names alone
+        namespace = getattr(candidate, "__globals__", None)
+        if namespace is None:
+            namespace = getattr(getattr(candidate, "forward", None), "__globals__", None)
+    except Exception:  # noqa: BLE001
+        namespace = None
+    if not isinstance(namespace, dict):
+        yield
+        return
+    saved = {n: namespace[n] for n in functions if callable(namespace.get(n))}
+    namespace.update({n: functions[n] for n in saved})
+    try:
+        yield
+    finally:
+        namespace.update(saved)
 
 
 def randomize_parameters(module: nn.Module, gen: torch.Generator) -> None:
@@ -691,6 +719,51 @@ def expect_dropout_applied(ctx: Context, train_out, eval_out, *, p: float, case:
             case=case,
             mistake=mistake,
         )
+
+
+def _zero_output(module, args, out):
+    """A forward hook: the part's output (the first of a tuple) as zeros."""
+    if isinstance(out, tuple):
+        return (torch.zeros_like(out[0]), *out[1:])
+    return torch.zeros_like(out)
+
+
+def expect_sublayer_dropout(
+    ctx: Context, mod: nn.Module, run, sublayers: dict[str, str], *, p: float, case: str
+) -> None:
+    """The layer's own dropout on each sub-layer's output, before the residual add. ``mod``
+    was built with dropout ``p``, the reference parts in it; ``sublayers`` maps each part
+    (``"self_attn"``) to the dropout the spec puts on its output (``"dropout1"``); ``run(c)``
+    returns the layer's output. With the parts' own dropout (attention weights, hidden units)
+    off and every other part's output zeroed, only the dropout on this part's output can make
+    the training-mode output differ from the eval-mode one."""
+    for name in sublayers:
+        for m in getattr(mod, name).modules():
+            if isinstance(m, _DropoutNd):
+                m.p = 0.0
+    for name, drop in sublayers.items():
+        hooks = [
+            getattr(mod, other).register_forward_hook(_zero_output)
+            for other in sublayers
+            if other != name
+        ]
+        where = f"{case}, only {name}'s output non-zero, its own dropout off"
+        try:
+            mod.train()
+            torch.manual_seed(ctx.seed)
+            train = run(where + ", training mode")
+            mod.eval()
+            evaluated = run(where + ", eval mode")
+        finally:
+            for h in hooks:
+                h.remove()
+        if same_in_both_modes(train, evaluated):
+            ctx.fail(
+                f"with dropout={p} in training mode, {name}'s output is not dropped: the output "
+                "equals the eval-mode output.",
+                case=where + ", training mode",
+                mistake=named("sublayer_dropout_missing", name=name, dropout=drop),
+            )
 
 
 def earlier_position_changed(before, after, atol: float) -> int | None:

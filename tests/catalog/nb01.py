@@ -340,3 +340,15 @@ def sdpa_additive_mask(q, k, v, mask=None):
         s = s + (~mask).to(s.dtype) * -1e10
     w = torch.softmax(s, dim=-1)
     return w @ v, w
+
+
+@mistake("sdpa_np", id="softmax_unstable")
+def sdpa_np_unstable_softmax(Q, K, V, mask=None):
+    """The softmax written inline, without subtracting the maximum: exp overflows."""
+    s = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(s)
+        w = e / e.sum(-1, keepdims=True)
+    return w @ V, w

@@ -378,3 +378,19 @@ class SelfAttentionSymmetricWeights(_Base):
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         w = _softmax_masked(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
         return w @ v, w
+
+
+@alternative("self_attention")
+class SelfAttentionWeightNorm(_Base):
+    """Weight-normalised projections (torch.nn.utils.parametrizations.weight_norm: its
+    right_inverse returns two tensors, g and v, so the original is original0, original1)."""
+
+    def __init__(self, d_in, d_k, d_v):
+        super().__init__(d_in, d_k, d_v)
+        for name in ("w_q", "w_k", "w_v"):
+            setattr(self, name, nn.utils.parametrizations.weight_norm(getattr(self, name)))
+
+    def forward(self, x, mask=None):
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        w = _softmax_masked(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
+        return w @ v, w

@@ -511,6 +511,18 @@ class MHALazyProjections(MHAWithReferenceHelpers):
         self.w_v, self.w_o = nn.LazyLinear(d_model, bias), nn.LazyLinear(d_model, bias)
 
 
+@alternative("multi_head_attention")
+class MHAWeightNormWithBuffer(MHAWithReferenceHelpers):
+    """Weight-normalised projections (weight_norm keeps original0 and original1, not
+    original) and a persistent buffer (a call counter): the spec allows both."""
+
+    def __init__(self, d_model, n_heads, bias=True):
+        super().__init__(d_model, n_heads, bias)
+        for name in ("w_q", "w_k", "w_v", "w_o"):
+            setattr(self, name, nn.utils.parametrizations.weight_norm(getattr(self, name)))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+
 @mistake("multi_head_attention", id="raw_parameter")
 class MHARawParameters(nn.Module):
     """Raw (d_model, d_model) matrices used as x @ W, bias ignored: the feedback must say

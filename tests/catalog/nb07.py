@@ -125,6 +125,19 @@ class DecoderAttnDropoutMissing(_DecoderBase):
         return self.run(y, memory, self_mask, memory_mask)
 
 
+@mistake("decoder_layer", id="sublayer_dropout_missing")
+class DecoderNoCrossDropout(_DecoderBase):
+    """dropout1 and dropout3 on their sub-layers' outputs, but the cross-attention's output
+    added undropped (an identity where dropout2 belongs)."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.dropout2 = nn.Identity()
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        return self.run(y, memory, self_mask, memory_mask)
+
+
 @alternative("decoder_layer")
 class DecoderWithSublayerHelper(_DecoderBase):
     """A helper that wraps any sub-layer in residual + dropout + norm, in either order."""
