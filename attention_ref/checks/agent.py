@@ -97,6 +97,7 @@ class Agent:
         self.objects: dict[int, Any] = {}
         self._ids: dict[int, int] = {}
         self.leaves: dict[int, Any] = {}  # the check's tensors that require gradients
+        self._swaps: list[tuple[Any, dict]] = []  # names replaced in the learner's globals
 
     # -- objects
     def handle(self, obj: Any) -> dict:
@@ -197,6 +198,10 @@ class Agent:
                     out = self._guarded(msg, _getitem, msg["target"], msg["value"])
                 elif op == "setitem":
                     out = self._guarded(msg, _setitem, msg["target"], msg["name"], msg["value"])
+                elif op == "swap":
+                    out = self._guarded(msg, self._swap, msg["target"], msg["value"])
+                elif op == "restore":
+                    out = self._guarded(msg, self._restore, msg["value"])
                 elif op == "inplace":
                     out = self._guarded(msg, _inplace, msg["target"], msg["name"], msg["args"])
                 else:
@@ -204,6 +209,24 @@ class Agent:
             except _Failed as failed:
                 return self._tag(seq, failed.reply)
         return self._tag(seq, out)
+
+    def _swap(self, candidate: Any, functions: dict) -> int:
+        """The learner's function (a class: its ``forward``) sees ``functions`` under their
+        names in its globals (only names it defines); a key to restore them."""
+        namespace = getattr(candidate, "__globals__", None)
+        if namespace is None:
+            namespace = getattr(getattr(candidate, "forward", None), "__globals__", None)
+        saved = {}
+        if isinstance(namespace, dict):
+            saved = {n: namespace[n] for n in functions if callable(namespace.get(n))}
+            namespace.update({n: functions[n] for n in saved})
+        self._swaps.append((namespace, saved))
+        return len(self._swaps) - 1
+
+    def _restore(self, key: int) -> None:
+        namespace, saved = self._swaps[key]
+        if isinstance(namespace, dict):
+            namespace.update(saved)
 
     def _tag(self, seq: Any, payload: bytes) -> bytes:
         tree, buffers = wire.unpack(payload)

@@ -18,6 +18,7 @@ never the checker crash.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import socket
@@ -372,6 +373,9 @@ class Remote:
             except StopIteration:
                 return
 
+    def __next__(self) -> Any:
+        return object.__getattribute__(self, "_link").request("next", self)
+
     def __len__(self) -> int:
         return int(object.__getattribute__(self, "_link").request("len", self))
 
@@ -518,6 +522,26 @@ def autograd_grad(outputs: Any, inputs: Any, grad_outputs: Any = None, allow_unu
         "grad", None, (outputs, inputs, grad_outputs), {"allow_unused": allow_unused}, limit=limit
     )
     return tuple(value)
+
+
+class reference_functions:  # noqa: N801 - a context manager
+    """The kernel's side of :func:`attention_ref.checks.toolkit.reference_functions`: the
+    learner's code in the kernel sees the kernel's own reference ``functions`` under their
+    names, restored on the way out."""
+
+    def __init__(self, candidate: Any, functions: dict) -> None:
+        self.link: Link = object.__getattribute__(candidate, "_link")
+        self.candidate = candidate
+        self.functions = functions
+        self.token: Any = None
+
+    def __enter__(self) -> None:
+        self.token = self.link.request("swap", self.candidate, value=self.functions)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.token is not None and not self.link.dead:
+            with contextlib.suppress(KernelError, KernelGone):
+                self.link.request("restore", None, value=self.token)
 
 
 def prepare_active(candidate: Any) -> None:

@@ -27,6 +27,7 @@ from torch.nn.utils import parametrize
 
 from ..weights import set_parametrized
 from . import _models as M
+from . import remote as _remote
 from ._core import Context, Mistake
 from .mistakes import Named, named
 
@@ -330,7 +331,12 @@ def reference_functions(candidate, **functions):
     (a class: its ``forward``) looks names up in, the notebook's for code written there, is
     the reference one, so a bug in the earlier exercise costs points once, there. Only names
     that are defined there are replaced, and each is restored on the way out, whatever
-    happened inside."""
+    happened inside. (In a graded kernel the kernel does the same with its own copies of
+    the reference functions.)"""
+    if _remote.is_remote(candidate):
+        with _remote.reference_functions(candidate, functions):
+            yield
+        return
     try:  # whatever the candidate is: a hostile __getattr__ leaves its names alone
         namespace = getattr(candidate, "__globals__", None)
         if namespace is None:
