@@ -1,0 +1,396 @@
+"""Grades that graded code cannot forge (attention_ref/course/trusted.py, the checker of
+attention_ref/checks/checker.py).
+
+A class of one small assignment (notebook 01's first exercise, ``softmax_np``, worth 2
+points) is graded with `make grade`'s code path, sandbox and two workers: an honest
+student, a student with a wrong ``softmax_np`` (it normalises over the whole array: no
+points), and forgers, each holding that wrong answer plus one trick of a student who has
+read nbgrader's and IPython's source. Every forger must score exactly what the wrong
+answer scores, the honest student full marks, and the class must be graded.
+"""
+
+# ruff: noqa: E501 - the tricks are code in strings
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_tools import ROOT, run_course, strip_solution_markers
+from test_class_grading import LIMITS
+
+pytestmark = pytest.mark.grading
+
+AID = "01_forgery"
+SOURCE = ROOT / "solutions" / "01_dot_product_attention" / "01_dot_product_attention.ipynb"
+
+WRONG = '''import numpy as np
+
+
+def softmax_np(x, axis=-1):
+    """Wrong: normalised over the whole array, not along ``axis``."""
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / e.sum()
+'''
+
+#: Each trick is (cells before the test cell, code appended to the answer cell).
+TRICKS: dict[str, tuple[list[str], str]] = {
+    # Later cells emptied or rewritten before IPython runs them.
+    "input-transformer": (
+        ["get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'])"],
+        "",
+    ),
+    "ast-transformer": (
+        [
+            "import ast\n"
+            "class _Empty(ast.NodeTransformer):\n"
+            "    def visit_Module(self, node):\n"
+            "        return ast.Module(body=[ast.Pass()], type_ignores=[])\n"
+            "get_ipython().ast_transformers.append(_Empty())"
+        ],
+        "",
+    ),
+    # Errors swallowed before they are recorded or shown.
+    "custom-exc": (["get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)"], ""),
+    "showtraceback": (
+        [
+            "_ip = get_ipython()\n_ip.showtraceback = lambda *a, **k: None\n_ip._showtraceback = lambda *a, **k: None"
+        ],
+        "",
+    ),
+    "run-cell": (
+        [
+            "_ip = get_ipython()\n_run = _ip.run_cell\n"
+            "def _run_cell(raw_cell, *a, **k):\n"
+            "    return _run('pass' if 'check' in raw_cell else raw_cell, *a, **k)\n"
+            "_ip.run_cell = _run_cell"
+        ],
+        "",
+    ),
+    "do-execute": (
+        [
+            "_k = get_ipython().kernel\n_do = _k.do_execute\n"
+            "async def _do_execute(code, *a, **k):\n"
+            "    return await _do('pass' if 'check' in code else code, *a, **k)\n"
+            "_k.do_execute = _do_execute"
+        ],
+        "",
+    ),
+    "messages-filtered": (
+        [
+            "_s = get_ipython().kernel.session\n_send = _s.send\n"
+            "def _filtered(stream, msg_or_type, content=None, *a, **k):\n"
+            "    if msg_or_type == 'error':\n"
+            "        return None\n"
+            "    if msg_or_type == 'execute_reply' and isinstance(content, dict) and content.get('status') == 'error':\n"
+            "        content = {'status': 'ok', 'execution_count': content.get('execution_count'), 'user_expressions': {}, 'payload': []}\n"
+            "    return _send(stream, msg_or_type, content, *a, **k)\n"
+            "_s.send = _filtered"
+        ],
+        "",
+    ),
+    # The check's own judgment corrupted in the kernel.
+    "numpy-patched": (
+        [
+            "import numpy as _np\n"
+            "_np.allclose = lambda *a, **k: True\n"
+            "_np.isclose = lambda a, b, *r, **k: _np.ones(_np.broadcast(_np.asarray(a), _np.asarray(b)).shape, bool)\n"
+            "_np.array_equal = lambda *a, **k: True"
+        ],
+        "",
+    ),
+    "meta-path-checks": (
+        [
+            "import sys, types, importlib.abc, importlib.machinery\n"
+            "class _Fake(importlib.abc.MetaPathFinder, importlib.abc.Loader):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name == 'attention_ref.checks':\n"
+            "            return importlib.machinery.ModuleSpec(name, self, is_package=True)\n"
+            "    def create_module(self, spec):\n"
+            "        m = types.ModuleType(spec.name)\n"
+            "        m.check = lambda *a, **k: print('✓ passed')\n"
+            "        m.__path__ = []\n"
+            "        return m\n"
+            "    def exec_module(self, module):\n"
+            "        pass\n"
+            "sys.meta_path.insert(0, _Fake())\n"
+            "for _m in [m for m in sys.modules if m.startswith('attention_ref')]:\n"
+            "    del sys.modules[_m]"
+        ],
+        "",
+    ),
+    "fake-package-in-tmp": (
+        [
+            "import os, sys\n"
+            "os.makedirs('/tmp/fake/attention_ref/checks', exist_ok=True)\n"
+            "open('/tmp/fake/attention_ref/__init__.py', 'w').close()\n"
+            "open('/tmp/fake/attention_ref/checks/__init__.py', 'w').write('def check(*a, **k):\\n    print(\"✓ passed\")\\n')\n"
+            "sys.path.insert(0, '/tmp/fake')\n"
+            "for _m in [m for m in sys.modules if m.startswith('attention_ref')]:\n"
+            "    del sys.modules[_m]"
+        ],
+        "",
+    ),
+    # Inside the answer itself: no global change at all.
+    "frames-walked": (
+        [],
+        "\n_wrong = softmax_np\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    import sys\n"
+        "    f = sys._getframe(1)\n"
+        "    while f is not None:\n"
+        "        ctx = f.f_locals.get('ctx') or f.f_locals.get('self')\n"
+        "        if ctx is not None and hasattr(ctx, 'fail'):\n"
+        "            ctx.fail = lambda *a, **k: None\n"
+        "            ctx.expect_close = lambda *a, **k: None\n"
+        "        f = f.f_back\n"
+        "    return _wrong(x, axis)\n",
+    ),
+    "lying-array": (
+        [],
+        "\n_wrong2 = softmax_np\n"
+        "class _Liar(np.ndarray):\n"
+        "    def __array_function__(self, func, types, args, kwargs):\n"
+        "        if func.__name__ in ('allclose', 'array_equal'):\n"
+        "            return True\n"
+        "        if func.__name__ == 'isclose':\n"
+        "            return np.ones(np.shape(args[0]), bool)\n"
+        "        return super().__array_function__(func, types, args, kwargs)\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    return _wrong2(x, axis).view(_Liar)\n",
+    ),
+    "checks-model": (
+        [],
+        "\ndef softmax_np(x, axis=-1):\n"
+        "    from attention_ref.checks.toolkit import additive_softmax\n"
+        "    return additive_softmax(np.asarray(x, dtype=float), np.ones(np.shape(x), bool), axis)\n",
+    ),
+    "profiler-off": (
+        [],
+        "\ndef softmax_np(x, axis=-1):\n"
+        "    import sys\n"
+        "    sys.setprofile(None)\n"
+        "    from attention_ref import softmax_np as ref\n"
+        "    return ref(x, axis)\n",
+    ),
+    "thread": (
+        [],
+        "\ndef softmax_np(x, axis=-1):\n"
+        "    import threading\n"
+        "    from attention_ref import softmax_np as ref\n"
+        "    out = []\n"
+        "    t = threading.Thread(target=lambda: out.append(ref(x, axis)))\n"
+        "    t.start()\n"
+        "    t.join()\n"
+        "    return out[0]\n",
+    ),
+    # What the cell shows: a non-number first result (nbgrader's partial credit).
+    "execute-result": (
+        [
+            "get_ipython().events.register('pre_run_cell', lambda *a: get_ipython().displayhook('full marks'))\n"
+            "get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)"
+        ],
+        "",
+    ),
+    # The submission's own metadata.
+    "skip-execution-tag": ([], ""),
+    "training-tag": ([], ""),
+}
+
+
+def _forgery_source(dest: Path) -> nbformat.NotebookNode:
+    """The small assignment: notebook 01's title, imports, softmax_np and its test."""
+    nb = nbformat.read(SOURCE, as_version=4)
+    keep = [0, 1]
+    keep += [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.metadata.get("nbgrader", {}).get("grade_id") in ("softmax_np", "test_softmax_np")
+    ]
+    nb.cells = [nb.cells[i] for i in keep]
+    path = dest / "solutions" / AID / f"{AID}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return nb
+
+
+def _cell(nb, gid: str):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+
+
+def _submission(source, answer: str, before_test: list[str], tags: dict | None = None):
+    nb = nbformat.from_dict(json.loads(json.dumps(source)))
+    for c in nb.cells:
+        c.source = strip_solution_markers(c.source)
+    _cell(nb, "softmax_np").source = answer
+    i = nb.cells.index(_cell(nb, "test_softmax_np"))
+    for k, src in enumerate(before_test):
+        nb.cells.insert(i + k, nbformat.v4.new_code_cell(src))
+    for gid, cell_tags in (tags or {}).items():
+        _cell(nb, gid).metadata["tags"] = cell_tags
+    return nb
+
+
+class UnixListener:
+    """A Unix socket of the host that counts who connects to it."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o777)
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.count = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.count += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def forgery_class(tmp_path_factory):
+    course = tmp_path_factory.mktemp("forgery") / "course"
+    course.mkdir()
+    (course / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
+    source = _forgery_source(course)
+    solution = strip_solution_markers(_cell(source, "softmax_np").source)
+    students = {
+        "honest": _submission(source, solution, []),
+        "wrong": _submission(source, WRONG, []),
+    }
+    for name, (cells, appended) in TRICKS.items():
+        tags = {}
+        if name == "skip-execution-tag":
+            tags = {"test_softmax_np": ["skip-execution"]}
+        answer = WRONG + appended
+        if name == "training-tag":
+            tags = {"softmax_np": ["training"]}
+            answer = WRONG + "\nimport time\ntime.sleep(10**6)\n"
+        students[f"forger-{name}"] = _submission(source, answer, cells, tags)
+    for student, nb in students.items():
+        folder = course / "submitted" / student / AID
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{AID}.ipynb")
+    start = time.perf_counter()
+    proc = run_course(course, "grade", "--jobs", "2", env_extra=dict(LIMITS))
+    seconds = time.perf_counter() - start
+    with open(course / "grades.csv", newline="") as f:
+        scores = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
+    return course, proc, scores, seconds
+
+
+def test_the_class_with_forgers_is_graded(forgery_class):
+    course, proc, scores, seconds = forgery_class
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(scores) == 2 + len(TRICKS), scores
+    print(f"\n{len(scores)} submissions graded in {seconds:.0f} s")
+
+
+def test_honest_students_get_their_exact_grades(forgery_class):
+    _, _, scores, _ = forgery_class
+    assert scores["honest"] == 2.0 and scores["wrong"] == 0.0, scores
+
+
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_a_wrong_answer_plus_a_trick_scores_what_the_wrong_answer_scores(forgery_class, trick):
+    _, proc, scores, _ = forgery_class
+    assert scores[f"forger-{trick}"] == scores["wrong"], (trick, scores)
+
+
+def _graded(course: Path, student: str):
+    return nbformat.read(course / "autograded" / student / AID / f"{AID}.ipynb", as_version=4)
+
+
+def test_a_test_cell_shows_the_checkers_feedback_not_what_the_kernel_printed(forgery_class):
+    course = forgery_class[0]
+    honest = _cell(_graded(course, "honest"), "test_softmax_np")
+    assert [o.output_type for o in honest.outputs] == ["stream"], honest.outputs
+    assert "✓ softmax_np: passed" in honest.outputs[0].text
+    for student in ("wrong", "forger-meta-path-checks", "forger-execute-result"):
+        cell = _cell(_graded(course, student), "test_softmax_np")
+        kinds = [o.output_type for o in cell.outputs]
+        assert kinds[-1] == "error" and "execute_result" not in kinds, (student, cell.outputs)
+        assert "✓ passed" not in json.dumps(cell.outputs), (student, cell.outputs)
+
+
+def test_the_reference_and_the_checks_models_are_caught_when_graded(forgery_class):
+    course = forgery_class[0]
+    for trick, named in (
+        ("checks-model", "the course's checks"),
+        ("profiler-off", "sys.setprofile"),
+        ("thread", "a new thread"),
+    ):
+        cell = _cell(_graded(course, f"forger-{trick}"), "test_softmax_np")
+        text = json.dumps(cell.outputs)
+        assert named in text and "reference_used" in text, (trick, text[:2000])
+
+
+def test_a_training_tag_written_by_a_student_gets_no_long_time_limit(forgery_class):
+    course = forgery_class[0]
+    cell = _cell(_graded(course, "forger-training-tag"), "softmax_np")
+    errors = [o.evalue for o in cell.outputs if o.output_type == "error"]
+    limit = LIMITS["NBGRADER_CELL_TIMEOUT"]
+    assert errors and f"within {limit} s" in errors[0], cell.outputs
+
+
+def test_the_grader_never_follows_a_socket_file_the_kernel_replaced(tmp_path):
+    """A sandboxed kernel whose socket files are swapped for links to a socket of the host
+    (as a kernel can do to its own): the grader's connections still reach the kernel it
+    started, never the host's socket."""
+    import asyncio
+
+    from attention_ref.course import sandbox
+
+    if sandbox.unavailable_reason():
+        pytest.fail(sandbox.unavailable_reason())
+    host = UnixListener(tmp_path / "host.sock")
+
+    async def scenario() -> str:
+        km = sandbox.kernel_manager_class()(kernel_name="python3")
+        await km.start_kernel(cwd=str(tmp_path))
+        try:
+            kc = km.client()
+            kc.start_channels()
+            await kc.wait_for_ready(timeout=60)
+            run = Path(f"/proc/{km._sandbox_pid()}/root{sandbox.RUN}")
+            ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port]
+            for port in ports:
+                name = run / f"k-{port}"
+                name.rename(run / f"moved-{port}")
+                name.symlink_to(tmp_path / "host.sock")
+            kc.stop_channels()
+            fresh = km.client()  # connects anew, as a reconnecting grader does
+            fresh.start_channels()
+            await fresh.wait_for_ready(timeout=30)
+            reply = await fresh.execute_interactive("print(6 * 7)", timeout=30)
+            fresh.stop_channels()
+            return reply["content"]["status"]
+        finally:
+            await km.shutdown_kernel(now=True)
+
+    try:
+        assert asyncio.run(scenario()) == "ok"
+        assert host.count == 0, f"{host.count} connections reached the host's socket"
+    finally:
+        host.close()
