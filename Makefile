@@ -1,6 +1,8 @@
 # Attention from Scratch: every target bootstraps .venv from requirements.lock when needed.
 #   make lab       open the course in JupyterLab
 #   make test      run the whole test suite (the same command CI runs)
+#   make test-hostile  classes of hostile submissions graded: forged grades, injected script
+#                  (CI runs it after make test)
 #   make test-alternatives  every catalogued correct alternative through its whole notebook
 #                  (slow; CI runs it after make test)
 #   make release   regenerate notebooks/ (student versions) from solutions/
@@ -34,14 +36,17 @@ PYTEST_ARGS ?=
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
 	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py tests/test_report.py \
-	tests/test_exchange.py tests/test_inert_views.py
+	tests/test_exchange.py
+# Whole hostile classes graded (forgers of grades, injections into the instructor's views):
+# `make test-hostile`, which .ci/run runs after make test (a few minutes).
+HOSTILE_LANE = tests/test_forgery.py tests/test_inert_views.py
 ASSIGNMENTS ?=
 JOBS ?=
 
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: lab test test-class-lane test-other-lane release grade report bench lint format lock venv clean \
+.PHONY: lab test test-class-lane test-other-lane test-hostile release grade report bench lint format lock venv clean \
 	student-edition versions test-alternatives
 
 venv: $(STAMP)
@@ -65,7 +70,13 @@ test-class-lane: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives" $(GRADING_LANE)
 
 test-other-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives" $(addprefix --ignore=,$(GRADING_LANE))
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives" \
+		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE))
+
+# Classes of forgers and injectors graded in the sandbox (tests/test_forgery.py,
+# tests/test_inert_views.py). .ci/run runs it after make test.
+test-hostile: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(HOSTILE_LANE)
 
 # The catalog's correct alternatives through every notebook (tests/test_alternatives_in_notebooks.py:
 # 61 notebook runs, too many for make test's 10 minutes). .ci/run runs it after make test.

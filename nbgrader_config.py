@@ -63,7 +63,8 @@ _trusted = _load("trusted")
 # trusted checker recorded for it (attention_ref/course/trusted.py), never what the
 # kernel printed; the tags of every cell are the instructor's.
 _CourseExecute = _cell_limits.execute_preprocessor(
-    _sandbox.kernel_manager_class() if _sandbox.enabled() else None, trusted=_trusted
+    _sandbox.kernel_manager_class() if _sandbox.enabled() else None,
+    trusted=_trusted if _trusted.enabled() else None,
 )
 c.Autograde.sanitize_preprocessors = [
     *Autograde.class_traits()["sanitize_preprocessors"].default(),

@@ -23,7 +23,8 @@
   (default 1 and 2); the ratio of the best to the baseline scaled to the class (sequential
   grading is a sum over students, each graded alone); and the same class graded once more
   with the most workers without the sandbox (``ATTENTION_REF_SANDBOX=off``), for the
-  sandbox's cost. Takes minutes.
+  sandbox's cost, and once more judged by the kernel itself as nbgrader alone does
+  (``ATTENTION_REF_TRUSTED_CHECKER=off``), for the trusted checker's cost. Takes minutes.
 
 Benchmarks are registered in :data:`BENCHMARKS` with :func:`benchmark`; each takes the
 parsed command-line options, prints its lines and returns True when it ran without error
@@ -495,6 +496,23 @@ def bench_grading(opts: argparse.Namespace) -> bool:
                 flush=True,
             )
             met.append(_target("sandbox<=1.10x_unsandboxed", cost <= 1.10, f"{cost:.3f}x"))
+        # 5. The trusted checker's cost: the same class, with the most workers, graded once
+        #    more as nbgrader grades by itself (ATTENTION_REF_TRUSTED_CHECKER=off), in this run.
+        if opts.trusted_compare:
+            jobs = max(opts.grading_jobs)
+            course = _grading_course(tmp / "class-untrusted", aids)
+            for k in range(n):
+                for aid in aids:
+                    _submit(course, f"student{k + 1:03d}", aid, _solved(aid))
+            plain, _ = _make_grade(course, jobs, {"ATTENTION_REF_TRUSTED_CHECKER": "off"})
+            cost = times[jobs] / plain
+            print(
+                f"grading trusted_checker students={n} jobs={jobs} checker_s={times[jobs]:.1f} "
+                f"kernel_judged_s={plain:.1f} ratio={cost:.3f} "
+                f"load_average={os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            met.append(_target("checker<=1.25x_kernel_judged", cost <= 1.25, f"{cost:.3f}x"))
     if 1 in times:
         for jobs, t in times.items():
             if jobs != 1:
@@ -562,6 +580,12 @@ def _parser() -> argparse.ArgumentParser:
         dest="sandbox_compare",
         action="store_false",
         help="grading: skip grading the class again without the sandbox",
+    )
+    p.add_argument(
+        "--no-trusted-compare",
+        dest="trusted_compare",
+        action="store_false",
+        help="grading: skip grading the class again without the trusted checker",
     )
     p.add_argument("--strict", action="store_true", help="a missed target is an error")
     return p

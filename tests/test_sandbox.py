@@ -26,9 +26,11 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -305,3 +307,74 @@ def test_the_sandbox_binds_the_environment_and_never_a_course_or_a_checkout(tmp_
         assert not any(b == folder or folder in b.parents for b in bound), (folder, bound)
     for holder in (tmp_path, checkout, course, Path(tempfile.gettempdir())):
         assert holder not in bound and not any(b in holder.parents for b in bound), bound
+
+
+class UnixListener:
+    """A Unix socket of the host that counts who connects to it."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o777)
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.count = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.count += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def test_the_grader_never_follows_a_socket_file_the_kernel_replaced(tmp_path):
+    """A sandboxed kernel whose socket files are swapped for links to a socket of the host
+    (as a kernel can do to its own): the grader's connections still reach the kernel it
+    started, never the host's socket."""
+    import asyncio
+
+    from attention_ref.course import sandbox
+
+    if sandbox.unavailable_reason():
+        pytest.fail(sandbox.unavailable_reason())
+    host = UnixListener(tmp_path / "host.sock")
+
+    async def scenario() -> str:
+        km = sandbox.kernel_manager_class()(kernel_name="python3")
+        await km.start_kernel(cwd=str(tmp_path))
+        try:
+            kc = km.client()
+            kc.start_channels()
+            await kc.wait_for_ready(timeout=60)
+            run = Path(f"/proc/{km._sandbox_pid()}/root{sandbox.RUN}")
+            ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port]
+            for port in ports:
+                name = run / f"k-{port}"
+                name.rename(run / f"moved-{port}")
+                name.symlink_to(tmp_path / "host.sock")
+            kc.stop_channels()
+            fresh = km.client()  # connects anew, as a reconnecting grader does
+            fresh.start_channels()
+            await fresh.wait_for_ready(timeout=30)
+            reply = await fresh.execute_interactive("print(6 * 7)", timeout=30)
+            fresh.stop_channels()
+            return reply["content"]["status"]
+        finally:
+            await km.shutdown_kernel(now=True)
+
+    try:
+        assert asyncio.run(scenario()) == "ok"
+        assert host.count == 0, f"{host.count} connections reached the host's socket"
+    finally:
+        host.close()

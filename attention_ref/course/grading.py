@@ -47,7 +47,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import sandbox
+from . import sandbox, trusted
 from .cell_limits import KERNEL_RESTARTED, CellLimits, timeout_message
 from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
 from .plumbing import assignments, nbgrader, nbgrader_api, stop_reason
@@ -360,6 +360,15 @@ def grade(
         print(f"sandbox: each notebook in its own; caps: {caps.describe()}", flush=True)
     else:
         print(sandbox.UNSANDBOXED_WARNING, flush=True)
+    try:
+        checked = trusted.enabled()
+    except ValueError as err:
+        print(f"error: grading refused: {err}", file=sys.stderr)
+        return 2
+    if checked:
+        print("verdicts: each graded test cell gets the points the trusted checker recorded")
+    else:
+        print(trusted.UNTRUSTED_WARNING, flush=True)
     api = nbgrader_api(root)
     limits = SubmissionLimits(parent=api)
     tasks = []
@@ -406,6 +415,8 @@ def _print_report(outcomes: list[Outcome], csv_path: Path) -> None:
     print("\nGrading report")
     if not sandbox.enabled():
         print(sandbox.UNSANDBOXED_WARNING)
+    if not trusted.enabled():
+        print(trusted.UNTRUSTED_WARNING)
     for o in outcomes:
         score, max_score = scores.get((o.student, o.assignment), ("?", "?"))
         print(f"  {o.assignment:32s} {o.student:20s} {score:>6s} / {max_score:<6s} {o.status}")

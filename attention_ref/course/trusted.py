@@ -62,6 +62,21 @@ CHECKER_ENV = (
     "LD_LIBRARY_PATH",
 )
 ENAME = "NotGraded"
+#: ``off``: grade as nbgrader does, from what the kernel printed (for measuring what the
+#: checker costs; never for marks that count).
+SWITCH = "ATTENTION_REF_TRUSTED_CHECKER"
+UNTRUSTED_WARNING = (
+    f"WARNING: GRADES FROM THE KERNEL'S OWN OUTPUT ({SWITCH}=off): a submission can forge "
+    "its test cells' results."
+)
+
+
+def enabled() -> bool:
+    """Whether graded test cells get their points from the trusted checker (the default)."""
+    raw = os.environ.get(SWITCH, "on").strip().lower()
+    if raw not in ("on", "off", ""):
+        raise ValueError(f"{SWITCH} must be 'on' (the default) or 'off'; got {raw!r}")
+    return raw != "off"
 
 
 def grade_id(cell: Any) -> str:
