@@ -320,3 +320,27 @@ def test_a_training_tag_written_by_a_student_gets_no_long_time_limit(forgery_cla
     errors = [o.evalue for o in cell.outputs if o.output_type == "error"]
     limit = LIMITS["NBGRADER_CELL_TIMEOUT"]
     assert any(f"within {limit} s" in e for e in errors), cell.outputs
+
+
+def test_a_submission_whose_kernel_dies_late_stays_within_its_time_budget(tmp_path):
+    """Cells that take 10 s each (under the 12 s limit), then one that kills the kernel:
+    without a budget grading would run the notebook three times (the grading, the search
+    for the cell that killed the kernel, the grading without it); with a 30 s budget it is
+    not run again, and the report names it and the budget."""
+    course = tmp_path / "course"
+    course.mkdir()
+    (course / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
+    source = _forgery_source(course)
+    solution = strip_solution_markers(_cell(source, "softmax_np").source)
+    slow = ["import time\ntime.sleep(10)"] * 3 + ["import os\nos._exit(1)"]
+    nb = _submission(source, solution, slow)
+    folder = course / "submitted" / "slow-then-dead" / AID
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / f"{AID}.ipynb")
+    env = {**LIMITS, "ATTENTION_REF_SUBMISSION_SECONDS": "30"}
+    start = time.perf_counter()
+    proc = run_course(course, "grade", "--jobs", "1", env_extra=env)
+    seconds = time.perf_counter() - start
+    report = proc.stdout[proc.stdout.index("Grading report") :]
+    assert "slow-then-dead" in report and "time budget (30 s" in report, report
+    assert seconds < 80, f"{seconds:.0f} s: the notebook was run again"

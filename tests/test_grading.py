@@ -205,6 +205,23 @@ def test_a_loop_costs_one_cell_limit_then_a_reduced_one(monkeypatch):
     assert seconds < 60, seconds
 
 
+def test_a_notebook_keeps_one_budget_of_output_bytes(monkeypatch):
+    """Five 1 MB outputs under a 2 MB budget: the graded notebook keeps 2 MB at most, says
+    that later outputs were dropped, and its later cells still run."""
+    from attention_ref.course.cell_limits import execute_preprocessor
+
+    monkeypatch.setenv("ATTENTION_REF_OUTPUT_BYTES", str(2 * 2**20))
+    nb = nbformat.v4.new_notebook()
+    big = "import time\nfor i in range(5):\n    print('x' * 2**20, flush=True)\n    time.sleep(0.3)"
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (big, "print('after')")]
+    execute_preprocessor()(kernel_name="python3").preprocess(nb, {"metadata": {"path": "."}})
+    kept = len(json.dumps(nb))
+    assert kept <= 2 * 2**20 + 4096, kept
+    assert "later outputs were not kept" in json.dumps(nb.cells[0].outputs)
+    assert kept >= 2**20  # what fits is kept
+    assert nb.cells[1].outputs[0]["text"] == "after\n"  # later cells run; what fits is kept
+
+
 def flaky_kernel(share, marker):
     """A JUPYTER_PATH whose python3 kernel dies at once the first time it is started (as
     a kernel does that cannot bind its port) and starts normally after that."""

@@ -96,6 +96,43 @@ def kernel_failed_to_start(err: BaseException) -> bool:
     )
 
 
+#: Bytes of outputs one graded notebook keeps (``ATTENTION_REF_OUTPUT_BYTES``): the course's
+#: notebooks print under 2 MB (their figures included); what comes after the budget is
+#: dropped, so a submission cannot grow its graded notebook, or the grader's memory, without
+#: bound.
+DEFAULT_OUTPUT_BYTES = 16 * 2**20
+OUTPUT_CUT = (
+    "[grading: this notebook's outputs reached {budget}, the most a graded notebook keeps; "
+    "later outputs were not kept]\n"
+)
+
+
+def output_budget() -> int:
+    raw = os.environ.get("ATTENTION_REF_OUTPUT_BYTES", "").strip()
+    try:
+        value = int(float(raw)) if raw else DEFAULT_OUTPUT_BYTES
+    except ValueError as err:
+        raise ValueError(
+            f"ATTENTION_REF_OUTPUT_BYTES must be a number of bytes; got {raw!r}"
+        ) from err
+    return max(2**16, value)
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 2**20:g} MB"
+
+
+def _message_bytes(content: Any) -> int:
+    """About the bytes an output message adds to a notebook (its text and data)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, dict):
+        return sum(_message_bytes(v) for v in content.values())
+    if isinstance(content, list | tuple):
+        return sum(_message_bytes(v) for v in content)
+    return 8
+
+
 def timeout_message(limit: int, cell: Any) -> str:
     kind = f"a cell tagged '{TRAINING_TAG}'" if is_training(cell) else "a cell"
     return (
@@ -150,7 +187,9 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             return await super().async_start_new_kernel(**kwargs)
 
         def _preprocess(self, nb, resources=None, km=None):
+            self.output_budget = output_budget()
             for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+                self.output_bytes, self.output_cut = 0, False
                 self.limits = CellLimits()
                 self.timeout_func = self.limits
                 self.cells_started = 0
@@ -173,6 +212,25 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                         KERNEL_START_ATTEMPTS,
                     )
             raise AssertionError("unreachable")  # pragma: no cover
+
+        def output(self, outs, msg, display_id, cell_index):
+            # One budget of bytes for the outputs a graded notebook keeps.
+            size = _message_bytes(msg.get("content", {}))
+            if self.output_bytes + size > self.output_budget:
+                if not self.output_cut:
+                    self.output_cut = True
+                    from nbformat.v4 import new_output
+
+                    note = OUTPUT_CUT.format(budget=_megabytes(self.output_budget))
+                    outs.append(new_output("stream", name="stderr", text=note))
+                return None
+            self.output_bytes += size
+            return super().output(outs, msg, display_id, cell_index)
+
+        def _update_display_id(self, display_id, msg):
+            if self.output_bytes + _message_bytes(msg.get("content", {})) > self.output_budget:
+                return None  # an update that would grow the notebook past its budget
+            return super()._update_display_id(display_id, msg)
 
         def execute_cell(self, cell, cell_index, *args, **kwargs):
             # nbclient binds execute_cell to its own async_execute_cell: go through ours.

@@ -98,7 +98,26 @@ def _stopped_cells(nb_path: Path) -> dict[str, list[str]]:
     return out
 
 
-def find_killer_cell(nb_path: Path, limits: CellLimits | None = None) -> tuple[int | None, str]:
+#: Seconds one submission may take to grade, every run of it together (the first, the search
+#: for a cell that killed its kernel, the grading without that cell):
+#: ``ATTENTION_REF_SUBMISSION_SECONDS``. The course's slowest notebook grades in about 90 s.
+DEFAULT_SUBMISSION_SECONDS = 400
+
+
+def submission_seconds() -> float:
+    raw = os.environ.get("ATTENTION_REF_SUBMISSION_SECONDS", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_SUBMISSION_SECONDS
+    except ValueError as err:
+        raise ValueError(
+            f"ATTENTION_REF_SUBMISSION_SECONDS must be a number of seconds; got {raw!r}"
+        ) from err
+    return max(30.0, value)
+
+
+def find_killer_cell(
+    nb_path: Path, limits: CellLimits | None = None, deadline: float | None = None
+) -> tuple[int | None, str]:
     """Run the notebook cell by cell as autograde does (``NBGRADER_EXECUTION=autograde``,
     the same per-cell limits); return (index, reason) of the cell whose execution killed
     the kernel, or (None, "") if none did."""
@@ -132,6 +151,8 @@ def find_killer_cell(nb_path: Path, limits: CellLimits | None = None) -> tuple[i
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
+            if deadline is not None and time.monotonic() > deadline:
+                return None, "over budget"
             try:
                 client.execute_cell(cell, i)
             except DeadKernelError:
@@ -144,7 +165,9 @@ def _kernel_manager() -> dict:
     return {"kernel_manager_class": sandbox.kernel_manager_class()} if sandbox.enabled() else {}
 
 
-def _salvage(root: Path, aid: str, student: str, outcome: Outcome) -> None:
+def _salvage(
+    root: Path, aid: str, student: str, outcome: Outcome, deadline: float | None = None
+) -> None:
     """Grade a copy of a crashed submission with the killing cell neutralised."""
     from nbgrader.utils import temp_attrs
 
@@ -157,7 +180,11 @@ def _salvage(root: Path, aid: str, student: str, outcome: Outcome) -> None:
                 shutil.copyfile(nb_path, dst_dir / nb_path.name)
         replaced = []
         for nb_path in sorted(dst_dir.glob("*.ipynb")):
-            idx, why = find_killer_cell(nb_path)
+            idx, why = find_killer_cell(nb_path, deadline=deadline)
+            if why == "over budget":
+                outcome.status = "failed"
+                outcome.notes.append(OVER_BUDGET.format(seconds=submission_seconds()))
+                return
             if idx is None:
                 continue
             nb = nbformat.read(nb_path, as_version=4)
@@ -213,9 +240,17 @@ def _autograde(api, aid: str, student: str, force: bool) -> dict:
     return result
 
 
+OVER_BUDGET = (
+    "not graded further: it used its time budget ({seconds:g} s for every run of it together, "
+    "ATTENTION_REF_SUBMISSION_SECONDS) before the cell that killed its kernel was found"
+)
+
+
 def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
-    """Autograde one submission (salvaging it if its kernel died); runs in a worker."""
+    """Autograde one submission (salvaging it if its kernel died, within its time budget);
+    runs in a worker."""
     start = time.perf_counter()
+    deadline = time.monotonic() + submission_seconds()
     root_path = Path(root)
     outcome = Outcome(student, aid)
     try:
@@ -237,7 +272,11 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
                     outcome.notes.append(f"{nb_path.name}: {', '.join(cells)} hit {limit}")
         else:
             outcome.log = _result_text(result)
-            _salvage(root_path, aid, student, outcome)
+            if time.monotonic() > deadline:
+                outcome.status = "failed"
+                outcome.notes.append(OVER_BUDGET.format(seconds=submission_seconds()))
+            else:
+                _salvage(root_path, aid, student, outcome, deadline)
     except Exception as err:  # never lose the class to one submission
         outcome.status = "failed"
         outcome.notes.append(f"grading raised {type(err).__name__}: {err}")
@@ -362,9 +401,11 @@ def grade(
         print(sandbox.UNSANDBOXED_WARNING, flush=True)
     try:
         checked = trusted.enabled()
+        budget = submission_seconds()
     except ValueError as err:
         print(f"error: grading refused: {err}", file=sys.stderr)
         return 2
+    print(f"budget: {budget:g} s per submission, every run of it together", flush=True)
     if checked:
         print("verdicts: each graded test cell gets the points the trusted checker recorded")
     else:
