@@ -858,6 +858,19 @@ _TABLE = """
   hint: attend to all keys and values that cache.append(k, v) returns.
 [kv_no_w_o] the output projection w_o is missing.
   hint: return mha.w_o(merge_heads(out)).
+[kv_mask_wrong_device] a tensor (the mask, most likely) is built on the CPU, not on the device
+    of x_new: on a GPU the step fails.
+  hint: pass device=x_new.device wherever you create a tensor: torch.ones(t, T,
+    dtype=torch.bool, device=x_new.device).tril(T - t).
+[online_inplace_autograd] an in-place update (l.mul_(alpha), acc.mul_(...), s.exp_()) overwrites
+    a tensor that autograd saved for the backward pass: the output is right, but section 5's
+    backward pass through your function fails.
+  hint: update out of place: l = alpha * l + p.sum(-1, keepdim=True), p = torch.exp(s -
+    m_new). Writing each finished query block into out (out[..., i0:i1, :] = acc / l) is fine.
+[online_no_autograd] autograd cannot differentiate your function: its output is not connected
+    to q, k and v (computed under torch.no_grad(), detached, or via .data or .item()).
+  hint: compute with ordinary tensor operations on q, k and v; section 5 runs autograd's
+    backward pass through your function.
 [flash_future_blocks_not_skipped] the key blocks entirely in the future are not skipped (they
     are only masked), or the causal block skip is off by one and reads one block too many.
   hint: process queries in blocks of block_size too; for the query block [i0, i1) loop over key

@@ -447,6 +447,54 @@ def check_online_softmax_attention(candidate, ctx: Context) -> None:
         return [rec]
 
     _watch(ctx, g, 16, run, ONLINE_WATCHED)
+    _check_online_autograd(ctx, candidate)
+
+
+def _check_online_autograd(ctx: Context, candidate) -> None:
+    """Section 5 of the notebook runs autograd's backward pass through the learner's
+    function: its output must be connected to q, k and v and the backward pass must give
+    attention's gradients. An in-place update of a tensor that autograd saved (``l.mul_``,
+    ``s.exp_()``) passes every case above and breaks that backward pass."""
+    g = ctx.torch_gen(115)
+    for causal in (False, True):
+        q, k, v = _attn_inputs(g, (2, 10, 4), (2, 10, 4), 4, F64)
+        case = (
+            f"q, k, v (2, 10, 4) float64 requiring gradients, block_size=4, causal={causal}; "
+            "then autograd's backward pass through your function, as section 5 runs it"
+        )
+        leaves = _leaves(q, k, v)
+        out = ctx.call(
+            lambda leaves=leaves, causal=causal: candidate(*leaves, block_size=4, causal=causal),
+            case=case,
+            call_name="online_softmax_attention",
+        )
+        expected, ref_leaves = _reference(q, k, v, causal)
+        expect_tensor(ctx, out, "the output", case, like=expected)
+        if out.grad_fn is None:
+            ctx.fail(
+                "the output is not connected to q, k and v for autograd (it has no grad_fn).",
+                case=case,
+                mistake="online_no_autograd",
+            )
+        do = torch.randn(expected.shape, generator=g, dtype=F64)
+        try:
+            grads = ctx.call(
+                lambda out=out, leaves=leaves, do=do: torch.autograd.grad(
+                    out, leaves, do, allow_unused=True
+                ),
+                case=case,
+                call_name="autograd's backward pass through online_softmax_attention",
+            )
+        except CheckFailure as err:
+            if "inplace operation" in str(err):
+                raise naming(err, named("online_inplace_autograd")) from None
+            raise
+        want = torch.autograd.grad(expected, ref_leaves, do)
+        for name, grad, w in zip("qkv", grads, want, strict=True):
+            what = f"the gradient of {name} (d{name}) that autograd computes through your code"
+            if grad is None:
+                ctx.fail(f"no gradient reached {name}.", case=case, mistake="online_no_autograd")
+            ctx.expect_close(grad, w, what=what, case=case, **TOL[F64])
 
 
 # ----------------------------------------------------------------------------- KV cache
@@ -562,6 +610,42 @@ def check_cached_self_attention(candidate, ctx: Context) -> None:
             ctx.expect_array(got, expected.to(dtype), what="the output", case=case)
             ctx.expect_close(
                 got, expected, what="the output", case=case, mistakes=mistakes, **TOL[dtype]
+            )
+    _check_kv_device(ctx, candidate)
+
+
+#: What PyTorch says when one operation mixes tensors of two devices.
+_DEVICE_MISMATCH = ("expected all tensors to be on the same device", "not on the expected device")
+
+
+def _check_kv_device(ctx: Context, candidate) -> None:
+    """Notebook cell 34 runs the learner's step on the GPU when there is one: whatever it
+    builds (the mask above all) must be on ``x_new.device``. PyTorch's meta device (shapes,
+    no data) stands in for a second device, so this runs on a machine without a GPU: a
+    tensor built on the CPU and mixed with a meta tensor raises, as on a GPU."""
+    meta = torch.device("meta")
+    mha = MultiHeadAttention(12, 3).to(meta)
+    cache = _WatchedCache(6)
+    for s, t in ((0, 3), (3, 2), (5, 1)):
+        case = (
+            f"MultiHeadAttention(d_model=12, n_heads=3), the cache and x_new (2, {t}, 12) on "
+            f"PyTorch's meta device (tensors without data, standing in for a GPU); {s} "
+            "positions cached"
+        )
+        x = torch.empty(2, t, 12, device=meta)
+        try:
+            with torch.no_grad():
+                got = ctx.call(candidate, mha, x, cache, case=case)
+        except CheckFailure as err:
+            if any(words in str(err).lower() for words in _DEVICE_MISMATCH):
+                raise naming(err, named("kv_mask_wrong_device")) from None
+            raise
+        expect_tensor(ctx, got, "the output", case, like=x)
+        if got.device != meta:
+            ctx.fail(
+                f"the output is on {got.device}, expected x_new's device ({meta}).",
+                case=case,
+                mistake="kv_mask_wrong_device",
             )
 
 

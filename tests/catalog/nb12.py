@@ -211,6 +211,42 @@ def attn_ignores_causal(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, False)
 
 
+@mistake("online_softmax_attention", id="online_inplace_autograd")
+def attn_in_place_updates(q, k, v, block_size=64, causal=False):
+    """The running state updated in place, as attention_ref's own inference-only loop does:
+    the right output, and a backward pass that autograd refuses."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q = q / math.sqrt(q.shape[-1])
+    out = q.new_empty(*batch, n_q, v.shape[-1])
+    for i0 in range(0, n_q, block_size):
+        i1 = min(i0 + block_size, n_q)
+        m = q.new_full((*batch, i1 - i0, 1), -math.inf)
+        l = q.new_zeros((*batch, i1 - i0, 1))  # noqa: E741
+        acc = q.new_zeros((*batch, i1 - i0, v.shape[-1]))
+        for j0 in range(0, min(n_k, i1) if causal else n_k, block_size):
+            j1 = min(j0 + block_size, n_k)
+            s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT
+            if causal and j1 - 1 > i0:
+                allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                s.masked_fill_(~allowed, -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = s.sub_(m_new).exp_()
+            l.mul_(alpha).add_(p.sum(-1, keepdim=True))
+            acc.mul_(alpha).add_(p @ v[..., j0:j1, :])
+            m = m_new
+        out[..., i0:i1, :] = acc / l
+    return out
+
+
+@mistake("online_softmax_attention", id="online_no_autograd")
+def attn_under_no_grad(q, k, v, block_size=64, causal=False):
+    """Computed under torch.no_grad(), "since it is only the forward pass"."""
+    with torch.no_grad():
+        return _online_attention(q, k, v, block_size, causal)
+
+
 @alternative("online_softmax_attention")
 def attn_einsum_where(q, k, v, block_size=64, causal=False):
     n_q, n_k = q.shape[-2], k.shape[-2]
@@ -346,6 +382,12 @@ def kv_no_w_o(mha, x_new, cache):
     return _cached(mha, x_new, cache, w_o=False)
 
 
+@mistake("cached_self_attention", id="kv_mask_wrong_device")
+def kv_mask_on_cpu(mha, x_new, cache):
+    """The notebook's solution with its mask built on the CPU whatever x_new's device."""
+    return _cached(mha, x_new, cache)
+
+
 @alternative("cached_self_attention")
 def kv_einsum_manual_softmax(mha, x_new, cache):
     B, t, D = x_new.shape
@@ -356,8 +398,8 @@ def kv_einsum_manual_softmax(mha, x_new, cache):
     past = len(cache)
     k_all, v_all = cache.append(k, v)
     scores = torch.einsum("bhqd,bhkd->bhqk", q, k_all) / math.sqrt(d)
-    q_pos = past + torch.arange(t)[:, None]
-    k_pos = torch.arange(k_all.shape[2])[None, :]
+    q_pos = past + torch.arange(t, device=x_new.device)[:, None]
+    k_pos = torch.arange(k_all.shape[2], device=x_new.device)[None, :]
     scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
     w = torch.softmax(scores, dim=-1)
     out = torch.einsum("bhqk,bhkd->bhqd", w, v_all).transpose(1, 2).reshape(B, t, D)
