@@ -479,7 +479,7 @@ def _check_online_autograd(ctx: Context, candidate) -> None:
         do = torch.randn(expected.shape, generator=g, dtype=F64)
         try:
             grads = ctx.call(
-                lambda out=out, leaves=leaves, do=do: torch.autograd.grad(
+                lambda out=out, leaves=leaves, do=do: autograd_grad(
                     out, leaves, do, allow_unused=True
                 ),
                 case=case,
