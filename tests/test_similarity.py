@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nbformat
@@ -22,7 +23,7 @@ from test_browser import browser  # noqa: F401 - the headless Chromium fixture
 
 from attention_ref.course import similarity
 
-from course_tools import ROOT, answer_cells, release_path, run_course
+from course_tools import ROOT, release_path, run_course
 
 AID = "01_dot_product_attention"
 SCRIPT = "<script>window.__pwned = 1</script>"
@@ -131,7 +132,7 @@ CLASS = {
 def submission(answers: dict[str, str]) -> nbformat.NotebookNode:
     """The release notebook with ``answers`` in its answer cells."""
     nb = nbformat.read(release_path(AID), as_version=4)
-    cells = answer_cells(nb)
+    cells = {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells if "nbgrader" in c.metadata}
     for exercise, source in answers.items():
         cells[exercise].source = source
     return nb
@@ -140,8 +141,8 @@ def submission(answers: dict[str, str]) -> nbformat.NotebookNode:
 @pytest.fixture
 def course(tmp_path: Path) -> Path:
     """A course folder with assignment 01's source and release, and CLASS submitted, plus
-    malformed submissions: not JSON, JSON without cells, cells that are not cells, and a
-    link to another student's notebook."""
+    malformed submissions: not JSON, JSON without cells, cells that are not cells, a link
+    to another student's notebook and one to another student's folder."""
     course = tmp_path / "course"
     course.mkdir()
     shutil.copy(ROOT / "nbgrader_config.py", course)
@@ -163,6 +164,8 @@ def course(tmp_path: Path) -> Path:
     linked = course / "submitted" / "linker" / AID
     linked.mkdir(parents=True)
     os.symlink(course / "submitted" / "annie7" / AID / f"{AID}.ipynb", linked / f"{AID}.ipynb")
+    (course / "submitted" / "folder-linker").mkdir()
+    os.symlink(course / "submitted" / "bobby8" / AID, course / "submitted" / "folder-linker" / AID)
     return course
 
 
@@ -216,9 +219,10 @@ def test_malformed_and_linked_submissions_are_skipped_and_listed(course):
     result = similarity.find_similar(course, [AID])
     why = {student: reason for student, _, reason in result.skipped}
     # "bad-cells" is a notebook whose cells are no cells: read, with no answer in it
-    assert set(why) == {"not-json", "no-cells", "linker"}, why
+    assert set(why) == {"not-json", "no-cells", "linker", "folder-linker"}, why
     assert "not JSON" in why["not-json"] and "no list of cells" in why["no-cells"]
     assert "cannot be opened" in why["linker"]  # the link is not followed
+    assert "not followed" in why["folder-linker"]
 
 
 def test_the_command_writes_the_page_and_csv_without_names(course):
@@ -256,3 +260,54 @@ def test_the_page_shows_a_script_in_a_submission_as_text(course, tmp_path, brows
     # the lines holding shared code are highlighted: 8 of one answer, 7 of the other
     assert page.locator("mark").count() == 8 + 7
     page.close()
+
+
+def test_make_report_writes_the_similar_answers_and_links_them(course, monkeypatch):
+    """`make report`'s code path, on a gradebook that knows the assignment and the class
+    (nothing graded: the similar answers come from submitted/)."""
+    from nbgrader.api import Gradebook
+
+    # nbgrader creates the gradebook with `alembic`, from this environment
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        gb.add_assignment(AID)
+        for student in CLASS:
+            gb.add_student(student)
+    proc = run_course(course, "report", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = (course / "report" / "report.html").read_text()
+    assert "<a href='similarity.html'>" in report
+    with open(course / "report" / "similarity.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["exercise"], r["student_a"], r["student_b"]) for r in rows] == [
+        ("sdpa_np", "student 1", "student 2")
+    ]
+    assert f"wrote {course / 'report' / 'similarity.html'}" in proc.stdout
+
+
+WRITTEN = (
+    "Without the scale the dot products grow like the square root of d_k, so for wide "
+    "heads the softmax saturates and nearly all weight lands on one key. The gradient "
+    "then flows back through that key only, and the other keys stop learning."
+)
+#: The same answer with its sentences swapped and a few words changed.
+WRITTEN_COPY = (
+    "The gradient then flows back through that key alone, and the other keys stop "
+    "learning. Without the scale the dot products grow like the square root of d_k, so for "
+    "wide heads the softmax saturates and nearly all weight lands on a single key."
+)
+WRITTEN_OWN = (
+    "Dividing by d_k makes the scores shrink as the heads get wider, until the softmax is "
+    "almost uniform and attention averages every value; the model must then grow its "
+    "weights a lot to focus, which takes many steps."
+)
+
+
+def test_a_written_answer_shared_with_its_sentences_swapped_is_listed(course):
+    for student, text in (("erin5", WRITTEN), ("frank6", WRITTEN_COPY), ("gina3", WRITTEN_OWN)):
+        folder = course / "submitted" / student / AID
+        folder.mkdir(parents=True)
+        nbformat.write(submission({"why_sqrt_dk": text}), folder / f"{AID}.ipynb")
+    result = similarity.find_similar(course, [AID])
+    assert ("why_sqrt_dk", frozenset({"erin5", "frank6"})) in listed(result), listed(result)
+    assert [ex for ex, _ in listed(result)].count("why_sqrt_dk") == 1, listed(result)

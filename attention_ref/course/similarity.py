@@ -429,6 +429,8 @@ def find_similar(root: Path, assignments: list[str], submitted: str = "submitted
         for sid in students:
             folder = base / sid / aid
             if not _safe_dir(folder):
+                if os.path.lexists(folder):
+                    skipped.append((sid, aid, "a link or a file, not a folder (not followed)"))
                 continue
             for nb_name in sorted({ex.notebook for ex in exercises}):
                 path = folder / nb_name
