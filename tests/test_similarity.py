@@ -26,12 +26,13 @@ from attention_ref.course import similarity
 from course_tools import ROOT, release_path, run_course
 
 AID = "01_dot_product_attention"
+ARTIFACTS = ROOT / "test-artifacts" / "report"
 SCRIPT = "<script>window.__pwned = 1</script>"
 
 #: One student's sdpa_np, written their own way (a loop over nothing, einsum, a helper).
 SHARED_SDPA_NP = f'''def sdpa_np(Q, K, V, mask=None):
     """Scaled dot-product attention in NumPy; returns (out, weights)."""
-    # my own version {SCRIPT}
+    # my own version, Annie Quixote (annie7@uni.example) {SCRIPT}
     scale = 1.0 / np.sqrt(K.shape[-1])
     logits = np.einsum("...qd,...kd->...qk", Q, K) * scale
     fill = np.full_like(logits, -1e30)
@@ -259,6 +260,10 @@ def test_the_page_shows_a_script_in_a_submission_as_text(course, tmp_path, brows
     assert page.get_by_text(SCRIPT).first.is_visible()  # the comment, shown as text
     # the lines holding shared code are highlighted: 8 of one answer, 7 of the other
     assert page.locator("mark").count() == 8 + 7
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "similarity.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
     page.close()
 
 
@@ -273,6 +278,7 @@ def test_make_report_writes_the_similar_answers_and_links_them(course, monkeypat
         gb.add_assignment(AID)
         for student in CLASS:
             gb.add_student(student)
+        gb.update_or_create_student("annie7", first_name="Annie", last_name="Quixote")
     proc = run_course(course, "report", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = (course / "report" / "report.html").read_text()
@@ -283,6 +289,9 @@ def test_make_report_writes_the_similar_answers_and_links_them(course, monkeypat
         ("sdpa_np", "student 1", "student 2")
     ]
     assert f"wrote {course / 'report' / 'similarity.html'}" in proc.stdout
+    page = (course / "report" / "similarity.html").read_text()
+    for private in ("annie7", "Annie", "Quixote", "uni.example"):  # the gradebook's names
+        assert private not in page and private not in rows[0]["answer_a"], private
 
 
 WRITTEN = (

@@ -61,6 +61,8 @@ class Assignment:
     scores: dict[str, float] = field(default_factory=dict)  # student: score (submitted)
     not_submitted: int = 0
     exercises: dict[str, Exercise] = field(default_factory=dict)
+    #: every student's id, names and email (removed from what the report shows)
+    people: list[str] = field(default_factory=list)
     #: submissions in which some cell (an exercise's or not) hit a limit: "time", a cap
     stopped: Counter = field(default_factory=Counter)
 
@@ -142,6 +144,7 @@ def collect(root: Path, requested: list[str] | None = None) -> list[Assignment]:
             if requested and a.name not in requested:
                 continue
             rep = Assignment(a.name, float(a.max_score or 0))
+            rep.people = [w for who in students.values() for w in who if w]
             for name in _exercise_order(root, api.coursedir.source_directory, a.name):
                 rep.exercises[name] = Exercise(name)
             for sid in sorted(students):
@@ -457,7 +460,14 @@ def report(
             f"error: no grades for assignment(s) {', '.join(unknown)} in the gradebook"
         )
     out.mkdir(parents=True, exist_ok=True)
-    similar = write_similarity(root, [a.name for a in data], out, names, _submitted_directory(root))
+    similar = write_similarity(
+        root,
+        [a.name for a in data],
+        out,
+        names,
+        _submitted_directory(root),
+        private=sorted({w for a in data for w in a.people}),
+    )
     (out / "report.html").write_text(
         render_html(data, names, similarity_page=similar[0].name), encoding="utf-8"
     )

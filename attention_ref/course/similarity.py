@@ -406,6 +406,9 @@ class Similarity:
     skipped: list[tuple[str, str, str]]  # (student, assignment, why)
     compared: Counter  # assignment: answers compared
     students: list[str]
+    #: words removed from the answers shown unless names: the students' ids, and their
+    #: names and emails where the gradebook has them
+    private: list[str] = field(default_factory=list)
 
 
 def _safe_dir(path: Path) -> bool:
@@ -486,7 +489,8 @@ def _shown(source: str, result: Similarity, names: bool) -> list[str]:
         return lines
     from .report import anonymise  # noqa: PLC0415 - report imports this module
 
-    return [anonymise(ln, result.students) if ln.strip() else ln for ln in lines]
+    who = [*result.students, *result.private]
+    return [anonymise(ln, who) if ln.strip() else ln for ln in lines]
 
 
 def _spreadsheet_safe(text: str) -> str:
@@ -535,6 +539,12 @@ NOTE = (
     "tutorial, the one obvious way to write it. This is a list to look at, not a verdict: "
     "it changes no grade. Lines that hold shared code are highlighted."
 )
+
+
+def _marked(line: str) -> str:
+    """A highlighted line, escaped (its indentation outside the highlight)."""
+    code = line.lstrip()
+    return f"{line[: len(line) - len(code)]}<mark>{html.escape(code)}</mark>"
 
 
 def render_html(result: Similarity, names: bool = False) -> str:
@@ -588,7 +598,7 @@ def render_html(result: Similarity, names: bool = False) -> str:
         for answer in (p.a, p.b):
             marked = set(p.lines(answer))
             lines = [
-                f"<mark>{e(ln)}</mark>" if n in marked else e(ln)
+                _marked(ln) if n in marked else e(ln)
                 for n, ln in enumerate(_shown(answer.source, result, names), start=1)
             ]
             parts.append(f"<td><pre>{chr(10).join(lines)}</pre></td>")
@@ -603,9 +613,13 @@ def write_similarity(
     out: Path,
     names: bool = False,
     submitted: str = "submitted",
+    private: list[str] | None = None,
 ) -> list[Path]:
-    """Write ``out/similarity.html`` and ``out/similarity.csv``; returns their paths."""
+    """Write ``out/similarity.html`` and ``out/similarity.csv``; returns their paths.
+    ``private``: words (names, emails) removed from the answers shown unless ``names``,
+    besides the student ids."""
     result = find_similar(root, assignments, submitted)
+    result.private = list(private or [])
     out.mkdir(parents=True, exist_ok=True)
     page = out / "similarity.html"
     page.write_text(render_html(result, names), encoding="utf-8")
