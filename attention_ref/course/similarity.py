@@ -261,6 +261,7 @@ class Exercise:
 
 
 def _answer_cells(nb: dict) -> dict[str, dict]:
+    """The instructor's answer cells (nbgrader ``solution``) by grade_id."""
     return {
         c["metadata"]["nbgrader"]["grade_id"]: c
         for c in nb.get("cells", [])
@@ -270,6 +271,7 @@ def _answer_cells(nb: dict) -> dict[str, dict]:
 
 
 def _source(cell: dict) -> str:
+    """A cell's source as one string ("" where it is neither a string nor a list)."""
     src = cell.get("source", "")
     if isinstance(src, list):
         src = "".join(s for s in src if isinstance(s, str))
@@ -377,6 +379,9 @@ def _submitted_cells(nb: dict) -> dict[str, dict]:
 
 @dataclass
 class Answer:
+    """One student's answer cell: its source, its fingerprints (with their lines) and
+    those kept once what the class was given and what many wrote are discounted."""
+
     student: str
     source: str
     prints: Prints
@@ -402,6 +407,9 @@ class Pair:
 
 @dataclass
 class Similarity:
+    """What :func:`find_similar` found: the pairs, most similar first, the submissions
+    skipped and why, and how many answers each assignment had."""
+
     pairs: list[Pair]
     skipped: list[tuple[str, str, str]]  # (student, assignment, why)
     compared: Counter  # assignment: answers compared
@@ -412,6 +420,7 @@ class Similarity:
 
 
 def _safe_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder itself (not a link to one)."""
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
@@ -459,6 +468,8 @@ def find_similar(root: Path, assignments: list[str], submitted: str = "submitted
 
 
 def _similar_pairs(ex: Exercise, answers: list[Answer]) -> list[Pair]:
+    """The pairs of ``answers`` to ``ex`` above the threshold, once the fingerprints that
+    many of them share are discounted."""
     counts = Counter(fp for a in answers for fp in a.kept)
     floor = max(MIN_COMMON, COMMON_SHARE * len(answers))
     common = {fp for fp, n in counts.items() if n >= floor}
@@ -499,6 +510,7 @@ def _spreadsheet_safe(text: str) -> str:
 
 
 def csv_rows(result: Similarity, names: bool = False) -> list[dict]:
+    """similarity.csv's rows, one per pair, most similar first (fields: CSV_FIELDS)."""
     label = _labels(result, names)
     rows = []
     for p in result.pairs:
