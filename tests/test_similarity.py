@@ -139,10 +139,24 @@ def submission(answers: dict[str, str]) -> nbformat.NotebookNode:
     return nb
 
 
+#: Answer cells no parser likes: a number, 5000 open brackets, a NUL, a list of odds.
+ODD_ANSWERS = {
+    "sdpa_np": 123,
+    "softmax_np": "(" * 5000,
+    "sdpa": "x\0y = 1",
+    "why_sqrt_dk": ["a", 2, None],
+}
+
+
+def odd_cell(grade_id: str, source: object) -> dict:
+    return {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": grade_id}}, "source": source}
+
+
 @pytest.fixture
 def course(tmp_path: Path) -> Path:
     """A course folder with assignment 01's source and release, and CLASS submitted, plus
-    malformed submissions: not JSON, JSON without cells, cells that are not cells, a link
+    malformed submissions: not JSON, JSON without cells, cells that are not cells, answer
+    cells that do not parse, a link
     to another student's notebook and one to another student's folder."""
     course = tmp_path / "course"
     course.mkdir()
@@ -157,6 +171,7 @@ def course(tmp_path: Path) -> Path:
         "not-json": "{ this is not a notebook",
         "no-cells": json.dumps({"metadata": {}, "nbformat": 4}),
         "bad-cells": json.dumps({"cells": ["a string", {"metadata": {"nbgrader": 3}}, 7]}),
+        "odd-cells": json.dumps({"cells": [odd_cell(g, src) for g, src in ODD_ANSWERS.items()]}),
     }
     for student, text in broken.items():
         folder = course / "submitted" / student / AID
@@ -189,7 +204,8 @@ def test_the_short_line_many_write_and_independent_solutions_are_not_listed(cour
     # the only pair is the copied one: not the eight identical softmax_np, not the
     # independent sdpa_np (the first is the instructor's own solution)
     assert listed(result) == [("sdpa_np", frozenset({"annie7", "bobby8"}))], listed(result)
-    assert result.compared[AID] == 4 * len(CLASS)  # 3 code answers and a written one each
+    # 3 code answers and a written one each, and the 4 odd answers
+    assert result.compared[AID] == 4 * len(CLASS) + len(ODD_ANSWERS)
     # what keeps the eight softmax_np off the list is the class's share, not their size
     monkeypatch.setattr(similarity, "MIN_COMMON", 10**6)
     undiscounted = similarity.find_similar(course, [AID])
@@ -219,7 +235,8 @@ def test_the_template_and_the_hints_code_are_discounted():
 def test_malformed_and_linked_submissions_are_skipped_and_listed(course):
     result = similarity.find_similar(course, [AID])
     why = {student: reason for student, _, reason in result.skipped}
-    # "bad-cells" is a notebook whose cells are no cells: read, with no answer in it
+    # read, not skipped: "bad-cells" (cells that are no cells: no answer in it) and
+    # "odd-cells" (answers that do not parse: compared as tokens)
     assert set(why) == {"not-json", "no-cells", "linker", "folder-linker"}, why
     assert "not JSON" in why["not-json"] and "no list of cells" in why["no-cells"]
     assert "cannot be opened" in why["linker"]  # the link is not followed
