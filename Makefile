@@ -10,7 +10,8 @@
 #                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it;
 #                  JOBS=N grades N submissions at a time, default: one per core)
 #   make report    the class report (report/report.html, report.csv; NAMES=1 names the
-#                  students) and the grades for Canvas and Moodle (report/*_grades.csv)
+#                  students), similar answers worth a look (report/similarity.html, .csv)
+#                  and the grades for Canvas and Moodle (report/*_grades.csv)
 #   make bench     print the benchmark figures
 #   make versions  the oldest and the newest versions pyproject.toml allows, each installed
 #                  into its own environment (.venv-oldest, .venv-newest), run the unit tests

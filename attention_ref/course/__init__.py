@@ -10,7 +10,10 @@
         the class report: per exercise, who passed, failed, hit a limit or did not
         attempt it, the named mistakes and the scores (DIR/report.html, report.csv, no
         student named unless --names), and the grades for Canvas and Moodle
-        (DIR/canvas_grades.csv, moodle_grades.csv).
+        (DIR/canvas_grades.csv, moodle_grades.csv), and the answers similar between
+        submissions, a list to look at (DIR/similarity.html, similarity.csv).
+    python -m attention_ref.course similarity [--out DIR] [--names] [ASSIGNMENT ...]
+        only the similar answers, from submitted/ (no gradebook needed).
 
 Run them from the course root (the folder with nbgrader_config.py). The modules:
 
@@ -18,6 +21,7 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
 - ``release``: ``make release``;
 - ``grading``: ``make grade`` (parallel workers, the report, the salvage of a dead kernel);
 - ``report``: ``make report`` (the class report, the Canvas and Moodle grade files);
+- ``similarity``: answers similar between submissions (a page of ``make report``);
 - ``sandbox``: the bubblewrap sandbox every graded notebook runs in, and its caps;
 - ``cell_limits``: the per-cell time limits of grading;
 - ``feedback``: what a student's feedback shows (hidden tests' code never);

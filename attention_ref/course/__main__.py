@@ -40,6 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     p_rep.add_argument(
         "--names", action="store_true", help="name the students (by default none is named)"
     )
+    p_sim = sub.add_parser(
+        "similarity",
+        help="answers similar between submissions, a list to look at (no gradebook needed)",
+    )
+    p_sim.add_argument("assignments", nargs="*")
+    p_sim.add_argument("--out", default="report", help="the folder to write (default: report)")
+    p_sim.add_argument(
+        "--names", action="store_true", help="name the students (by default none is named)"
+    )
     args = parser.parse_args(argv)
     root = course_root()
     if args.command == "release":
@@ -51,6 +60,17 @@ def main(argv: list[str] | None = None) -> int:
         from .report import report  # noqa: PLC0415
 
         report(root, args.assignments, out_dir=args.out, names=args.names)
+        return 0
+    if args.command == "similarity":
+        from .plumbing import assignments  # noqa: PLC0415
+        from .similarity import write_similarity  # noqa: PLC0415
+
+        unknown = sorted(set(args.assignments) - set(assignments(root)))
+        if unknown:
+            raise SystemExit(f"error: no assignment {', '.join(unknown)} in solutions/")
+        out = root / args.out
+        for p in write_similarity(root, args.assignments or assignments(root), out, args.names):
+            print(f"wrote {p}")
         return 0
     from .grading import grade  # noqa: PLC0415
 

@@ -34,6 +34,7 @@ import nbformat
 
 from .plumbing import nbgrader_api
 from .plumbing import stop_reason as stopped_by
+from .similarity import write_similarity
 
 #: An exercise's outcome in one submission, in the order the report lists them.
 OUTCOMES = ("passed", "failed", "time limit", "resource cap", "not attempted")
@@ -60,6 +61,8 @@ class Assignment:
     scores: dict[str, float] = field(default_factory=dict)  # student: score (submitted)
     not_submitted: int = 0
     exercises: dict[str, Exercise] = field(default_factory=dict)
+    #: every student's id, names and email (removed from what the report shows)
+    people: list[str] = field(default_factory=list)
     #: submissions in which some cell (an exercise's or not) hit a limit: "time", a cap
     stopped: Counter = field(default_factory=Counter)
 
@@ -141,6 +144,7 @@ def collect(root: Path, requested: list[str] | None = None) -> list[Assignment]:
             if requested and a.name not in requested:
                 continue
             rep = Assignment(a.name, float(a.max_score or 0))
+            rep.people = [w for who in students.values() for w in who if w]
             for name in _exercise_order(root, api.coursedir.source_directory, a.name):
                 rep.exercises[name] = Exercise(name)
             for sid in sorted(students):
@@ -162,6 +166,11 @@ def collect(root: Path, requested: list[str] | None = None) -> list[Assignment]:
                     _read_notebook(rep, sid, nb_path, grades, students[sid])
             report.append(rep)
     return report
+
+
+def _submitted_directory(root: Path) -> str:
+    """The course's submitted/ folder, as nbgrader's configuration names it."""
+    return nbgrader_api(root).coursedir.submitted_directory
 
 
 def _exercise_order(root: Path, source_dir: str, aid: str) -> list[str]:
@@ -308,7 +317,10 @@ def _message(mistake_id: str) -> str:
     return re.sub(r"\{\w+\}", "...", str(m)) if m is not None else ""
 
 
-def render_html(report: list[Assignment], names: bool = False) -> str:
+def render_html(
+    report: list[Assignment], names: bool = False, similarity_page: str | None = None
+) -> str:
+    """The class report's page; ``similarity_page``, if given, is linked at its end."""
     e = html.escape
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Class report</title>",
@@ -363,6 +375,13 @@ def render_html(report: list[Assignment], names: bool = False) -> str:
                 )
                 parts.append(f"<tr><td>{e(sid)}</td><td>{score:g}</td>{row}</tr>")
             parts.append("</table>")
+    if similarity_page:
+        parts.append(
+            "<h2>Similar answers</h2><p>Pairs of answers similar enough to be worth a look, "
+            f"for the instructor only (not for the projector): <a href='{e(similarity_page)}'>"
+            f"{e(similarity_page)}</a>. A list to look at, not a verdict; it changes no "
+            "grade.</p>"
+        )
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -441,12 +460,22 @@ def report(
             f"error: no grades for assignment(s) {', '.join(unknown)} in the gradebook"
         )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.html").write_text(render_html(data, names), encoding="utf-8")
+    similar = write_similarity(
+        root,
+        [a.name for a in data],
+        out,
+        names,
+        _submitted_directory(root),
+        private=sorted({w for a in data for w in a.people}),
+    )
+    (out / "report.html").write_text(
+        render_html(data, names, similarity_page=similar[0].name), encoding="utf-8"
+    )
     with open(out / "report.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(count_rows(data, names))
-    written = [out / "report.html", out / "report.csv"]
+    written = [out / "report.html", out / "report.csv", *similar]
     if lms:
         written.append(write_canvas(root, out / "canvas_grades.csv"))
         written.append(write_moodle(root, out / "moodle_grades.csv"))
