@@ -21,7 +21,6 @@ each, answering on its standard output (:func:`main`).
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import io
 import json
@@ -32,48 +31,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..course.trusted import Expected, expected_checks  # noqa: F401 - re-exported
 from . import wire
 from ._core import REGISTRY, CheckFailure, run_check
 from .mistakes import tag
 from .remote import Link
-
-CHECK_NAMES = {"check", "_fresh_check"}
-
-
-@dataclass(frozen=True)
-class Expected:
-    """One check that a source test cell makes: the exercise and how it is run."""
-
-    exercise: str
-    seed: int = 0
-    thorough: bool = False
-    time_limit: float | None = None
-
-
-def expected_checks(source: str) -> list[Expected]:
-    """The checks a test cell's source makes, in order: every call ``check("id", ...)`` or
-    ``_fresh_check("id", ...)`` whose exercise id, seed, thoroughness and time limit are
-    literals. A cell whose source cannot be parsed makes none."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return []
-    found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
-        if name not in CHECK_NAMES or not node.args:
-            continue
-        first = node.args[0]
-        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
-            continue
-        kw = {}
-        for k in node.keywords:
-            if k.arg in ("seed", "thorough", "time_limit") and isinstance(k.value, ast.Constant):
-                kw[k.arg] = k.value.value
-        found.append((node.lineno, node.col_offset, Expected(first.value, **kw)))
-    return [e for *_, e in sorted(found, key=lambda t: (t[0], t[1]))]
 
 
 @dataclass

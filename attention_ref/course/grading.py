@@ -48,10 +48,11 @@ from pathlib import Path
 import nbformat
 
 from . import sandbox, trusted
-from .cell_limits import KERNEL_RESTARTED, CellLimits, timeout_message
+from .cell_limits import KERNEL_RESTARTED, OUTPUT_CUT, CellLimits, timeout_message
 from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
 from .plumbing import assignments, nbgrader, nbgrader_api, stop_reason
 
+OUTPUT_CUT_SIGN = OUTPUT_CUT.split("{")[0]
 CRASHED_CELL = (
     'raise RuntimeError("Grading: this cell stopped the Python kernel ({why}). It was not '
     'run, so that the rest of the notebook could be graded.")'
@@ -263,6 +264,11 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
         graded = root_path / "autograded" / student / aid
         if graded.is_dir():
             for nb_path in sorted(graded.glob("*.ipynb")):
+                if OUTPUT_CUT_SIGN in nb_path.read_text(errors="replace"):
+                    outcome.notes.append(
+                        f"{nb_path.name}: its outputs reached the budget of a graded notebook "
+                        "(ATTENTION_REF_OUTPUT_BYTES); later outputs were not kept"
+                    )
                 for what, cells in _stopped_cells(nb_path).items():
                     limit = (
                         f"the per-cell time limit ({CellLimits().describe()})"
@@ -421,6 +427,16 @@ def grade(
         if not result["success"]:
             print(_result_text(result)[-4000:], file=sys.stderr)
             return 2
+        if checked:
+            source = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
+            plain = trusted.unchecked_test_cells(source)
+            if plain:
+                print(
+                    f"warning: {aid}: the test cell(s) {', '.join(plain)} make no check(...): "
+                    "they are graded from what the kernel prints, which a submission can "
+                    "forge; write them with attention_ref.checks.check (guide, section 4)",
+                    file=sys.stderr,
+                )
         for student in students:
             # Submitted files are data: a link, a special file or a submission over the
             # caps (one not collected by the course's exchange) is not graded.

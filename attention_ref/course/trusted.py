@@ -27,6 +27,7 @@ path) and no PyTorch: the checker is a separate process.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import selectors
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,52 @@ def is_graded_test(cell: Any) -> bool:
         and not meta.get("solution")
         and bool(grade_id(cell))
     )
+
+
+# ----------------------------------------------------------------------------- checks
+CHECK_NAMES = {"check", "_fresh_check"}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One check that a source test cell makes: the exercise and how it is run."""
+
+    exercise: str
+    seed: int = 0
+    thorough: bool = False
+    time_limit: float | None = None
+
+
+def expected_checks(source: str) -> list[Expected]:
+    """The checks a test cell's source makes, in order: every call ``check("id", ...)`` or
+    ``_fresh_check("id", ...)`` whose exercise id, seed, thoroughness and time limit are
+    literals. A cell whose source cannot be parsed makes none."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        if name not in CHECK_NAMES or not node.args:
+            continue
+        first = node.args[0]
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            continue
+        kw = {}
+        for k in node.keywords:
+            if k.arg in ("seed", "thorough", "time_limit") and isinstance(k.value, ast.Constant):
+                kw[k.arg] = k.value.value
+        found.append((node.lineno, node.col_offset, Expected(first.value, **kw)))
+    return [e for *_, e in sorted(found, key=lambda t: (t[0], t[1]))]
+
+
+def unchecked_test_cells(nb: Any) -> list[str]:
+    """The graded test cells of a source notebook that make no check: plain ``assert``
+    lines, graded by nbgrader from the kernel's output (a submission can forge those)."""
+    return [grade_id(c) for c in nb.cells if is_graded_test(c) and not expected_checks(c.source)]
 
 
 # ----------------------------------------------------------------------------- cells

@@ -1,0 +1,223 @@
+"""The trusted checker (attention_ref/checks/checker.py, remote.py, agent.py, wire.py):
+a graded check runs in the checker's process and calls the learner's code in the kernel
+across a data-only wire, and gives the self-check's verdict, mistake id and message.
+
+The whole catalog through the checker is compared with the self-check by
+``tools/record_verdicts.py --remote`` in ``make test-hostile`` (tests/test_forgery.py);
+here a sample that covers every kind of crossing (functions, modules with reference parts
+swapped in, callbacks to the check's objects, objects used by reference, autograd, the
+recorders of notebook 12), and the wire itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from attention_ref.checks import agent, wire
+from attention_ref.checks.checker import CellRecord, judge
+from attention_ref.course.trusted import Expected, expected_checks
+
+from course_tools import ROOT
+
+#: Exercises whose checks cross the boundary in every way the checks do.
+SAMPLE = [
+    "sdpa",  # a function, tensors by value
+    "multi_head_attention",  # a module: weights loaded, reference functions swapped in
+    "beam_search",  # the learner calls the check's language model back
+    "cached_self_attention",  # the check's cache used by reference
+    "online_softmax",  # the op recorder keeps the arguments
+    "flash_attention",  # an autograd Function: backward, memory, recorders
+    "masked_cross_entropy",  # loss.backward() reaches the check's leaf
+]
+
+
+def _record(tmp_path, name: str, *extra: str) -> str:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "record_verdicts.py"), str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return str(out)
+
+
+def test_a_graded_check_gives_the_self_checks_verdicts_on_a_sample_of_the_catalog(tmp_path):
+    only = ["--only", ",".join(SAMPLE)]
+    local = _record(tmp_path, "local", *only)
+    remote = _record(tmp_path, "remote", *only, "--remote")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "record_verdicts.py"), "--diff", local, remote],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "0 changed verdicts" in proc.stdout and "0 mistakes named by another id" in proc.stdout
+    assert " 0 changed messages" in proc.stdout, proc.stdout[-4000:]
+    with open(remote) as f:
+        verdicts = json.load(f)
+    assert {k.split("|")[0] for k in verdicts} == set(SAMPLE)
+    assert {v["verdict"] for v in verdicts.values()} == {"pass", "fail"}
+
+
+# ----------------------------------------------------------------------------- the wire
+def _roundtrip(value):
+    enc = wire.Encoder(lambda obj: {"t": "handle", "id": 7, "type": type(obj).__name__})
+    payload = wire.pack(enc(value), enc.buffers)
+    tree, buffers = wire.unpack(payload)
+    return wire.Decoder(buffers, lambda node: ("handle", node["id"], node["type"]))(tree)
+
+
+def test_values_cross_by_value_exactly():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    got = _roundtrip((x, x.float(), x.to(torch.bfloat16), np.arange(6.0).reshape(2, 3)))
+    assert torch.equal(got[0], x) and got[0].dtype == torch.float64
+    assert torch.equal(got[1], x.float()) and torch.equal(got[2], x.to(torch.bfloat16))
+    assert isinstance(got[3], np.ndarray) and np.array_equal(got[3], np.arange(6.0).reshape(2, 3))
+    special = _roundtrip([float("nan"), float("inf"), -0.0, 2**80, True, None, "s", {"k": 1}])
+    assert math.isnan(special[0]) and special[1] == math.inf
+    assert math.copysign(1, special[2]) == -1 and special[3] == 2**80
+    assert special[4:] == [True, None, "s", {"k": 1}]
+    assert type(_roundtrip(np.float32(1.5))) is np.float32
+
+
+def test_other_objects_cross_as_handles_never_as_themselves():
+    class Mine:
+        pass
+
+    class Sub(np.ndarray):
+        pass
+
+    assert _roundtrip(Mine()) == ("handle", 7, "Mine")
+    sub = np.arange(3.0).view(Sub)
+    got = _roundtrip(sub)
+    assert type(got) is np.ndarray  # a subclass crosses as the plain array it holds
+    assert _roundtrip(np.array([object()], dtype=object))[0] == "handle"
+
+
+@pytest.mark.parametrize(
+    "tree, buffers, why",
+    [
+        ({"t": "nd", "dtype": "object", "shape": [1], "buf": 0}, [b"x" * 8], "dtype"),
+        ({"t": "nd", "dtype": "float64", "shape": [3], "buf": 0}, [b"x" * 8], "bytes"),
+        ({"t": "pickle", "v": "gASV"}, [], "unknown kind"),
+        ({"t": "v", "v": [1, 2]}, [], "malformed"),
+        ({"t": "dtype", "v": "Tensor"}, [], "dtype"),
+    ],
+)
+def test_a_malformed_answer_is_refused_not_obeyed(tree, buffers, why):
+    payload = wire.pack(tree, buffers)
+    tree2, bufs = wire.unpack(payload)
+    with pytest.raises(wire.WireError, match=why):
+        wire.Decoder(bufs, lambda node: node)(tree2)
+
+
+def test_a_pickle_sent_as_an_answer_is_never_unpickled():
+    class Boom:
+        def __reduce__(self):
+            return (print, ("BREACH",))
+
+    with pytest.raises(wire.WireError):
+        wire.unpack(pickle.dumps(Boom()))
+
+
+def test_an_oversized_frame_is_refused():
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall((wire.MAX_FRAME + 1).to_bytes(8, "big"))
+        with pytest.raises(wire.WireError, match="over the limit"):
+            wire.recv_frame(b)
+
+
+# ----------------------------------------------------------------------------- records
+def test_the_checks_a_test_cell_makes_are_read_from_its_source():
+    source = (
+        "from attention_ref.checks import check\n"
+        'check("sdpa", sdpa)\n'
+        "name = 'sdpa'\ncheck(name, sdpa)  # not a literal: not a check the source makes\n"
+        '_fresh_check("sdpa", sdpa, seed=2024, thorough=True)\n'
+    )
+    assert expected_checks(source) == [Expected("sdpa"), Expected("sdpa", 2024, True)]
+    assert expected_checks("this is not python (") == []
+
+
+def test_a_cell_passes_only_when_every_check_its_source_makes_passed_in_order():
+    record = CellRecord("test_sdpa", [Expected("sdpa"), Expected("sdpa", 2024, True)])
+    assert not record.passed
+    record.results.append({"passed": True})
+    assert not record.passed  # the thorough check never came
+    record.results.append({"passed": True})
+    assert record.passed
+    record.results[0]["passed"] = False
+    assert not record.passed
+    assert not CellRecord("empty", []).passed
+
+
+def _kernel(sock, exercise, candidate, out):
+    with sock:
+        a = agent.Agent(sock)
+        enc = wire.Encoder(a.handle)
+        wire.send_frame(
+            sock,
+            wire.pack({"op": "check", "id": exercise, "candidate": enc(candidate)}, enc.buffers),
+        )
+        while True:
+            msg = a.receive()
+            if msg.get("op") == "verdict":
+                out.append(msg)
+                return
+            a.answer(msg)
+
+
+def test_a_check_the_cell_does_not_make_is_refused_and_nothing_runs():
+    from attention_ref import sdpa
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_kernel, args=(kernel, "sdpa", spy, seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, Expected("softmax_np"))
+    t.join(30)
+    assert not verdict["passed"] and "check_not_in_source" in verdict["message"]
+    assert seen and not seen[0]["passed"] and calls == []
+
+
+def test_the_kernel_cannot_choose_how_it_is_checked():
+    """The seed and thoroughness are the source's: a kernel that asks for the self-check's
+    easy run is checked thoroughly all the same."""
+
+    def my_sdpa(q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        return weights @ v, weights
+
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_kernel, args=(kernel, "sdpa", my_sdpa, seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, Expected("sdpa", 2024, True))
+    t.join(30)
+    assert verdict["passed"], verdict
+    # the thorough run makes more cases than the visible one (check("sdpa") makes 18)
+    assert verdict["cases"] > 18, verdict
