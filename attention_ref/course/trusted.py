@@ -28,6 +28,7 @@ path) and no PyTorch: the checker is a separate process.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import selectors
@@ -201,6 +202,7 @@ class CheckerProcess:
             env=env,
             cwd=self.dir,
         )
+        _cap_memory(self.proc.pid)
         ready = self._read(60.0)
         if not ready or not ready.get("ready"):
             self.stop()
@@ -267,6 +269,20 @@ class CheckerProcess:
         except (OSError, ValueError, subprocess.TimeoutExpired):
             self.proc.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+#: The checker's address space: what the checks need (reference models in float64 on
+#: small inputs) with room to spare; a kernel that sends the largest frames it may cannot
+#: make it take the grader's memory.
+CHECKER_MEMORY = 4 * 2**30
+
+
+def _cap_memory(pid: int) -> None:
+    import resource
+
+    if hasattr(resource, "prlimit"):  # Linux, where grading is sandboxed
+        with contextlib.suppress(OSError, ValueError):
+            resource.prlimit(pid, resource.RLIMIT_AS, (CHECKER_MEMORY, CHECKER_MEMORY))
 
 
 def record_text(record: dict) -> tuple[str, str]:
