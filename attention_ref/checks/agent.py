@@ -19,6 +19,7 @@ failed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import socket
@@ -98,6 +99,7 @@ class Agent:
         self._ids: dict[int, int] = {}
         self.leaves: dict[int, Any] = {}  # the check's tensors that require gradients
         self._swaps: list[tuple[Any, dict]] = []  # names replaced in the learner's globals
+        self._forbidden: dict[tuple[str, bool], list] = {}
 
     # -- objects
     def handle(self, obj: Any) -> dict:
@@ -186,6 +188,8 @@ class Agent:
                     out = self._guarded(msg, setattr, msg["target"], msg["name"], msg["value"])
                 elif op == "iter":
                     out = self._guarded(msg, iter, msg["target"])
+                elif op == "list":
+                    out = self._guarded(msg, list, msg["target"])
                 elif op == "next":
                     out = self._guarded(msg, next, msg["target"], _STOP)
                 elif op == "len":
@@ -269,15 +273,17 @@ class Agent:
             target, args, kwargs = torch.autograd.grad, args, kwargs
         elif op == "backward":
             target, args = _backward, args
-        ex = REGISTRY.get(msg.get("exercise") or "")
-        forbidden = ex.forbidden() if ex is not None and msg.get("tripwire") else []
+        key = (msg.get("exercise") or "", bool(msg.get("tripwire")))
+        if key not in self._forbidden:
+            ex = REGISTRY.get(key[0])
+            self._forbidden[key] = ex.forbidden() if ex is not None and key[1] else []
+        tripwire = graded_tripwire(self._forbidden[key])
         deadline = _Deadline(msg.get("limit"))
         before = [_snapshot(a) for a in args]
         if msg.get("rng") is not None:  # the random state the checker's process would have
             torch.set_rng_state(msg["rng"])
         watchers = [_watcher(w) for w in msg.get("watch", [])]
         try:
-            tripwire = graded_tripwire(forbidden) if msg.get("tripwire") else graded_tripwire([])
             with deadline, tripwire, contextlib.ExitStack() as stack:
                 for w in watchers:
                     stack.enter_context(w)
@@ -383,23 +389,33 @@ def graded_tripwire(forbidden: list):
     the watch off (``sys.setprofile``, ``sys.settrace``, ``threading``'s), start a thread
     (which the watch does not follow), or call the checks' own code (their float64 models
     of the right answer)."""
-    import re
+    return _graded_tripwire_class()([*forbidden, *_watch_off()])
+
+
+@functools.cache
+def _watch_off() -> tuple:
+    import _thread
     import threading
 
-    from ._core import ReferenceUsed, _Tripwire
-
-    watch_off = [
+    out = [
         (sys.setprofile, "sys.setprofile (which would switch off the check's watch)"),
         (sys.settrace, "sys.settrace (which would switch off the check's watch)"),
         (threading.setprofile, "threading.setprofile (the check's watch)"),
         (threading.settrace, "threading.settrace (the check's watch)"),
     ]
-    import _thread
-
     for name in ("start_new_thread", "start_joinable_thread", "start_new"):
         fn = getattr(_thread, name, None)
         if fn is not None:
-            watch_off.append((fn, "a new thread (the check watches the code it calls)"))
+            out.append((fn, "a new thread (the check watches the code it calls)"))
+    return tuple(out)
+
+
+@functools.cache
+def _graded_tripwire_class():
+    import re
+
+    from ._core import ReferenceUsed, _Tripwire
+
     allowed = "|".join(_ALLOWED_CHECK_FILES)
     checks = re.compile(rf"attention_ref[/\\]checks[/\\](?!({allowed})\.py)")
 
@@ -408,7 +424,7 @@ def graded_tripwire(forbidden: list):
             if event == "call" and checks.search(frame.f_code.co_filename):
                 sys.setprofile(None)
                 raise ReferenceUsed("the course's checks (attention_ref.checks)")
-            if event == "c_call" and frame.f_code in OWN:
+            if event == "c_call" and frame.f_code in own:
                 return None  # the tripwire's own exit puts the old profile back
             return super()._profile(frame, event, arg)
 
@@ -417,8 +433,8 @@ def graded_tripwire(forbidden: list):
             sys.setprofile(self._profile)  # always on: the checks' code is always forbidden
             return self
 
-    OWN = {_Tripwire.__exit__.__code__, GradedTripwire.__exit__.__code__}
-    return GradedTripwire([*forbidden, *watch_off])
+    own = {_Tripwire.__exit__.__code__, GradedTripwire.__exit__.__code__}
+    return GradedTripwire
 
 
 def _backward(tensor: Any, gradient: Any = None) -> None:

@@ -132,6 +132,15 @@ def main(argv: list[str]) -> int:
     record after each ``end``. Check requests that come outside a cell are refused.
     """
     path = argv[0]
+    try:
+        return _serve(path)
+    finally:  # the socket and its folder go with the checker, however it ends
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            os.rmdir(os.path.dirname(path))
+
+
+def _serve(path: str) -> int:
     import selectors
 
     import torch

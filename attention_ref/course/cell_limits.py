@@ -163,11 +163,15 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
         def preprocess(self, nb, resources=None, km=None):
             if trusted is None:
                 return self._preprocess(nb, resources, km)
-            self.checker = trusted.CheckerProcess()
+            import secrets
+
+            self.checker = trusted.shared_checker()
+            # Records are keyed by this run's secret and the cell: a late record of another
+            # run can never be taken for this one's (the kernel never sees the key).
+            self.run_key = secrets.token_hex(8)
             try:
                 return self._preprocess(nb, resources, km)
             finally:
-                self.checker.stop()
                 self.checker = None
 
         def start_new_kernel(self, **kwargs):
@@ -246,12 +250,12 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                 or not trusted.expected_checks(cell.source)
             ):  # a test cell of plain asserts keeps nbgrader's own grading (make grade warns)
                 return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
-            gid = trusted.grade_id(cell)
-            self.checker.begin(gid, cell.source)
+            key = f"{self.run_key}/{trusted.grade_id(cell)}"
+            self.checker.begin(key, cell.source)
             try:
                 return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
             finally:
-                trusted.apply_record(cell, self.checker.end(gid))
+                trusted.apply_record(cell, self.checker.end(key))
 
         async def _async_handle_timeout(self, timeout, cell=None):
             self.limits.timed_out(timeout)

@@ -285,6 +285,25 @@ def _cap_memory(pid: int) -> None:
             resource.prlimit(pid, resource.RLIMIT_AS, (CHECKER_MEMORY, CHECKER_MEMORY))
 
 
+_SHARED: list[CheckerProcess] = []
+
+
+def shared_checker() -> CheckerProcess:
+    """This grading process's checker, started once and reused for every notebook it
+    grades (one at a time): starting one costs seconds (PyTorch and the checks), a notebook
+    is graded in seconds. A checker that died is replaced."""
+    if _SHARED and _SHARED[0].proc.poll() is None:
+        return _SHARED[0]
+    if _SHARED:
+        _SHARED.pop().stop()
+    else:
+        import atexit
+
+        atexit.register(lambda: _SHARED and _SHARED.pop().stop())
+    _SHARED.append(CheckerProcess())
+    return _SHARED[0]
+
+
 def record_text(record: dict) -> tuple[str, str]:
     """What the cell shows: ``(feedback of the checks that passed, the failure or "")``."""
     shown, failure = [], ""
