@@ -479,40 +479,47 @@ def bench_grading(opts: argparse.Namespace) -> bool:
                 f"load_average={os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-        # 4. The sandbox's cost: the same class, with the most workers, graded once more
-        #    without the sandbox (ATTENTION_REF_SANDBOX=off), in this run.
-        if opts.sandbox_compare:
-            jobs = max(opts.grading_jobs)
-            course = _grading_course(tmp / "class-unsandboxed", aids)
+        # 4. The sandbox's cost, and 5. the trusted checker's: the same class, with the
+        #    most workers, graded once more without the sandbox (ATTENTION_REF_SANDBOX=off),
+        #    and once more judged by the kernel as nbgrader alone does
+        #    (ATTENTION_REF_TRUSTED_CHECKER=off), in this run.
+        jobs = max(opts.grading_jobs)
+        compared = (
+            (
+                "sandbox",
+                opts.sandbox_compare,
+                "ATTENTION_REF_SANDBOX",
+                "sandboxed_s",
+                "unsandboxed_s",
+                "sandbox<=1.10x_unsandboxed",
+                1.10,
+            ),
+            (
+                "trusted_checker",
+                opts.trusted_compare,
+                "ATTENTION_REF_TRUSTED_CHECKER",
+                "checker_s",
+                "kernel_judged_s",
+                "checker<=1.25x_kernel_judged",
+                1.25,
+            ),
+        )
+        for what, wanted, switch, with_name, without_name, target, most in compared:
+            if not wanted:
+                continue
+            course = _grading_course(tmp / f"class-without-{what}", aids)
             for k in range(n):
                 for aid in aids:
                     _submit(course, f"student{k + 1:03d}", aid, _solved(aid))
-            bare, _ = _make_grade(course, jobs, {"ATTENTION_REF_SANDBOX": "off"})
-            cost = times[jobs] / bare
+            without, _ = _make_grade(course, jobs, {switch: "off"})
+            cost = times[jobs] / without
             print(
-                f"grading sandbox students={n} jobs={jobs} sandboxed_s={times[jobs]:.1f} "
-                f"unsandboxed_s={bare:.1f} ratio={cost:.3f} "
+                f"grading {what} students={n} jobs={jobs} {with_name}={times[jobs]:.1f} "
+                f"{without_name}={without:.1f} ratio={cost:.3f} "
                 f"load_average={os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-            met.append(_target("sandbox<=1.10x_unsandboxed", cost <= 1.10, f"{cost:.3f}x"))
-        # 5. The trusted checker's cost: the same class, with the most workers, graded once
-        #    more as nbgrader grades by itself (ATTENTION_REF_TRUSTED_CHECKER=off), in this run.
-        if opts.trusted_compare:
-            jobs = max(opts.grading_jobs)
-            course = _grading_course(tmp / "class-untrusted", aids)
-            for k in range(n):
-                for aid in aids:
-                    _submit(course, f"student{k + 1:03d}", aid, _solved(aid))
-            plain, _ = _make_grade(course, jobs, {"ATTENTION_REF_TRUSTED_CHECKER": "off"})
-            cost = times[jobs] / plain
-            print(
-                f"grading trusted_checker students={n} jobs={jobs} checker_s={times[jobs]:.1f} "
-                f"kernel_judged_s={plain:.1f} ratio={cost:.3f} "
-                f"load_average={os.getloadavg()[0]:.1f}",
-                flush=True,
-            )
-            met.append(_target("checker<=1.25x_kernel_judged", cost <= 1.25, f"{cost:.3f}x"))
+            met.append(_target(target, cost <= most, f"{cost:.3f}x"))
     if 1 in times:
         for jobs, t in times.items():
             if jobs != 1:

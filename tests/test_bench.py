@@ -170,9 +170,9 @@ def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch,
             return 58.0, out
         if course.name == "baseline":
             return 150.0 * len(students), ""
-        if course.name == "class-unsandboxed":
+        if course.name == "class-without-sandbox":
             return 230.0, ""
-        if course.name == "class-untrusted":
+        if course.name == "class-without-trusted_checker":
             return 220.0, ""
         return {1: 400.0, 2: 250.0}[jobs], ""
 
@@ -186,11 +186,15 @@ def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch,
     assert len(baseline[0][3]) == 2
     assert [c[1] for c in calls if c[0].startswith("class")] == [1, 2, 2, 2]
     # The sandbox's cost: the class with two workers, graded again without it.
-    assert calls[-2][:3] == ("class-unsandboxed", 2, {"ATTENTION_REF_SANDBOX": "off"})
+    assert calls[-2][:3] == ("class-without-sandbox", 2, {"ATTENTION_REF_SANDBOX": "off"})
     assert "sandboxed_s=250.0 unsandboxed_s=230.0 ratio=1.087" in out
     assert "target sandbox<=1.10x_unsandboxed: met (1.087x)" in out
     # The trusted checker's cost: the same class graded again as the kernel judges it.
-    assert calls[-1][:3] == ("class-untrusted", 2, {"ATTENTION_REF_TRUSTED_CHECKER": "off"})
+    assert calls[-1][:3] == (
+        "class-without-trusted_checker",
+        2,
+        {"ATTENTION_REF_TRUSTED_CHECKER": "off"},
+    )
     assert "checker_s=250.0 kernel_judged_s=220.0 ratio=1.136" in out
     assert "target checker<=1.25x_kernel_judged: met (1.136x)" in out
     assert "grading loop notebook=01_dot_product_attention exercise=sdpa" in out

@@ -204,13 +204,9 @@ def test_the_kernel_cannot_choose_how_it_is_checked():
     """The seed and thoroughness are the source's: a kernel that asks for the self-check's
     easy run is checked thoroughly all the same."""
 
-    def my_sdpa(q, k, v, mask=None):
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-        return weights @ v, weights
+    from catalog import ALTERNATIVES
 
+    my_sdpa = next(e.impl for e in ALTERNATIVES if e.exercise == "sdpa")
     checker, kernel = socket.socketpair()
     seen: list = []
     t = threading.Thread(target=_kernel, args=(kernel, "sdpa", my_sdpa, seen))

@@ -460,26 +460,20 @@ def _watched(w: Any) -> Any:
 
 
 def _snapshot(x: Any) -> Any:
-    import numpy as np
-    import torch
+    """A copy of an array or tensor argument, to see afterwards whether it was modified."""
+    from ._core import _clone
 
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, np.ndarray):
-        return x.copy()
-    return None
+    copy = _clone(x)
+    return None if copy is x else copy
 
 
 def _unchanged(x: Any, before: Any) -> bool:
-    import numpy as np
-    import torch
+    from ._core import _same
 
     if before is None:
         return True
     try:
-        if isinstance(before, torch.Tensor):
-            return bool(torch.equal(x, before))
-        return bool(np.array_equal(x, before, equal_nan=True))
+        return _same(x, before)
     except Exception:  # noqa: BLE001 - an input replaced by something else: not in place
         return True
 
