@@ -423,6 +423,10 @@ def bench_grading(opts: argparse.Namespace) -> bool:
     aids = assignments(course_root())
     loop_aid = "01_dot_product_attention"
     met = []
+    from .course import sandbox
+
+    if sandbox.enabled() and not sandbox.unavailable_reason():
+        sandbox.student_edition()  # built once for these sources, before any run is timed
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         tmp = Path(tmp)
         # 1. One submission of notebook 01 whose sdpa loops forever, next to a solution:
