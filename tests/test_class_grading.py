@@ -41,7 +41,15 @@ AIDS = ["01_dot_product_attention", "02_masking"]
 HOSTILE_AID = AIDS[0]  # the assignment the notebook-independent hostile submissions use
 # Short limits keep the hostile submissions cheap; the cells of a solution still fit (the
 # slowest cell of 01 and 02, importing PyTorch, takes about 4 s on a loaded 2-core machine).
-LIMITS = {"NBGRADER_CELL_TIMEOUT": "12", "NBGRADER_TIMEOUT_AFTER": "6"}
+# A check's own limit on each call (2 s, 4 s in the graded run; a loaded machine stretches
+# it to at most 4 times that, waiting for the code to get its CPU share) stops a looping
+# answer before the cell's limit, however loaded the machine: the report then names the
+# loop (infinite_loop) rather than only the cell's time limit.
+LIMITS = {
+    "NBGRADER_CELL_TIMEOUT": "12",
+    "NBGRADER_TIMEOUT_AFTER": "6",
+    "ATTENTION_REF_TIME_LIMIT": "2",
+}
 JOBS = "2"
 # What one looping submission may cost in time limits (COURSE_DESIGN.md section 7).
 LOOP_BUDGET_S = 60

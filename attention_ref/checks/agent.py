@@ -302,7 +302,9 @@ class Agent:
             return self.reply_error("callback")
         except Exception as err:  # noqa: BLE001 - the learner's error is data
             return self._raised(err)
-        except BaseException as err:  # SystemExit, KeyboardInterrupt: the checker decides
+        except KeyboardInterrupt:
+            raise  # the grader interrupted the cell at its time limit: the cell ends here
+        except BaseException as err:  # SystemExit and the like: the checker decides
             return self.reply_error("base", err)
         modified = next(
             (i for i, (a, b) in enumerate(zip(args, before, strict=True)) if not _unchanged(a, b)),

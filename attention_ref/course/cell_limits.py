@@ -252,13 +252,15 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                 return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
             key = f"{self.run_key}/{trusted.grade_id(cell)}"
             self.checker.begin(key, cell.source)
+            self.timed_out = ""
             try:
                 return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
             finally:
-                trusted.apply_record(cell, self.checker.end(key))
+                trusted.apply_record(cell, self.checker.end(key), timed_out=self.timed_out)
 
         async def _async_handle_timeout(self, timeout, cell=None):
             self.limits.timed_out(timeout)
+            self.timed_out = timeout_message(timeout, cell or {})  # the grader's own word
             self.error_on_timeout = {
                 "ename": "CellTimeoutError",
                 "evalue": timeout_message(timeout, cell or {}),

@@ -329,16 +329,27 @@ def record_text(record: dict) -> tuple[str, str]:
     return "\n".join(shown), failure
 
 
-def apply_record(cell: Any, record: dict) -> None:
+TIMEOUT_ENAME = "CellTimeoutError"
+
+
+def apply_record(cell: Any, record: dict, timed_out: str = "") -> None:
     """Make the cell's outputs the checker's: its feedback as text, and an error output
-    when the record is not a pass (nbgrader then gives the cell no points)."""
+    when the record is not a pass (nbgrader then gives the cell no points). ``timed_out``
+    is the grader's own message when it interrupted the cell at its time limit: that error
+    is shown (and counted by the reports) instead of the interrupted check's."""
     import nbformat
 
     shown, failure = record_text(record)
     outputs = []
     if shown:
         outputs.append(nbformat.v4.new_output("stream", name="stdout", text=shown + "\n"))
-    if not record.get("passed"):
+    if timed_out and not record.get("passed"):
+        outputs.append(
+            nbformat.v4.new_output(
+                "error", ename=TIMEOUT_ENAME, evalue=timed_out, traceback=[timed_out]
+            )
+        )
+    elif not record.get("passed"):
         outputs.append(
             nbformat.v4.new_output(
                 "error",
