@@ -430,6 +430,13 @@ class Context:
         self.time_limit = time_limit
         #: what the check is doing, for the feedback if the check itself cannot finish
         self.doing = "starting the check"
+        #: the first failure explained only by precision (``precision_loss``,
+        #: ``epsilon_in_denominator``): held back while the check goes on, so that a
+        #: structural mistake found on a later input is named first; raised at the end, or
+        #: in place of any later failure but one that a mistake model of expect_close explains
+        #: (a property that fails by float32 rounding is not a structural mistake)
+        self.deferred: str = ""
+        self._explained = False
 
     # -- randomness
     def rng(self, salt: int = 0) -> np.random.Generator:
@@ -467,6 +474,9 @@ class Context:
         named_id = getattr(likely, "id", "") or mistake
         if named_id:
             msg += tag(named_id)
+        explained, self._explained = self._explained, False
+        if self.deferred and not explained:
+            raise CheckFailure(self.deferred)
         raise CheckFailure(msg)
 
     # -- calling the learner
@@ -727,6 +737,21 @@ class Context:
         likely, mhint = self.diagnose(got, expected, mistakes, model_args, model_kwargs or {})
         if not likely and _precision_lost(got, g, e, rtol, atol):
             likely, mhint = EPSILON_SHRINK if _uniformly_shrunk(g, e) else PRECISION_LOSS
+            # precision comes after structure: go on, and name this only if no later input
+            # shows a structural mistake
+            if not self.deferred:
+                try:
+                    self.fail(
+                        f"{what} is wrong; {detail}.",
+                        case=case,
+                        likely=likely,
+                        hint=mhint or hint,
+                        mistake="wrong_values",
+                    )
+                except CheckFailure as failure:
+                    self.deferred = str(failure)
+            return
+        self._explained = bool(likely)
         if not likely and fallback is not None:
             likely = fallback(g, e)
         self.fail(
@@ -929,6 +954,8 @@ def run_check(
             "parameters; if your code does, tell your instructor: it is a bug in the check."
             + tag("check_could_not_finish")
         )
+    if ctx.deferred and (failure is None or failure.endswith(tag("check_could_not_finish"))):
+        raise CheckFailure(ctx.deferred) from None  # held back: nothing structural was found
     if failure is not None:
         raise CheckFailure(failure) from None
     return ctx.cases_run
