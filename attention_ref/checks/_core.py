@@ -516,7 +516,8 @@ class Context:
             if up.deadline is not deadline:
                 raise
             self.fail(
-                f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
+                f"your {name} did not return within {_seconds(limit)} (an infinite loop, or "
+                "code far slower than needed?)",
                 case=case,
                 mistake=named("infinite_loop", limit=_seconds(limit), env=TIME_LIMIT_ENV),
             )
@@ -568,7 +569,8 @@ class Context:
         kind = info.get("kind")
         if kind == "timeout":
             self.fail(
-                f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
+                f"your {name} did not return within {_seconds(limit)} (an infinite loop, or "
+                "code far slower than needed?)",
                 case=case,
                 mistake=named("infinite_loop", limit=_seconds(limit), env=TIME_LIMIT_ENV),
             )

@@ -114,7 +114,9 @@ _TABLE = """
 [nan_or_inf] an exponential overflowed, or a row with no allowed position divided 0 by 0.
   hint: subtract the row maximum before exp; give fully masked rows zero weights explicitly.
 [infinite_loop] a loop whose condition never becomes false (a while loop whose variable is never
-    updated, an index that is never advanced), or recursion that never reaches its base case.
+    updated, an index that is never advanced), recursion that never reaches its base case, or
+    code far slower than it needs to be (a Python loop over every element where a tensor
+    operation would do).
   hint: on these small inputs a correct answer takes well under a second; each call of
     your code in a check may take at most {limit} (set {env} to change it).
 
