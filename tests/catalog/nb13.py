@@ -107,6 +107,15 @@ class RMSLayerNormDefaultEps(_RMS):
         super().__init__(d_model, eps)
 
 
+@mistake("rms_norm", id="rms_default_eps")
+class RMSTinyDefaultEps(_RMS):
+    """Epsilon 1e-8 inside the root: nearly no epsilon, but the model of a wrong default
+    reproduces it more closely than that of a missing one (rms_eps_missing)."""
+
+    def __init__(self, d_model, eps=1e-8):
+        super().__init__(d_model, eps)
+
+
 @mistake("rms_norm", id="rms_mean_not_squared")
 class RMSMeanNotSquared(_RMS):
     def denominator(self, x):
