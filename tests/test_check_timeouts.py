@@ -68,7 +68,10 @@ def _timed_check(exercise_id, candidate, **kwargs) -> tuple[str, float]:
 
 def test_a_looping_function_is_stopped_with_feedback():
     msg, took = _timed_check("sdpa", looping_sdpa)
-    assert "your looping_sdpa did not return within 0.5 s: an infinite loop?" in msg
+    assert (
+        "your looping_sdpa did not return within 0.5 s (an infinite loop, or code far slower "
+        "than needed?)" in msg
+    )
     assert "Input: " in msg and "q (" in msg  # says on which input
     assert "Traceback" not in msg
     assert took < 5
@@ -191,3 +194,45 @@ def test_in_a_jupyter_kernel_a_looping_cell_is_stopped_and_the_kernel_goes_on():
     assert first.outputs[0].ename == "CheckFailure"
     assert "did not return within 1 s" in first.outputs[0].evalue
     assert any("✓ softmax_np: passed" in o.get("text", "") for o in second.outputs)
+
+
+def test_a_slow_backward_under_the_watchers_gets_more_time():
+    """A correct flash_attention whose backward pass is slow only while the memory and
+    operation watchers intercept every operation (as real code with many small operations
+    is): the watched calls get TRACED_LIMIT_SCALE times the limit, and it passes; the same
+    delay unwatched is stopped, and the feedback does not claim a loop."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from catalog.nb12 import FlashKeyBlocksOuter
+
+    delay = 1.5 * FLASH_LIMIT
+
+    class SlowWhenWatched(FlashKeyBlocksOuter):
+        @staticmethod
+        def backward(ctx, do):
+            if _get_current_dispatch_mode() is not None:
+                _spin(delay)
+            return FlashKeyBlocksOuter.backward(ctx, do)
+
+    check("flash_attention", SlowWhenWatched, time_limit=FLASH_LIMIT)
+
+    class SlowAlways(FlashKeyBlocksOuter):
+        @staticmethod
+        def backward(ctx, do):
+            _spin(delay)
+            return FlashKeyBlocksOuter.backward(ctx, do)
+
+    with pytest.raises(CheckFailure) as err:
+        check("flash_attention", SlowAlways, time_limit=FLASH_LIMIT)
+    assert "did not return within" in str(err.value)
+    assert "or code far slower than needed?" in str(err.value)
+
+
+FLASH_LIMIT = 1.0  # seconds: the unwatched calls of a correct answer take well under it
+
+
+def _spin(seconds: float) -> None:
+    """Busy for ``seconds`` of CPU time (the limit counts the CPU the code had)."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass

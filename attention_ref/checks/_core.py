@@ -430,6 +430,13 @@ class Context:
         self.time_limit = time_limit
         #: what the check is doing, for the feedback if the check itself cannot finish
         self.doing = "starting the check"
+        #: the first failure explained only by precision (``precision_loss``,
+        #: ``epsilon_in_denominator``): held back while the check goes on, so that a
+        #: structural mistake found on a later input is named first; raised at the end, or
+        #: in place of any later failure but one that a mistake model of expect_close explains
+        #: (a property that fails by float32 rounding is not a structural mistake)
+        self.deferred: str = ""
+        self._explained = False
 
     # -- randomness
     def rng(self, salt: int = 0) -> np.random.Generator:
@@ -467,6 +474,9 @@ class Context:
         named_id = getattr(likely, "id", "") or mistake
         if named_id:
             msg += tag(named_id)
+        explained, self._explained = self._explained, False
+        if self.deferred and not explained:
+            raise CheckFailure(self.deferred)
         raise CheckFailure(msg)
 
     # -- calling the learner
@@ -506,7 +516,8 @@ class Context:
             if up.deadline is not deadline:
                 raise
             self.fail(
-                f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
+                f"your {name} did not return within {_seconds(limit)} (an infinite loop, or "
+                "code far slower than needed?)",
                 case=case,
                 mistake=named("infinite_loop", limit=_seconds(limit), env=TIME_LIMIT_ENV),
             )
@@ -558,7 +569,8 @@ class Context:
         kind = info.get("kind")
         if kind == "timeout":
             self.fail(
-                f"your {name} did not return within {_seconds(limit)}: an infinite loop?",
+                f"your {name} did not return within {_seconds(limit)} (an infinite loop, or "
+                "code far slower than needed?)",
                 case=case,
                 mistake=named("infinite_loop", limit=_seconds(limit), env=TIME_LIMIT_ENV),
             )
@@ -727,6 +739,21 @@ class Context:
         likely, mhint = self.diagnose(got, expected, mistakes, model_args, model_kwargs or {})
         if not likely and _precision_lost(got, g, e, rtol, atol):
             likely, mhint = EPSILON_SHRINK if _uniformly_shrunk(g, e) else PRECISION_LOSS
+            # precision comes after structure: go on, and name this only if no later input
+            # shows a structural mistake
+            if not self.deferred:
+                try:
+                    self.fail(
+                        f"{what} is wrong; {detail}.",
+                        case=case,
+                        likely=likely,
+                        hint=mhint or hint,
+                        mistake="wrong_values",
+                    )
+                except CheckFailure as failure:
+                    self.deferred = str(failure)
+            return
+        self._explained = bool(likely)
         if not likely and fallback is not None:
             likely = fallback(g, e)
         self.fail(
@@ -745,14 +772,21 @@ class Context:
         model_args: tuple,
         model_kwargs: dict,
     ) -> tuple[str, str]:
-        """The first mistake that explains ``got``: its model's output matches ``got`` and
-        differs from ``expected`` on this input (a mistake that makes no difference here,
-        e.g. a missing causal mask with one query, cannot be what went wrong)."""
+        """The mistake that explains ``got``: its model's output matches ``got`` and differs
+        from ``expected`` on this input (a mistake that makes no difference here, e.g. a
+        missing causal mask with one query, cannot be what went wrong). Of several models that
+        match, the first in the table wins unless a later one reproduces ``got`` clearly more
+        closely (within half the first's distance): a structural mistake is not named after a
+        near neighbour that only happens to come first (an epsilon outside the root is not "a
+        wrong default epsilon")."""
         g = _as_np(got)
         e = _as_np(expected)
+        found: list[tuple[float, Mistake]] = []
         for m in mistakes:
             try:
                 if m.applies is not None:
+                    if found:
+                        break
                     if m.applies(g, e):
                         return m.name, m.hint
                     continue
@@ -767,13 +801,22 @@ class Context:
                 if np.array_equal(pred, g) and not (
                     pred.shape == e.shape and np.array_equal(pred, e)
                 ):
-                    return m.name, m.hint
+                    if not found:
+                        return m.name, m.hint
+                    found.append((0.0, m))
             elif np.allclose(pred, g, rtol=1e-3, atol=1e-4, equal_nan=True) and (
                 # ... and closer to what came back than to the correct answer.
                 pred.shape != e.shape or _dist(g, pred) < 0.5 * _dist(pred, e)
             ):
-                return m.name, m.hint
-        return "", ""
+                found.append((_dist(g, pred), m))
+                if found[0][0] == 0.0:
+                    break
+        if not found:
+            return "", ""
+        best = min(d for d, _ in found)
+        first = found[0]
+        m = first[1] if first[0] <= 2 * best else min(found, key=lambda f: f[0])[1]
+        return m.name, m.hint
 
 
 PRECISION_LOSS = (named("precision_loss"), named("precision_loss").hint)
@@ -913,6 +956,8 @@ def run_check(
             "parameters; if your code does, tell your instructor: it is a bug in the check."
             + tag("check_could_not_finish")
         )
+    if ctx.deferred and (failure is None or failure.endswith(tag("check_could_not_finish"))):
+        raise CheckFailure(ctx.deferred) from None  # held back: nothing structural was found
     if failure is not None:
         raise CheckFailure(failure) from None
     return ctx.cases_run

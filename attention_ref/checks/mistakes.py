@@ -114,7 +114,9 @@ _TABLE = """
 [nan_or_inf] an exponential overflowed, or a row with no allowed position divided 0 by 0.
   hint: subtract the row maximum before exp; give fully masked rows zero weights explicitly.
 [infinite_loop] a loop whose condition never becomes false (a while loop whose variable is never
-    updated, an index that is never advanced), or recursion that never reaches its base case.
+    updated, an index that is never advanced), recursion that never reaches its base case, or
+    code far slower than it needs to be (a Python loop over every element where a tensor
+    operation would do).
   hint: on these small inputs a correct answer takes well under a second; each call of
     your code in a check may take at most {limit} (set {env} to change it).
 
@@ -415,6 +417,16 @@ _TABLE = """
   hint: default to torch.arange(T).
 [rope_added] the sinusoidal encoding is added to x instead of rotating each pair.
   hint: RoPE multiplies: each pair (x[2i], x[2i+1]) is rotated by the angle p * w_i.
+[rope_fixed_base] the base argument is ignored: 10000 is used whatever base was passed (as
+    GPT-J's code hard-codes it).
+  hint: w_i = base ** (-2i/d) with the base you were given.
+[rope_partial] only some of the features are rotated and the rest pass through unchanged (partial
+    rotary, GPT-NeoX's rotary_pct): the spec rotates every pair.
+  hint: rotate all d/2 pairs (x[2i], x[2i+1]), i = 0 .. d/2 - 1, with w_i = base^(-2i/d).
+[rope_llama3_scaling] the frequencies are rescaled as in Llama 3.1 (the slow ones divided by 8,
+    blended between the wavelengths 2048 and 8192): a long-context extension, not this
+    exercise's rope.
+  hint: use w_i = base^(-2i/d) unchanged.
 [pe_sin_cos_half] the [sin | cos] half layout: the first d/2 columns hold sines and the last d/2
     their cosines (as some codebases lay it out), and the frequencies are not 10000^(-2i/d)
     either.
@@ -978,6 +990,9 @@ _TABLE = """
   hint: multiply the normalised x by self.weight.
 [rms_eps_ignored] the eps argument is ignored (a fixed epsilon is used instead).
   hint: store eps in __init__ (self.eps = eps) and use self.eps in forward.
+[rms_eps_missing] no epsilon: x / sqrt(mean(x^2)) divides by zero for an all-zero vector (and
+    is far too large for a tiny one); the spec adds eps inside the root.
+  hint: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps), with eps=1e-6 by default.
 [rms_default_eps] the default epsilon is not 1e-6 as the spec asks.
   hint: def __init__(self, d_model, eps=1e-6).
 [rms_mean_not_squared] the mean of x is used instead of the mean of its squares: where a
@@ -996,6 +1011,9 @@ _TABLE = """
   hint: F.silu(z) = z * torch.sigmoid(z).
 [swiglu_gelu] the gate uses GELU (GEGLU) instead of SiLU.
   hint: F.silu, not F.gelu.
+[swiglu_gelu_tanh] the gate uses the tanh approximation of GELU (GeGLU as in Gemma,
+    F.gelu(gate, approximate="tanh")) instead of SiLU: the spec asks for SwiGLU.
+  hint: F.silu(self.w_gate(x)) * self.w_up(x), not F.gelu(...).
 [swiglu_up_unused] the up projection is not used: w_down(silu(w_gate(x))) is the ungated
     feed-forward.
   hint: multiply the activated gate by w_up(x) elementwise before w_down.

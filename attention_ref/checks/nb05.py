@@ -39,7 +39,13 @@ def _frequencies(d: int, base: float, variant: str) -> np.ndarray:
         "multiplied": two_i / d,
         "int_division": 0.0 * two_i,  # 2 * i // d: every w is 1
     }.get(variant, -two_i / d)
-    return base**exponent
+    w = base**exponent
+    if variant == "llama3_scaling":  # Llama 3.1: factor 8, wavelengths 2048..8192 blended
+        factor, low, high, old = 8.0, 1.0, 4.0, 8192.0
+        wavelen = 2 * np.pi / w
+        smooth = np.clip((old / wavelen - low) / (high - low), 0.0, 1.0)
+        w = np.where(wavelen < old / high, w, (1 - smooth) * w / factor + smooth * w)
+    return w
 
 
 # ----------------------------------------------------------------------------- sinusoidal
@@ -208,6 +214,8 @@ def rope_model(x, positions=None, base: float = 10000.0, variant: str = "correct
         pos = np.arange(1, T + 1) if variant == "from_one" and positions is None else np.arange(T)
     else:
         pos = _as_np(positions)
+    if variant == "fixed_base":
+        base = 10000.0
     theta = np.asarray(pos, dtype=np.float64)[..., None] * _frequencies(d, base, variant)
     c, s = np.cos(theta), np.sin(theta)  # (..., T, d/2)
     if variant == "swapped":
@@ -244,6 +252,8 @@ ROPE_MISTAKES = [
     ("rope_ignores_positions", "ignores_positions"),
     ("rope_from_one", "from_one"),
     ("rope_added", "added"),
+    ("rope_fixed_base", "fixed_base"),
+    ("rope_llama3_scaling", "llama3_scaling"),
 ]
 #: label, the shape of x, the positions (None: the default 0, 1, ...; "shuffled": a
 #: permutation of 0..T-1), base. The first case settles the type, shape and dtype before
@@ -269,7 +279,29 @@ def _rope_mistakes(x, positions, base) -> list[Mistake]:
     return [
         Mistake.of(mistake_id, model=lambda v=v: rope_model(x, positions, base, v))
         for mistake_id, v in ROPE_MISTAKES
-    ]
+    ] + [Mistake.of("rope_partial", applies=_partial_matches(x, positions, base))]
+
+
+def _partial_matches(x, positions, base):
+    """Partial rotary (GPT-NeoX's rotary_pct): the first k features are rotated as rope (or
+    rotate_half) of a k-dimensional vector, the last d - k are returned unchanged."""
+    xn = _as_np(x)
+    d = xn.shape[-1]
+
+    def applies(got: np.ndarray, expected: np.ndarray) -> bool:
+        if got.shape != xn.shape:
+            return False
+        close = dict(rtol=1e-3, atol=1e-4)
+        for k in range(2, d, 2):
+            if not np.allclose(got[..., k:], xn[..., k:], **close):
+                continue
+            for variant in ("correct", "rotate_half"):
+                head = rope_model(xn[..., :k], positions, base, variant)
+                if np.allclose(got[..., :k], head, **close):
+                    return True
+        return False
+
+    return applies
 
 
 def _call_rope(candidate, ctx: Context, x, positions, base, case):

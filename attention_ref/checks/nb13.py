@@ -52,7 +52,8 @@ RMS_SPEC = {"weight": "nn.Parameter(torch.ones(d_model))"}
 def rms_model(x: torch.Tensor, w: torch.Tensor, eps: float, mode: str = "correct"):
     """What a (possibly mistaken) RMSNorm computes, in float64."""
     x, w = x.double(), w.double()
-    if mode == "eps_outside":
+    if mode.startswith("eps_outside"):  # at the given eps, or at another default's
+        eps = {"eps_outside_1e-5": 1e-5, "eps_outside_1e-8": 1e-8}.get(mode, eps)
         return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w
     if mode == "sum":
         return x / (x.pow(2).sum(-1, keepdim=True) + eps).sqrt() * w
@@ -67,7 +68,8 @@ def rms_model(x: torch.Tensor, w: torch.Tensor, eps: float, mode: str = "correct
         return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
     if mode == "mean_not_squared":  # NaN wherever the mean of x is below -eps
         return x / (x.mean(-1, keepdim=True) + eps).sqrt() * w
-    eps = {"eps_ignored": 1e-6, "default_eps_1e-5": 1e-5, "default_eps_1e-8": 1e-8}.get(mode, eps)
+    fixed = {"no_eps": 0.0, "eps_ignored": 1e-6, "default_eps_1e-5": 1e-5, "default_eps_1e-8": 1e-8}
+    eps = fixed.get(mode, eps)
     return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w
 
 
@@ -79,6 +81,11 @@ RMS_MISTAKES = [
     ("rms_mean_all_axes", "all_axes"),
     ("rms_no_weight", "no_weight"),
     ("rms_mean_not_squared", "mean_not_squared"),
+    # structure before precision: no epsilon at all, or one outside the root whatever its
+    # value, is named before a default epsilon that is merely wrong
+    ("rms_eps_missing", "no_eps"),
+    ("rms_eps_outside_root", "eps_outside_1e-5"),
+    ("rms_eps_outside_root", "eps_outside_1e-8"),
 ]
 
 
@@ -189,6 +196,7 @@ def swiglu_model(P: dict, x: torch.Tensor, mode: str = "correct") -> torch.Tenso
         "after_product": lambda: nn.functional.silu(gate * up),
         "sigmoid": lambda: torch.sigmoid(gate) * up,
         "gelu": lambda: nn.functional.gelu(gate) * up,
+        "gelu_tanh": lambda: nn.functional.gelu(gate, approximate="tanh") * up,
         "up_unused": lambda: nn.functional.silu(gate),
         "relu": lambda: torch.relu(gate) * up,
         "no_activation": lambda: gate * up,
@@ -201,6 +209,7 @@ SWIGLU_MISTAKES = [
     ("swiglu_silu_after_product", "after_product"),
     ("swiglu_sigmoid_gate", "sigmoid"),
     ("swiglu_gelu", "gelu"),
+    ("swiglu_gelu_tanh", "gelu_tanh"),
     ("swiglu_up_unused", "up_unused"),
     ("swiglu_relu_gate", "relu"),
     ("swiglu_no_activation", "no_activation"),

@@ -276,6 +276,41 @@ def rope_added(x, positions=None, base=10000.0):
     return x + _interleave(th.sin(), th.cos())
 
 
+@mistake("rope", id="rope_fixed_base")
+def rope_gptj_fixed_base(x, positions=None, base=10000.0):
+    """Real code (GPT-J style): the base is a constant, 10000, whatever was passed."""
+    th = _theta(x, positions, 10000.0)
+    return _rope_from_parts(x, th.cos(), th.sin())
+
+
+@mistake("rope", id="rope_partial")
+def rope_neox_partial(x, positions=None, base=10000.0, rotary_pct=0.25):
+    """Real code (GPT-NeoX's rotary_pct): only the first quarter of the features (at least
+    one pair) is rotated, with frequencies over those features; the rest pass through."""
+    d = x.shape[-1]
+    rot = max(2, int(d * rotary_pct) // 2 * 2)
+    head, tail = x[..., :rot], x[..., rot:]
+    th = _theta(head, positions, base)
+    return torch.cat([_rope_from_parts(head, th.cos(), th.sin()), tail], dim=-1)
+
+
+@mistake("rope", id="rope_llama3_scaling")
+def rope_llama31_scaled(x, positions=None, base=10000.0):
+    """Real code (Llama 3.1): the slow frequencies are divided by 8, smoothly between the
+    wavelengths 2048 and 8192."""
+    T, d = x.shape[-2], x.shape[-1]
+    if positions is None:
+        positions = torch.arange(T)
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
+    factor, low, high, old = 8.0, 1.0, 4.0, 8192
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((old / wavelen - low) / (high - low)).clamp(0, 1)
+    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    inv_freq = torch.where(wavelen < old / high, inv_freq, scaled)
+    th = positions.float()[:, None] * inv_freq
+    return _rope_from_parts(x, th.cos(), th.sin())
+
+
 @mistake("rope", id="input_modified")
 def rope_in_place(x, positions=None, base=10000.0):
     th = _theta(x, positions, base)

@@ -211,6 +211,14 @@ def attn_ignores_causal(q, k, v, block_size=64, causal=False):
     return _online_attention(q, k, v, block_size, False)
 
 
+@mistake("online_softmax_attention", id="flash_causal_ignored")
+def attn_ignores_causal_in_float32(q, k, v, block_size=64, causal=False):
+    """Real code: causal ignored, and the tiles computed in float32 (cast back at the end); it
+    was told only "precision loss" (on the first, non-causal, float64 input)."""
+    out = _online_attention(q.float(), k.float(), v.float(), block_size, False)
+    return out.to(q.dtype)
+
+
 @mistake("online_softmax_attention", id="online_inplace_autograd")
 def attn_in_place_updates(q, k, v, block_size=64, causal=False):
     """The running state updated in place, as attention_ref's own inference-only loop does:

@@ -33,6 +33,37 @@ class RMSEpsOutsideRoot(_RMS):
         return torch.sqrt(x.pow(2).mean(-1, keepdim=True)) + self.eps
 
 
+@mistake("rms_norm", id="rms_eps_outside_root")
+class RMSEpsOutsideRootTinyDefault(_RMS):
+    """Real code: the norm plus a tiny epsilon (1e-8) outside the root; it was told its
+    default epsilon was wrong."""
+
+    def __init__(self, d_model, eps=1e-8):
+        super().__init__(d_model, eps)
+
+    def denominator(self, x):
+        return torch.sqrt(x.pow(2).mean(-1, keepdim=True)) + self.eps
+
+
+@mistake("rms_norm", id="rms_eps_outside_root")
+class RMSEpsOutsideRootLayerNormDefault(_RMS):
+    """Epsilon 1e-5 (LayerNorm's) outside the root; it was told only epsilon_in_denominator."""
+
+    def __init__(self, d_model, eps=1e-5):
+        super().__init__(d_model, eps)
+
+    def denominator(self, x):
+        return torch.sqrt(x.pow(2).mean(-1, keepdim=True)) + self.eps
+
+
+@mistake("rms_norm", id="rms_eps_missing")
+class RMSNoEps(_RMS):
+    """Real code: no epsilon at all; it was told to change its default epsilon."""
+
+    def denominator(self, x):
+        return torch.sqrt(x.pow(2).mean(-1, keepdim=True))
+
+
 @mistake("rms_norm", id="rms_sum_not_mean")
 class RMSNormOfVector(_RMS):
     def denominator(self, x):
@@ -73,6 +104,15 @@ class RMSEpsIgnored(_RMS):
 @mistake("rms_norm", id="rms_default_eps")
 class RMSLayerNormDefaultEps(_RMS):
     def __init__(self, d_model, eps=1e-5):  # nn.LayerNorm's default
+        super().__init__(d_model, eps)
+
+
+@mistake("rms_norm", id="rms_default_eps")
+class RMSTinyDefaultEps(_RMS):
+    """Epsilon 1e-8 inside the root: nearly no epsilon, but the model of a wrong default
+    reproduces it more closely than that of a missing one (rms_eps_missing)."""
+
+    def __init__(self, d_model, eps=1e-8):
         super().__init__(d_model, eps)
 
 
@@ -177,6 +217,14 @@ class SwiGLUSigmoid(_SwiGLU):
 class SwiGLUGelu(_SwiGLU):
     def act(self, gate, up):
         return nn.functional.gelu(gate) * up
+
+
+@mistake("swiglu", id="swiglu_gelu_tanh")
+class GeGLUTanh(_SwiGLU):
+    """Real code: Gemma's GeGLU, the tanh-approximate GELU; it was rejected unnamed."""
+
+    def act(self, gate, up):
+        return nn.functional.gelu(gate, approximate="tanh") * up
 
 
 @mistake("swiglu", id="swiglu_up_unused")
