@@ -98,8 +98,15 @@ def grading_lane(makefile: str) -> list[str]:
     return m.group(1).replace("\\\n", " ").split()
 
 
+def hostile_lane(makefile: str) -> list[str]:
+    """The test files of the Makefile's `HOSTILE_LANE = ...` (classes graded, as the
+    grading lane's are)."""
+    m = re.search(r"^HOSTILE_LANE\s*:?=((?:.*\\\n)*.*)$", makefile, re.M)
+    return m.group(1).replace("\\\n", " ").split() if m else []
+
+
 def skipped_tests(makefile: str) -> list[str]:
-    return [*grading_lane(makefile), *UNIT_TESTS_SKIP]
+    return [*grading_lane(makefile), *hostile_lane(makefile), *UNIT_TESTS_SKIP]
 
 
 def other_lane_marks(makefile: str) -> list[str]:
