@@ -737,32 +737,27 @@ class Context:
                 f"(max abs difference {diff:.3g}; tolerance rtol={rtol:g}, atol={atol:g})"
             )
         likely, mhint = self.diagnose(got, expected, mistakes, model_args, model_kwargs or {})
-        if not likely and _precision_lost(got, g, e, rtol, atol):
+        # Precision comes after structure: a failure that only precision explains is held
+        # back, and named only if no later input shows a structural mistake.
+        deferred = not likely and _precision_lost(got, g, e, rtol, atol)
+        if deferred:
             likely, mhint = EPSILON_SHRINK if _uniformly_shrunk(g, e) else PRECISION_LOSS
-            # precision comes after structure: go on, and name this only if no later input
-            # shows a structural mistake
-            if not self.deferred:
-                try:
-                    self.fail(
-                        f"{what} is wrong; {detail}.",
-                        case=case,
-                        likely=likely,
-                        hint=mhint or hint,
-                        mistake="wrong_values",
-                    )
-                except CheckFailure as failure:
-                    self.deferred = str(failure)
-            return
-        self._explained = bool(likely)
-        if not likely and fallback is not None:
-            likely = fallback(g, e)
-        self.fail(
-            f"{what} is wrong; {detail}.",
-            case=case,
-            likely=likely,
-            hint=mhint or hint,
-            mistake="wrong_values",
-        )
+        else:
+            self._explained = bool(likely)
+            if not likely and fallback is not None:
+                likely = fallback(g, e)
+        try:
+            self.fail(
+                f"{what} is wrong; {detail}.",
+                case=case,
+                likely=likely,
+                hint=mhint or hint,
+                mistake="wrong_values",
+            )
+        except CheckFailure as failure:
+            if not deferred:
+                raise
+            self.deferred = self.deferred or str(failure)
 
     def diagnose(
         self,

@@ -350,26 +350,16 @@ class LayerDropoutNeverUsed(nn.Module):
 
 
 @mistake("encoder_layer", id="sublayer_dropout_missing")
-class LayerNoSublayerDropout(nn.Module):
+class LayerNoSublayerDropout(LayerDropoutNeverUsed):
     """Dropout passed on to the attention weights and the FFN's hidden units, but no
     dropout1/dropout2 on the sublayers' outputs: training mode still differs from eval."""
 
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
-        super().__init__()
+        nn.Module.__init__(self)
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
         self.ff = FeedForward(d_model, d_ff, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.norm_first = norm_first
-
-    def forward(self, x, mask=None):
-        if self.norm_first:
-            h = self.norm1(x)
-            a, w = self.self_attn(h, h, h, mask)
-            x = x + a
-            return x + self.ff(self.norm2(x)), w
-        a, w = self.self_attn(x, x, x, mask)
-        x = self.norm1(x + a)
-        return self.norm2(x + self.ff(x)), w
 
 
 @mistake("encoder_layer", id="parameter_names")

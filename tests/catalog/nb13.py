@@ -46,14 +46,11 @@ class RMSEpsOutsideRootTinyDefault(_RMS):
 
 
 @mistake("rms_norm", id="rms_eps_outside_root")
-class RMSEpsOutsideRootLayerNormDefault(_RMS):
+class RMSEpsOutsideRootLayerNormDefault(RMSEpsOutsideRootTinyDefault):
     """Epsilon 1e-5 (LayerNorm's) outside the root; it was told only epsilon_in_denominator."""
 
     def __init__(self, d_model, eps=1e-5):
         super().__init__(d_model, eps)
-
-    def denominator(self, x):
-        return torch.sqrt(x.pow(2).mean(-1, keepdim=True)) + self.eps
 
 
 @mistake("rms_norm", id="rms_eps_missing")
