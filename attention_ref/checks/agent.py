@@ -186,8 +186,6 @@ class Agent:
                     return self._tag(seq, self._guarded(msg, getattr, msg["target"], msg["name"]))
                 elif op == "setattr":
                     out = self._guarded(msg, setattr, msg["target"], msg["name"], msg["value"])
-                elif op == "iter":
-                    out = self._guarded(msg, iter, msg["target"])
                 elif op == "list":
                     out = self._guarded(msg, list, msg["target"])
                 elif op == "next":

@@ -23,7 +23,6 @@ import io
 import pickle
 import socket
 import sys
-import threading
 from typing import Any
 
 import torch
@@ -410,17 +409,6 @@ def is_remote_class(obj: Any, base: type) -> bool:
     """Whether a stand-in is a class in the kernel that subclasses ``base``."""
     d = describe(obj)
     return bool(d.get("is_type")) and f"{base.__module__}:{base.__qualname__}" in d.get("bases", [])
-
-
-class CallOutcome:
-    """What a call of the learner's code did in the kernel, for ``Context.call``."""
-
-    def __init__(self, kind: str, info: dict) -> None:
-        self.kind = kind
-        self.info = info
-
-
-_local = threading.local()
 
 
 def is_remote(obj: Any) -> bool:
