@@ -71,6 +71,8 @@ c.Autograde.sanitize_preprocessors = [
     _trusted.SourceTags,
 ]
 c.SourceTags.source_root = os.path.join(c.CourseDirectory.root, "solutions")
+# A test cell of plain asserts runs in the checker, with the imports of the instructor's cells.
+c.CourseExecute.source_root = c.SourceTags.source_root
 c.Autograde.autograde_preprocessors = [
     _CourseExecute if p is Execute else p
     for p in Autograde.class_traits()["autograde_preprocessors"].default()

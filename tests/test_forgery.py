@@ -38,6 +38,12 @@ def softmax_np(x, axis=-1):
     return e / e.sum()
 '''
 
+#: A graded test cell of plain asserts that the wrong answer fails.
+ROWS_TEST = """x = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 10.0]])
+print("row sums:", softmax_np(x).sum(axis=-1))
+assert np.allclose(softmax_np(x).sum(axis=-1), 1.0), "each row must sum to one"
+"""
+
 #: Each trick is (cells before the test cell, code appended to the answer cell).
 TRICKS: dict[str, tuple[list[str], str]] = {
     # Later cells emptied or rewritten before IPython runs them.
@@ -101,6 +107,16 @@ TRICKS: dict[str, tuple[list[str], str]] = {
             "_np.allclose = lambda *a, **k: True\n"
             "_np.isclose = lambda a, b, *r, **k: _np.ones(_np.broadcast(_np.asarray(a), _np.asarray(b)).shape, bool)\n"
             "_np.array_equal = lambda *a, **k: True"
+        ],
+        "",
+    ),
+    # A test cell of plain asserts judged with the kernel's own names.
+    "fake-np-global": (
+        [
+            "import types, numpy\n"
+            "np = types.ModuleType('numpy')\n"
+            "vars(np).update({k: v for k, v in vars(numpy).items() if not k.startswith('__')})\n"
+            "np.allclose = lambda *a, **k: True"
         ],
         "",
     ),
@@ -213,6 +229,14 @@ def _forgery_source(dest: Path) -> nbformat.NotebookNode:
         if c.metadata.get("nbgrader", {}).get("grade_id") in ("softmax_np", "test_softmax_np")
     ]
     nb.cells = [nb.cells[i] for i in keep]
+    # An instructor's own test cell of plain asserts (1 point): the checker runs it.
+    rows = nbformat.v4.new_code_cell(ROWS_TEST)
+    rows.metadata["nbgrader"] = {
+        **_cell(nb, "test_softmax_np").metadata["nbgrader"],
+        "grade_id": "test_softmax_rows",
+        "points": 1,
+    }
+    nb.cells.append(rows)
     path = dest / "solutions" / AID / f"{AID}.ipynb"
     path.parent.mkdir(parents=True)
     nbformat.write(nb, path)
@@ -277,7 +301,7 @@ def test_the_class_with_forgers_is_graded(forgery_class):
 
 def test_honest_students_get_their_exact_grades(forgery_class):
     _, _, scores, _ = forgery_class
-    assert scores["honest"] == 2.0 and scores["wrong"] == 0.0, scores
+    assert scores["honest"] == 3.0 and scores["wrong"] == 0.0, scores
 
 
 @pytest.mark.parametrize("trick", sorted(TRICKS))
@@ -300,6 +324,18 @@ def test_a_test_cell_shows_the_checkers_feedback_not_what_the_kernel_printed(for
         kinds = [o.output_type for o in cell.outputs]
         assert kinds[-1] == "error" and "execute_result" not in kinds, (student, cell.outputs)
         assert "✓ passed" not in json.dumps(cell.outputs), (student, cell.outputs)
+
+
+def test_a_test_cell_of_plain_asserts_is_judged_by_the_checker(forgery_class):
+    course = forgery_class[0]
+    honest = _cell(_graded(course, "honest"), "test_softmax_rows")
+    text = json.dumps(honest.outputs)
+    assert "row sums: [1. 1.]" in text and "asserts passed" in text, honest.outputs
+    assert "error" not in [o.output_type for o in honest.outputs], honest.outputs
+    for student in ("wrong", "forger-fake-np-global", "forger-numpy-patched"):
+        cell = _cell(_graded(course, student), "test_softmax_rows")
+        assert cell.outputs[-1].output_type == "error", (student, cell.outputs)
+        assert "each row must sum to one" in cell.outputs[-1].evalue, (student, cell.outputs)
 
 
 def test_the_reference_and_the_checks_models_are_caught_when_graded(forgery_class):

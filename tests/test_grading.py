@@ -222,6 +222,47 @@ def test_a_notebook_keeps_one_budget_of_output_bytes(monkeypatch):
     assert nb.cells[1].outputs[0]["text"] == "after\n"  # later cells run; what fits is kept
 
 
+#: A grading process that executes one notebook whose first cell prints ``SIZE`` bytes in
+#: one message; it prints its own peak memory and what the notebook kept.
+ONE_MESSAGE = """
+import json, resource, sys
+import nbformat
+from attention_ref.course.cell_limits import execute_preprocessor
+nb = nbformat.v4.new_notebook()
+nb.cells = [nbformat.v4.new_code_cell(s) for s in (
+    "print('x' * %d, flush=True)" % int(sys.argv[1]), "raise ValueError('after the cut')")]
+execute_preprocessor()(kernel_name="python3").preprocess(nb, {"metadata": {"path": "."}})
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"peak_mb": peak, "cells": [c.outputs for c in nb.cells]}))
+"""
+
+
+def _one_message(size: int) -> dict:
+    env = {**os.environ, "ATTENTION_REF_OUTPUT_BYTES": str(2 * 2**20)}
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_MESSAGE, str(size)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_one_huge_message_never_enters_the_graders_memory():
+    """A kernel that prints 300 MB in one message (unbounded, the grading process peaked at
+    1.16 GB for it): the socket refuses it, the grader's peak memory stays that of a small
+    message, the notebook says why its outputs stop, and the errors of later cells are
+    still recorded (they come with the cell's reply)."""
+    small, huge = _one_message(1000), _one_message(300_000_000)
+    assert huge["peak_mb"] - small["peak_mb"] < 100, (small["peak_mb"], huge["peak_mb"])
+    first, second = huge["cells"]
+    assert "the kernel sent a message over 3 MB" in json.dumps(first), first
+    assert any(o.get("ename") == "ValueError" for o in second), second
+    assert "message over" not in json.dumps(small["cells"]), small["cells"]
+
+
 def flaky_kernel(share, marker):
     """A JUPYTER_PATH whose python3 kernel dies at once the first time it is started (as
     a kernel does that cannot bind its port) and starts normally after that."""

@@ -217,3 +217,169 @@ def test_the_kernel_cannot_choose_how_it_is_checked():
     assert verdict["passed"], verdict
     # the thorough run makes more cases than the visible one (check("sdpa") makes 18)
     assert verdict["cases"] > 18, verdict
+
+
+# ----------------------------------------------------------------------------- plain asserts
+def _cell_kernel(sock, namespace: dict, out: list, ask: str = "cell"):
+    """A kernel whose globals are ``namespace``, asking the checker to run its test cell
+    (``ask="check"``: asking for a check instead)."""
+    import types
+
+    main = types.ModuleType("__main__")
+    vars(main).update(namespace)
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = main  # the kernel's globals, for _global
+    try:
+        if ask == "check":
+            return _kernel(sock, "softmax_np", namespace["softmax_np"], out)
+        with sock:
+            a = agent.Agent(sock)
+            wire.send_frame(sock, wire.pack({"op": "cell"}, []))
+            while True:
+                msg = a.receive()
+                if msg.get("op") == "verdict":
+                    out.append(msg)
+                    return
+                a.answer(msg)
+    finally:
+        sys.modules["__main__"] = saved
+
+
+def _run_cell(source: str, namespace: dict, imports: str = "import numpy as np", ask="cell"):
+    from attention_ref.checks.checker import AssertCell
+
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_cell_kernel, args=(kernel, namespace, seen, ask))
+    t.start()
+    with checker:
+        verdict = judge(checker, AssertCell(source, imports))
+    t.join(30)
+    assert seen and seen[0]["passed"] == verdict["passed"], (seen, verdict)
+    return verdict
+
+
+ROWS = (
+    "x = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 10.0]])\n"
+    "print('rows:', softmax_np(x).sum(axis=-1).round(3))\n"
+    "assert np.allclose(softmax_np(x).sum(axis=-1), 1.0), 'each row must sum to one'\n"
+)
+
+
+def _softmax_np(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _wrong_softmax_np(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum()
+
+
+def test_a_cell_of_plain_asserts_runs_in_the_checker_on_the_kernels_functions():
+    verdict = _run_cell(ROWS, {"softmax_np": _softmax_np})
+    assert verdict["passed"], verdict
+    assert "rows: [1. 1.]" in verdict["message"], verdict  # what the cell printed is shown
+    verdict = _run_cell(ROWS, {"softmax_np": _wrong_softmax_np})
+    assert not verdict["passed"]
+    assert "line 3: assert np.allclose" in verdict["message"], verdict
+    assert "each row must sum to one" in verdict["message"], verdict
+
+
+def test_a_cell_of_plain_asserts_uses_the_checkers_modules_not_the_kernels():
+    """A kernel whose ``np`` is a module of its own making (``allclose`` always true) is
+    judged with the checker's numpy, whether or not the instructor's cells import it."""
+    import types
+
+    fake = types.ModuleType("numpy")
+    fake.allclose = lambda *a, **k: True
+    fake.array = np.array
+    for imports in ("import numpy as np", ""):
+        verdict = _run_cell(ROWS, {"softmax_np": _wrong_softmax_np, "np": fake}, imports)
+        assert not verdict["passed"] and "each row must sum to one" in verdict["message"]
+    # built-in names are the checker's too
+    verdict = _run_cell("assert len([1, 2]) == 2", {"len": lambda x: 99}, "")
+    assert verdict["passed"], verdict
+
+
+def test_what_the_learners_code_returns_crosses_as_data_or_a_stand_in_never_itself():
+    class Always:
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    verdict = _run_cell("assert answer() == 3", {"answer": lambda: Always()}, "")
+    assert not verdict["passed"], verdict
+    verdict = _run_cell("assert answer() == 3", {"answer": lambda: 3}, "")
+    assert verdict["passed"], verdict
+
+
+def test_a_cell_of_plain_asserts_names_a_name_the_kernel_lacks_and_the_learners_error():
+    verdict = _run_cell("assert softmax_np is not None", {}, "")
+    assert not verdict["passed"] and "NameError" in verdict["message"], verdict
+
+    def broken(x, axis=-1):
+        raise ValueError("shapes do not match")
+
+    verdict = _run_cell(ROWS, {"softmax_np": broken})
+    message = verdict["message"]
+    assert not verdict["passed"] and "line 2:" in message, verdict
+    assert "your code raised ValueError: shapes do not match" in message, verdict
+
+
+def test_the_kernel_cannot_turn_a_cell_of_asserts_into_a_check_or_back():
+    verdict = _run_cell(ROWS, {"softmax_np": _softmax_np}, ask="check")
+    assert not verdict["passed"] and "check_not_in_source" in verdict["message"], verdict
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_cell_kernel, args=(kernel, {}, seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, Expected("softmax_np"))
+    t.join(30)
+    assert not verdict["passed"] and "check_not_in_source" in verdict["message"], verdict
+
+
+def test_a_record_of_a_cell_of_asserts_passes_only_with_its_one_passing_run():
+    from attention_ref.checks.checker import AssertCell
+
+    record = CellRecord("test_rows", [], asserts=AssertCell("assert True"))
+    assert not record.passed and record.next_expected() == AssertCell("assert True")
+    record.results.append({"passed": True})
+    assert record.passed and record.next_expected() is None
+
+
+def test_the_instructors_imports_come_from_the_cells_that_are_not_answers():
+    import nbformat
+
+    from attention_ref.course.trusted import instructor_imports
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("import numpy as np\nfrom math import sqrt\nx = 1"),
+        nbformat.v4.new_code_cell("import evil as np", metadata={"nbgrader": {"solution": True}}),
+        nbformat.v4.new_code_cell("def f():\n    import os\nfrom os import *\nfrom . import x"),
+    ]
+    assert instructor_imports(nb) == "import numpy as np\nfrom math import sqrt"
+
+
+def test_an_error_of_the_kernels_own_in_a_cell_that_makes_checks_costs_its_points():
+    """A cell that makes checks and asserts something itself: the asserts run in the
+    kernel; their failure fails the cell even when every check passed."""
+    import nbformat
+
+    from attention_ref.course.trusted import apply_record, kernel_error
+
+    cell = nbformat.v4.new_code_cell("check('sdpa', sdpa)\nassert sdpa.__doc__")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="✓ sdpa: passed (18 cases)\n"),
+        nbformat.v4.new_output("error", ename="AssertionError", evalue="", traceback=[]),
+    ]
+    record = {"cell": "x", "passed": True, "results": [{"passed": True, "message": "✓ sdpa"}]}
+    apply_record(cell, record, failed_here=kernel_error(cell))
+    assert cell.outputs[-1].output_type == "error", cell.outputs
+    assert "own lines failed in the kernel: AssertionError" in cell.outputs[-1].evalue
+    clean = nbformat.v4.new_code_cell("check('sdpa', sdpa)")
+    apply_record(clean, record, failed_here=kernel_error(clean))
+    assert [o.output_type for o in clean.outputs] == ["stream"], clean.outputs

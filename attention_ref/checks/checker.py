@@ -33,9 +33,19 @@ from typing import Any
 
 from ..course.trusted import Expected, expected_checks  # noqa: F401 - re-exported
 from . import wire
-from ._core import REGISTRY, CheckFailure, run_check
+from ._core import REGISTRY, CheckFailure, resolve_time_limit, run_check
+from .cell import run_test_cell
 from .mistakes import tag
 from .remote import Link
+
+
+@dataclass(frozen=True)
+class AssertCell:
+    """A graded test cell that makes no check: its (instructor's) source runs here, with
+    the instructor's imports (:mod:`attention_ref.checks.cell`)."""
+
+    source: str
+    imports: str = ""
 
 
 @dataclass
@@ -45,13 +55,19 @@ class CellRecord:
     cell: str
     expected: list[Expected]
     results: list[dict] = field(default_factory=list)
+    #: A cell that makes no check (plain asserts): the checker runs its source itself.
+    asserts: AssertCell | None = None
 
-    def next_expected(self) -> Expected | None:
+    def next_expected(self) -> Expected | AssertCell | None:
         n = len(self.results)
+        if self.asserts is not None:
+            return self.asserts if n == 0 else None
         return self.expected[n] if n < len(self.expected) else None
 
     @property
     def passed(self) -> bool:
+        if self.asserts is not None:
+            return len(self.results) == 1 and bool(self.results[0]["passed"])
         return (
             bool(self.expected)
             and len(self.results) == len(self.expected)
@@ -63,6 +79,7 @@ class CellRecord:
             "cell": self.cell,
             "passed": self.passed,
             "expected": [e.exercise for e in self.expected],
+            "asserts": self.asserts is not None,
             "results": self.results,
         }
 
@@ -73,22 +90,34 @@ def _send_verdict(sock: socket.socket, verdict: dict) -> None:
     wire.send_frame(sock, buf.getvalue())
 
 
-def judge(sock: socket.socket, expect: Expected | None) -> dict:
+def judge(sock: socket.socket, expect: Expected | AssertCell | None) -> dict:
     """Run one check that the kernel at ``sock`` asks for, as ``expect`` says (None: the
-    source makes no further check here, so none is run and the request fails); send the
-    kernel its feedback and return the verdict ``{"exercise", "passed", "message",
+    source makes no further check here, so none is run and the request fails; an
+    :class:`AssertCell`: the kernel must ask for the cell, whose source runs here); send
+    the kernel its feedback and return the verdict ``{"exercise", "passed", "message",
     "cases"}``."""
     link = Link(sock)
     try:
         tree, buffers = wire.unpack(wire.recv_frame(sock))
-        if not isinstance(tree, dict) or tree.get("op") != "check":
+        if not isinstance(tree, dict) or tree.get("op") not in ("check", "cell"):
             raise wire.WireError("the kernel's first message is not a check request")
-        asked = str(tree.get("id"))
-        candidate = link.decode(tree.get("candidate"), buffers)
+        asked = str(tree.get("id", "")) if tree["op"] == "check" else ""
+        candidate = link.decode(tree.get("candidate"), buffers) if asked else None
     except (wire.WireError, OSError, ValueError, KeyError, TypeError) as err:
         return {"exercise": "", "passed": False, "message": f"unreadable request: {err}"}
     verdict: dict[str, Any] = {"exercise": asked, "cases": 0}
-    if expect is None or asked != expect.exercise:
+    if isinstance(expect, AssertCell) and tree["op"] == "cell":
+        verdict = run_test_cell(link, expect.source, expect.imports, resolve_time_limit())
+    elif isinstance(expect, AssertCell) or tree["op"] == "cell":
+        where = "this cell makes no check" if expect is not None else "no test cell runs now"
+        if expect is not None and not isinstance(expect, AssertCell):
+            where = f"this cell checks {expect.exercise!r} here"
+        verdict.update(
+            passed=False,
+            message=f"not graded: the kernel asked for {asked or 'a test cell'!r}, but {where}."
+            + tag("check_not_in_source"),
+        )
+    elif expect is None or asked != expect.exercise:
         where = (
             "this cell makes no further check"
             if expect is None
@@ -124,7 +153,8 @@ def main(argv: list[str]) -> int:
 
     - ``{"cell": ID, "source": SRC}``: a graded test cell starts; its record begins.
       The checker then serves the kernel's check requests (each attributed to this cell)
-      until the next order;
+      until the next order. With ``"asserts": true, "imports": LINES`` the cell makes no
+      check: the kernel asks for the cell and the checker runs ``SRC`` itself;
     - ``{"end": true}``: the cell has finished; the answer is its record;
     - ``{"quit": true}``.
 
@@ -174,7 +204,10 @@ def _serve(path: str) -> int:
             if order.get("quit"):
                 return 0
             if "cell" in order:
-                record = CellRecord(str(order["cell"]), expected_checks(order.get("source", "")))
+                source = str(order.get("source", ""))
+                record = CellRecord(str(order["cell"]), expected_checks(source))
+                if order.get("asserts"):  # the grader's word: the source makes no check
+                    record.asserts = AssertCell(source, str(order.get("imports", "")))
             elif order.get("end"):
                 summary = record.summary() if record is not None else {"passed": False}
                 record = None

@@ -107,6 +107,30 @@ OUTPUT_CUT = (
 )
 
 
+#: What a message of the kernel's may add to the output budget (its header and metadata).
+MESSAGE_MARGIN = 2**20
+MESSAGE_CUT = (
+    "[grading: the kernel sent a message over {limit} (more than a graded notebook keeps); "
+    "the grader stopped reading it: later outputs of this notebook were not kept]\n"
+)
+
+_CONTEXTS: dict[int, Any] = {}
+
+
+def bounded_context(limit: int) -> Any:
+    """A ZeroMQ context whose sockets refuse any message over ``limit`` bytes: the peer that
+    sends one is disconnected before the message is held in memory (``ZMQ_MAXMSGSIZE``).
+    One per process and limit, shared by the kernel clients of the notebooks it grades."""
+    import zmq
+    import zmq.asyncio
+
+    ctx = _CONTEXTS.get(limit)
+    if ctx is None:
+        ctx = _CONTEXTS[limit] = zmq.asyncio.Context()
+        ctx.setsockopt(zmq.MAXMSGSIZE, limit)
+    return ctx
+
+
 def output_budget() -> int:
     raw = os.environ.get("ATTENTION_REF_OUTPUT_BYTES", "").strip()
     try:
@@ -148,12 +172,20 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
     cells get the points of the trusted checker's record.
     Imported lazily: this module must load without nbgrader for :class:`CellLimits`."""
     from nbgrader.preprocessors import Execute
+    from traitlets import Bool, Unicode
 
     class CourseExecute(Execute):
         """Execute with :class:`CellLimits`: a fresh budget for each notebook; a kernel
         that dies before its first cell is replaced (:func:`kernel_failed_to_start`)."""
 
         checker = None
+        monitors: list = []
+        # With the kernel's messages bounded, IOPub can go silent (a peer over the bound
+        # is dropped): its cells then end when their reply comes, and the note says why.
+        raise_on_iopub_timeout = Bool(False).tag(config=True)
+        source_root = Unicode(
+            "", help="the course's source directory (solutions/): the instructor's imports"
+        ).tag(config=True)
 
         def __init__(self, *args, **kwargs):
             if kernel_manager_class is not None:
@@ -166,6 +198,10 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             import secrets
 
             self.checker = trusted.shared_checker()
+            source_nb = trusted.source_notebook(self.source_root, resources)
+            self.instructor_imports = (
+                trusted.instructor_imports(source_nb) if source_nb is not None else ""
+            )
             # Records are keyed by this run's secret and the cell: a late record of another
             # run can never be taken for this one's (the kernel never sees the key).
             self.run_key = secrets.token_hex(8)
@@ -190,10 +226,60 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                     kwargs["env"] = env
             return await super().async_start_new_kernel(**kwargs)
 
+        async def async_start_new_kernel_client(self):
+            # Every message the kernel sends is bounded: one over what the notebook may
+            # keep is refused by the socket, never read into the grader's memory.
+            import zmq
+
+            make = self.km.client
+            context = bounded_context(self.output_budget + MESSAGE_MARGIN)
+            self.km.client = lambda **kw: make(context=context, **kw)
+            try:
+                kc = await super().async_start_new_kernel_client()
+            finally:
+                del self.km.client
+            self._close_monitors()
+            self.monitors = [
+                ch.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                for ch in (kc.iopub_channel, kc.shell_channel)
+            ]
+            return kc
+
+        def start_new_kernel_client(self):
+            # nbclient binds start_new_kernel_client to its own async one: go through ours.
+            from jupyter_core.utils import run_sync
+
+            return run_sync(self.async_start_new_kernel_client)()
+
+        def _close_monitors(self):
+            import contextlib
+
+            for m in self.monitors:
+                with contextlib.suppress(Exception):
+                    m.close(linger=0)
+            self.monitors = []
+
+        async def _message_dropped(self) -> bool:
+            """Whether the kernel was disconnected for a message over the bound."""
+            dropped = False
+            for m in self.monitors:
+                while await m.poll(0):
+                    await m.recv_multipart()
+                    dropped = True
+            return dropped
+
         def _preprocess(self, nb, resources=None, km=None):
             self.output_budget = output_budget()
+            self.__dict__.setdefault("_iopub_wait", self.iopub_timeout)
+            self.iopub_timeout = self._iopub_wait
+            try:
+                return self._run(nb, resources, km)
+            finally:
+                self._close_monitors()
+
+        def _run(self, nb, resources=None, km=None):
             for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
-                self.output_bytes, self.output_cut = 0, False
+                self.output_bytes, self.output_cut, self.message_cut = 0, False, False
                 self.limits = CellLimits()
                 self.timeout_func = self.limits
                 self.cells_started = 0
@@ -243,20 +329,43 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             return run_sync(self.async_execute_cell)(cell, cell_index, *args, **kwargs)
 
         async def async_execute_cell(self, cell, cell_index, *args, **kwargs):
+            out = await self._execute_cell(cell, cell_index, *args, **kwargs)
+            if not self.message_cut and await self._message_dropped():
+                from jupyter_core.utils import ensure_async
+                from nbformat.v4 import new_output
+
+                if await ensure_async(self.km.is_alive()):  # not a kernel that died
+                    self.message_cut = True
+                    self.iopub_timeout = 1  # IOPub is gone: wait for it no longer
+                    limit = _megabytes(self.output_budget + MESSAGE_MARGIN)
+                    note = MESSAGE_CUT.format(limit=limit)
+                    cell.setdefault("outputs", []).append(
+                        new_output("stream", name="stderr", text=note)
+                    )
+            return out
+
+        async def _execute_cell(self, cell, cell_index, *args, **kwargs):
             self.cells_started += 1
-            if (
-                self.checker is None
-                or not trusted.is_graded_test(cell)
-                or not trusted.expected_checks(cell.source)
-            ):  # a test cell of plain asserts keeps nbgrader's own grading (make grade warns)
+            if self.checker is None or not trusted.is_graded_test(cell):
                 return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
             key = f"{self.run_key}/{trusted.grade_id(cell)}"
-            self.checker.begin(key, cell.source)
+            source = cell.source
+            asserts = not trusted.expected_checks(source)
+            # A cell of plain asserts runs in the checker: the kernel only serves it.
+            self.checker.begin(key, source, self.instructor_imports if asserts else None)
             self.timed_out = ""
+            if asserts:
+                cell.source = trusted.SERVE_CELL
             try:
                 return await super().async_execute_cell(cell, cell_index, *args, **kwargs)
             finally:
-                trusted.apply_record(cell, self.checker.end(key), timed_out=self.timed_out)
+                cell.source = source
+                # In a cell that makes checks, the kernel's own error (an assert of the
+                # cell's failed there) costs the points; nothing the kernel does earns them.
+                failed_here = "" if asserts else trusted.kernel_error(cell)
+                trusted.apply_record(
+                    cell, self.checker.end(key), timed_out=self.timed_out, failed_here=failed_here
+                )
 
         async def _async_handle_timeout(self, timeout, cell=None):
             self.limits.timed_out(timeout)

@@ -48,11 +48,18 @@ from pathlib import Path
 import nbformat
 
 from . import sandbox, trusted
-from .cell_limits import KERNEL_RESTARTED, OUTPUT_CUT, CellLimits, timeout_message
+from .cell_limits import (
+    KERNEL_RESTARTED,
+    MESSAGE_CUT,
+    OUTPUT_CUT,
+    CellLimits,
+    timeout_message,
+)
 from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
 from .plumbing import assignments, nbgrader, nbgrader_api, stop_reason
 
 OUTPUT_CUT_SIGN = OUTPUT_CUT.split("{")[0]
+MESSAGE_CUT_SIGN = MESSAGE_CUT.split("{")[0]
 CRASHED_CELL = (
     'raise RuntimeError("Grading: this cell stopped the Python kernel ({why}). It was not '
     'run, so that the rest of the notebook could be graded.")'
@@ -264,10 +271,17 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
         graded = root_path / "autograded" / student / aid
         if graded.is_dir():
             for nb_path in sorted(graded.glob("*.ipynb")):
-                if OUTPUT_CUT_SIGN in nb_path.read_text(errors="replace"):
+                text = nb_path.read_text(errors="replace")
+                if OUTPUT_CUT_SIGN in text:
                     outcome.notes.append(
                         f"{nb_path.name}: its outputs reached the budget of a graded notebook "
                         "(ATTENTION_REF_OUTPUT_BYTES); later outputs were not kept"
+                    )
+                if MESSAGE_CUT_SIGN in text:
+                    outcome.notes.append(
+                        f"{nb_path.name}: its kernel sent a message over what a graded notebook "
+                        "keeps (ATTENTION_REF_OUTPUT_BYTES); the grader stopped reading its "
+                        "outputs"
                     )
                 for what, cells in _stopped_cells(nb_path).items():
                     limit = (
@@ -429,12 +443,13 @@ def grade(
             return 2
         if checked:
             source = nbformat.read(root / "solutions" / aid / f"{aid}.ipynb", as_version=4)
-            plain = trusted.unchecked_test_cells(source)
-            if plain:
+            mixed = trusted.mixed_test_cells(source)
+            if mixed:
                 print(
-                    f"warning: {aid}: the test cell(s) {', '.join(plain)} make no check(...): "
-                    "they are graded from what the kernel prints, which a submission can "
-                    "forge; write them with attention_ref.checks.check (guide, section 4)",
+                    f"warning: {aid}: the test cell(s) {', '.join(mixed)} make check(...) "
+                    "calls and assert lines: the asserts run in the student's kernel, so "
+                    "they can cost points but a submission can make them pass; move them to "
+                    "a test cell of their own, which the checker runs (guide, section 4)",
                     file=sys.stderr,
                 )
         for student in students:

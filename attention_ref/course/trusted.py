@@ -138,9 +138,71 @@ def expected_checks(source: str) -> list[Expected]:
 
 
 def unchecked_test_cells(nb: Any) -> list[str]:
-    """The graded test cells of a source notebook that make no check: plain ``assert``
-    lines, graded by nbgrader from the kernel's output (a submission can forge those)."""
+    """The graded test cells of a source notebook that make no check (plain ``assert``
+    lines): the checker runs their source itself (:mod:`attention_ref.checks.cell`)."""
     return [grade_id(c) for c in nb.cells if is_graded_test(c) and not expected_checks(c.source)]
+
+
+def mixed_test_cells(nb: Any) -> list[str]:
+    """The graded test cells of a source notebook that make checks and also ``assert``
+    something themselves: those asserts run in the kernel, so they can cost the cell its
+    points but never earn them (make grade warns)."""
+    out = []
+    for c in nb.cells:
+        if is_graded_test(c) and expected_checks(c.source):
+            with contextlib.suppress(SyntaxError):
+                if any(isinstance(n, ast.Assert) for n in ast.walk(ast.parse(c.source))):
+                    out.append(grade_id(c))
+    return out
+
+
+#: What the graded kernel runs in place of a test cell that makes no check.
+SERVE_CELL = "__import__('attention_ref.checks.agent').checks.agent.serve_test_cell()"
+
+
+def import_lines(sources: list[str]) -> str:
+    """The top-level ``import`` statements of the given cells, in order, as source
+    (``from x import *`` and relative imports left out)."""
+    lines = []
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import) or (
+                isinstance(node, ast.ImportFrom)
+                and not node.level
+                and all(a.name != "*" for a in node.names)
+            ):
+                lines.append(ast.unparse(node))
+    return "\n".join(lines)
+
+
+def instructor_imports(source_nb: Any) -> str:
+    """The imports of the instructor's cells of a source notebook (every code cell that is
+    not an answer cell): the names a test cell of plain asserts gets from the checker."""
+    cells = [
+        c.source
+        for c in source_nb.cells
+        if c.get("cell_type") == "code"
+        and not (c.get("metadata", {}).get("nbgrader", {}) or {}).get("solution")
+    ]
+    return import_lines(cells)
+
+
+def source_notebook(root: str, resources: Any) -> Any:
+    """The instructor's version of the notebook being graded (``None`` when unknown)."""
+    import nbformat
+
+    info = resources.get("nbgrader", {}) if resources else {}
+    aid, name = info.get("assignment"), info.get("notebook")
+    if not (root and aid and name):
+        return None
+    path = Path(root) / aid / f"{name}.ipynb"
+    if not path.is_file():
+        return None
+    return nbformat.read(path, as_version=4)
 
 
 # ----------------------------------------------------------------------------- cells
@@ -171,16 +233,7 @@ class SourceTags(Preprocessor):
         return nb, resources
 
     def _source(self, resources):
-        import nbformat
-
-        info = resources.get("nbgrader", {}) if resources else {}
-        aid, name = info.get("assignment"), info.get("notebook")
-        if not (self.source_root and aid and name):
-            return None
-        path = Path(self.source_root) / aid / f"{name}.ipynb"
-        if not path.is_file():
-            return None
-        return nbformat.read(path, as_version=4)
+        return source_notebook(self.source_root, resources)
 
 
 # ----------------------------------------------------------------------------- the checker
@@ -236,9 +289,14 @@ class CheckerProcess:
         except (OSError, ValueError):
             return False
 
-    def begin(self, cell_id: str, source: str) -> None:
-        """A graded test cell starts: the checker attributes the kernel's checks to it."""
-        self._order({"cell": cell_id, "source": source})
+    def begin(self, cell_id: str, source: str, imports: str | None = None) -> None:
+        """A graded test cell starts: the checker attributes the kernel's checks to it.
+        ``imports`` (the instructor's import lines) for a cell that makes no check: the
+        checker runs ``source`` itself."""
+        order = {"cell": cell_id, "source": source}
+        if imports is not None:
+            order.update(asserts=True, imports=imports)
+        self._order(order)
 
     def end(self, cell_id: str) -> dict:
         """The cell has ended: the checker's record of it (a failed one if the checker
@@ -317,6 +375,11 @@ def record_text(record: dict) -> tuple[str, str]:
         done = len(record.get("results", []))
         if record.get("note"):
             failure = f"Not graded: {record['note']}."
+        elif record.get("asserts"):
+            failure = (
+                "Not graded: this test cell never reached the grader's checker (the cell was "
+                "interrupted, its code did not run, or the kernel stopped)."
+            )
         elif not expected:
             failure = "Not graded: this test cell makes no check."
         else:
@@ -332,14 +395,27 @@ def record_text(record: dict) -> tuple[str, str]:
 TIMEOUT_ENAME = "CellTimeoutError"
 
 
-def apply_record(cell: Any, record: dict, timed_out: str = "") -> None:
+def kernel_error(cell: Any) -> str:
+    """The first error the kernel reported in the cell's outputs, as one line ("" if none)."""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"[:2000]
+    return ""
+
+
+def apply_record(cell: Any, record: dict, timed_out: str = "", failed_here: str = "") -> None:
     """Make the cell's outputs the checker's: its feedback as text, and an error output
     when the record is not a pass (nbgrader then gives the cell no points). ``timed_out``
     is the grader's own message when it interrupted the cell at its time limit: that error
-    is shown (and counted by the reports) instead of the interrupted check's."""
+    is shown (and counted by the reports) instead of the interrupted check's.
+    ``failed_here``: an error the cell raised in the kernel after its checks passed (one of
+    its own assert lines): the cell then earns nothing."""
     import nbformat
 
     shown, failure = record_text(record)
+    if record.get("passed") and failed_here:
+        record = {**record, "passed": False}
+        failure = f"The test cell's own lines failed in the kernel: {failed_here}"
     outputs = []
     if shown:
         outputs.append(nbformat.v4.new_output("stream", name="stdout", text=shown + "\n"))
