@@ -2,11 +2,12 @@
 a graded check runs in the checker's process and calls the learner's code in the kernel
 across a data-only wire, and gives the self-check's verdict, mistake id and message.
 
-The whole catalog through the checker is compared with the self-check by
-``tools/record_verdicts.py --remote`` in ``make test-hostile`` (tests/test_forgery.py);
-here a sample that covers every kind of crossing (functions, modules with reference parts
-swapped in, callbacks to the check's objects, objects used by reference, autograd, the
-recorders of notebook 12), and the wire itself.
+The whole catalog through the checker is compared with the self-check by hand
+(``tools/record_verdicts.py --remote`` against an in-process recording, docs/MAINTAINING.md:
+about 6 minutes, too long for make test); here a sample that covers every kind of crossing
+(functions, modules with reference parts swapped in, callbacks to the check's objects,
+objects used by reference, autograd, the recorders of notebook 12), the wire itself, and
+test cells of plain asserts run in the checker.
 """
 
 from __future__ import annotations
