@@ -132,7 +132,7 @@ def _attend_tiles(
 
 @triton.jit
 def _attention_kernel(
-    Q, K, V, O, L,
+    Q, K, V, Out, Lse,
     sq_b, sq_h, sq_m, sq_d,
     sk_b, sk_h, sk_n, sk_d,
     sv_b, sv_h, sv_n, sv_d,
@@ -181,10 +181,10 @@ def _attention_kernel(
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) / 1.4426950408889634,
                    -float("inf"))  # fmt: skip
     row_ok = offs_m < n_q
-    O += b * so_b + h * so_h
-    tl.store(O + offs_m[:, None] * so_m + offs_d[None, :] * so_d,
-             out.to(O.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
-    tl.store(L + b * sl_b + h * sl_h + offs_m * sl_m, lse, mask=row_ok)
+    Out += b * so_b + h * so_h
+    tl.store(Out + offs_m[:, None] * so_m + offs_d[None, :] * so_d,
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+    tl.store(Lse + b * sl_b + h * sl_h + offs_m * sl_m, lse, mask=row_ok)
 
 
 def _require_attention_inputs(q, k, v) -> None:
@@ -287,38 +287,3 @@ def triton_flash_attention(q, k, v, causal: bool = False) -> torch.Tensor:
     """Differentiable attention with :func:`triton_attention`'s forward pass: ``out``."""
     _require_attention_inputs(q, k, v)
     return TritonFlashAttention.apply(q, k, v, causal)
-
-
-class KernelLoads:
-    """Elements that Triton's interpreter loaded from memory (mask true) while watched: the
-    evidence that a causal kernel skips the tiles in the future of its queries. Interpreter
-    only (a compiled kernel's loads are not visible); ``available`` says whether it counts."""
-
-    def __init__(self) -> None:
-        self.loaded = 0
-        self.available = False
-        self._saved = None
-
-    def __enter__(self) -> KernelLoads:
-        if not INTERPRETED:
-            return self
-        from triton.runtime import interpreter
-
-        builder = interpreter.interpreter_builder
-        original = builder.create_masked_load
-        self._saved = (builder, original)
-        self.available = True
-
-        def counting(ptrs, mask, *args, **kwargs):
-            self.loaded += int(mask.data.sum()) if hasattr(mask, "data") else 0
-            return original(ptrs, mask, *args, **kwargs)
-
-        builder.create_masked_load = counting
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        if self._saved is not None:
-            builder, original = self._saved
-            builder.create_masked_load = original
-            self._saved = None
-        return False
