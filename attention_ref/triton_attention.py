@@ -222,6 +222,8 @@ def triton_attention(
     block_n: int = 16,
     *,
     allow_tf32: bool = False,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention's forward pass as one Triton kernel.
 
@@ -233,6 +235,7 @@ def triton_attention(
         block_m, block_n: queries per program and keys per tile (powers of two, >= 16).
         allow_tf32: float32 inputs on a GPU: let ``tl.dot`` use TF32 (faster, about 1e-3
             relative error) instead of full float32.
+        num_warps, num_stages: Triton's launch options (compiled kernels; None: its default).
 
     Returns:
         ``(out (B, H, n_q, d) in q's dtype, lse (B, H, n_q) float32)`` with
@@ -252,11 +255,13 @@ def triton_attention(
         return out.zero_(), lse.fill_(-math.inf)
     precision = "tf32" if allow_tf32 and q.dtype == torch.float32 else "ieee"
     grid = (triton.cdiv(n_q, block_m), B * H)
+    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
     _attention_kernel[grid](
         q, k, v, out, lse,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
         H, n_q, n_k, LOG2E / math.sqrt(d),
         D=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), PRECISION=precision,
+        **launch,
     )  # fmt: skip
     return out, lse
 
