@@ -45,6 +45,23 @@ import triton.language as tl  # noqa: E402
 
 from .flash import _flash_backward  # noqa: E402
 
+#: The first Triton whose interpreter runs these kernels (3.1-3.6 fail on a loop bound
+#: computed from ``tl.program_id``; 3.1 also on masked loads).
+INTERPRETER_FLOOR = (3, 7)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+if INTERPRETED and _version(triton.__version__) < INTERPRETER_FLOOR:
+    raise ImportError(
+        f"Triton {triton.__version__}'s CPU interpreter cannot run notebook 14's kernels; "
+        f"it needs triton>={'.'.join(map(str, INTERPRETER_FLOOR))} "
+        "(make venv installs it; with pip: pip install -e '.[kernels]' in the course folder; "
+        "PyTorch's own Linux wheels may pin an older one: then use a GPU, or PyTorch 2.13+)"
+    )
+
 LOG2E = 1.4426950408889634  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
 
 
