@@ -116,7 +116,7 @@ format: $(STAMP)
 # Maintainers: resolve the newest versions the pyproject ranges allow and write the lock.
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/python -m pip install --quiet $(PIP_ARGS) -e '.[dev]'
+	.lock-venv/bin/python -m pip install --quiet $(PIP_ARGS) -e '.[dev,kernels]'
 	$(PYTHON) tools/lock.py .lock-venv requirements.lock environment.yml
 	rm -rf .lock-venv
 

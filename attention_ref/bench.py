@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import math
 import sys
 import time
@@ -542,6 +543,112 @@ def bench_grading(opts: argparse.Namespace) -> bool:
     )
     met.append(_target("class<=1/3_old_sequential", ratio <= 1 / 3, f"{ratio:.2f}x"))
     return all(met) or not opts.strict
+
+
+# ----------------------------------------------------------------------------- triton (nb 14)
+#: The reference kernel's launch on a GPU: blocks of 128 queries and 64 keys, 8 warps.
+TRITON_LAUNCH = dict(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+@dataclass
+class TritonRow:
+    """One timing of ``python -m attention_ref.bench triton``."""
+
+    impl: str  # "reference", "learner" or "fused"
+    n: int
+    dtype: str  # float16, float32, float32+tf32
+    causal: bool
+    ms: float
+    tflops: float
+    ratio: float  # time / the fused call's time
+    max_err: float  # max |out - float64 attention| over one (batch, head) sample
+
+    def line(self) -> str:
+        return (
+            f"triton impl={self.impl} n={self.n} dtype={self.dtype} causal={self.causal} "
+            f"ms={self.ms:.3f} tflops={self.tflops:.1f} ratio_to_fused={self.ratio:.2f} "
+            f"max_err={self.max_err:.2e}"
+        )
+
+
+def triton_rows(
+    lengths=(1024, 4096, 16384),
+    dtypes=("float16", "float32", "float32+tf32"),
+    batch: int = 4,
+    heads: int = 16,
+    d_head: int = 64,
+    repeats: int = 5,
+    learner=None,
+) -> list[TritonRow]:
+    """On a GPU: the reference Triton kernel (and ``learner(q, k, v, causal)`` if given)
+    against ``F.scaled_dot_product_attention``, causal and not; TFLOP/s count 4 n^2 d per
+    head (half when causal). ``float32+tf32``: both sides allowed TF32."""
+    from . import triton_attention as tri
+
+    dev = torch.device("cuda")
+    rows: list[TritonRow] = []
+    for n, name, causal in itertools.product(lengths, dtypes, (False, True)):
+        dtype = torch.float16 if name == "float16" else torch.float32
+        tf32 = name.endswith("tf32")
+        g = torch.Generator(device=dev).manual_seed(n)
+        q, k, v = (
+            torch.randn(batch, heads, n, d_head, device=dev, dtype=dtype, generator=g)
+            for _ in range(3)
+        )
+        flops = 4 * batch * heads * n * n * d_head * (0.5 if causal else 1.0)
+        s = slice(0, 1)
+        q1, k1, v1 = (t[s, s].double() for t in (q, k, v))
+        exact = F.scaled_dot_product_attention(q1, k1, v1, is_causal=causal)
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            impls = {
+                "fused": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                "reference": lambda: tri.triton_attention(
+                    q, k, v, causal, allow_tf32=tf32, **TRITON_LAUNCH
+                )[0],
+            }
+            if learner is not None:
+                impls["learner"] = lambda: learner(q, k, v, causal)[0]
+            times = {}
+            for impl, fn in impls.items():
+                out = fn()
+                err = float((out[s, s].double() - exact).abs().max())
+                times[impl] = best_time(fn, dev, repeats)
+                rows.append(TritonRow(impl, n, name, causal, times[impl] * 1e3,
+                                      flops / times[impl] / 1e12, 0.0, err))  # fmt: skip
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        for r in rows[-len(impls) :]:
+            r.ratio = times[r.impl] / times["fused"]
+    return rows
+
+
+@benchmark("triton", "notebook 14: the Triton kernel vs PyTorch's fused attention (GPU)")
+def bench_triton(opts: argparse.Namespace) -> bool:
+    if not torch.cuda.is_available() or opts.device == "cpu":
+        print("triton: needs a CUDA GPU (Triton's interpreter on a CPU is for correctness, "
+              "not speed); skipped")  # fmt: skip
+        return True
+    import triton
+
+    print(
+        f"triton device={torch.cuda.get_device_name()} torch={torch.__version__} "
+        f"triton={triton.__version__} batch=4 heads=16 d_head=64 launch={TRITON_LAUNCH}"
+    )
+    rows = triton_rows(lengths=opts.lengths, repeats=opts.repeats)
+    for row in rows:
+        print(row.line(), flush=True)
+    targets = {(4096, False): 1.2, (16384, False): 1.2, (4096, True): 1.25, (16384, True): 1.25}
+    met = True
+    for r in rows:
+        limit = targets.get((r.n, r.causal))
+        if r.impl == "reference" and r.dtype == "float16" and limit:
+            ok = r.ratio <= limit
+            met = met and ok
+            print(f"triton target n={r.n} causal={r.causal} float16 ratio={r.ratio:.2f} "
+                  f"limit={limit} met={ok}")  # fmt: skip
+    return met or not opts.strict
 
 
 # ----------------------------------------------------------------------------- command line

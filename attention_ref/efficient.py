@@ -19,6 +19,7 @@ far; when a new block raises the maximum from ``m`` to ``m'``, multiply ``l`` an
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -344,3 +345,41 @@ class PeakMemory(TorchDispatchMode):
             ref = weakref.ref(t, lambda dead, ptr=ptr: self._dead(dead, ptr))
             self._refs[id(ref)] = ref
         return out
+
+
+class KernelLoads:
+    """Elements that Triton's interpreter loaded from memory (mask true) while watched: the
+    evidence that a causal kernel skips the tiles in the future of its queries. Interpreter
+    only (a compiled kernel's loads are not visible); ``available`` says whether it counts."""
+
+    def __init__(self) -> None:
+        self.loaded = 0
+        self.available = False
+        self._saved = None
+
+    def __enter__(self) -> KernelLoads:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return self
+        try:
+            from triton.runtime import interpreter
+        except ImportError:
+            return self
+
+        builder = interpreter.interpreter_builder
+        original = builder.create_masked_load
+        self._saved = (builder, original)
+        self.available = True
+
+        def counting(ptrs, mask, *args, **kwargs):
+            self.loaded += int(mask.data.sum()) if hasattr(mask, "data") else 0
+            return original(ptrs, mask, *args, **kwargs)
+
+        builder.create_masked_load = counting
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self._saved is not None:
+            builder, original = self._saved
+            builder.create_masked_load = original
+            self._saved = None
+        return False

@@ -9,11 +9,15 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import pytest
+from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Pins that hold on some platforms only (Triton has Linux wheels only): lock, environment.yml
+#: and pyproject.toml give each the same marker.
+MARKERS = {"triton": Marker('sys_platform == "linux"')}
 
 
 def lock_pins() -> dict[str, str]:
@@ -22,8 +26,11 @@ def lock_pins() -> dict[str, str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s;]+)", line)
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s;]+)(?:; (.+))?", line)
         assert m, f"requirements.lock line is not an exact pin: {line!r}"
+        assert m.group(3) is None or Marker(m.group(3)) == MARKERS.get(m.group(1)), (
+            f"requirements.lock: {line!r} has a marker pyproject.toml does not give it"
+        )
         name = canonicalize_name(m.group(1))
         assert name not in pins, f"{name} is pinned twice in requirements.lock"
         pins[name] = m.group(2)
@@ -34,7 +41,7 @@ def env_pins() -> tuple[dict[str, str], str]:
     text = (ROOT / "environment.yml").read_text()
     pins, python = {}, ""
     for line in text.splitlines():
-        m = re.fullmatch(r"\s+- ([A-Za-z0-9_.\-]+)==(\S+)", line)
+        m = re.fullmatch(r"\s+- ([A-Za-z0-9_.\-]+)==([^\s;]+)(?:; .+)?", line)
         if m:
             pins[canonicalize_name(m.group(1))] = m.group(2)
         m = re.fullmatch(r"\s+- python=(\S+)", line)
@@ -87,9 +94,19 @@ def test_every_pyproject_dependency_is_locked_within_its_range(req: Requirement)
     )
 
 
+def test_platform_markers_agree_in_the_three_files():
+    declared = {canonicalize_name(r.name): r.marker for r in declared_requirements()}
+    env_text = (ROOT / "environment.yml").read_text()
+    for name, marker in MARKERS.items():
+        assert declared[name] == marker, f"pyproject.toml: {name} should say ; {marker}"
+        assert f"{name}=={lock_pins()[name]}; {marker}" in env_text, f"environment.yml: {name}"
+
+
 def test_the_running_environment_is_the_locked_one():
     mismatched = {}
     for name, pinned in lock_pins().items():
+        if name in MARKERS and not MARKERS[name].evaluate():
+            continue  # not installed on this platform
         try:
             installed = version(name)
         except PackageNotFoundError:

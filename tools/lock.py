@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 SKIP = {"attention-ref", "attention_ref", "pip"}
+#: Packages installed on some platforms only, with the marker pyproject.toml gives them.
+MARKERS = {"triton": 'sys_platform == "linux"'}
 
 
 def frozen(venv: Path) -> list[str]:
@@ -30,7 +32,8 @@ def frozen(venv: Path) -> list[str]:
         name, version = line.split("==", 1)
         if name.lower() in SKIP:
             continue
-        pins.append(f"{name}=={version.split('+', 1)[0]}")
+        marker = f"; {MARKERS[name.lower()]}" if name.lower() in MARKERS else ""
+        pins.append(f"{name}=={version.split('+', 1)[0]}{marker}")
     return sorted(pins, key=str.lower)
 
 

@@ -450,17 +450,22 @@ def _backward(tensor: Any, gradient: Any = None) -> None:
 
 def _watcher(spec: Any):
     """A recorder of what the learner's code does in this process, as the check asks:
-    ``("ops", keep_args)`` an OpRecorder, ``("memory",)`` a PeakMemory."""
-    from ..efficient import OpRecorder, PeakMemory
+    ``("ops", keep_args)`` an OpRecorder, ``("memory",)`` a PeakMemory, ``("loads",)`` a
+    KernelLoads (what Triton's interpreter loads)."""
+    from ..efficient import KernelLoads, OpRecorder, PeakMemory
 
     if spec[0] == "ops":
         return OpRecorder(keep_args=bool(spec[1]))
+    if spec[0] == "loads":
+        return KernelLoads()
     return PeakMemory()
 
 
 def _watched(w: Any) -> Any:
-    from ..efficient import OpRecorder
+    from ..efficient import KernelLoads, OpRecorder
 
+    if isinstance(w, KernelLoads):
+        return {"loaded": w.loaded, "available": w.available}
     if isinstance(w, OpRecorder):
         return [[op.name, [list(s) for s in op.shapes], op.flops, list(op.args)] for op in w.ops]
     return {"peak": w.peak, "current": w.current}

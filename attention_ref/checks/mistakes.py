@@ -1047,6 +1047,56 @@ _TABLE = """
   hint: store base in __init__ and pass it on: rope(q, base=self.base).
 [rotary_no_causal_mask] no causal mask: a position attends to the positions after it.
   hint: mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), passed to sdpa.
+
+# --- 14 attention as a Triton kernel
+[triton_tail_loaded_as_zero] the tail of the block, past the end of the row (or of the keys),
+    is loaded as 0 and not masked: each of those positions adds exp(0 - max) to the sum.
+  hint: load with mask=offs < n and other=-float("inf") (the softmax), or set the scores of keys
+    past n_k to -inf with tl.where(offs_n[None, :] < n_k, s, -float("inf")) before the max.
+[triton_softmax_no_max] the maximum is not subtracted before exp: large entries overflow to
+    inf and give NaN.
+  hint: e = tl.exp(x - tl.max(x, axis=0)); the masked tail (-inf) then gives exp(-inf) = 0.
+[triton_strides_contiguous] the kernel computes addresses as if the tensor were contiguous
+    (offsets from its sizes), not from its strides: a transposed view is read in the wrong
+    order.
+  hint: pass x.stride(0), x.stride(1) (q.stride(0..3), ...) to the kernel and use them in every
+    pointer: X + row * stride_row + cols * stride_col.
+[triton_max_not_carried] the running maximum is not carried from tile to tile: each tile is
+    exponentiated against its own maximum and what was summed before is not rescaled.
+  hint: m_new = tl.maximum(m_i, tl.max(s, axis=1)); alpha = tl.exp(m_i - m_new); l_i = l_i * alpha
+    + tl.sum(p, axis=1); acc = acc * alpha[:, None] + tl.dot(p, v); m_i = m_new.
+[triton_causal_tile_bound] the causal loop over key tiles stops one block too early: it ends at
+    the first query of the block (start_m * BLOCK_M) instead of its last ((start_m + 1) *
+    BLOCK_M), so the diagonal tile is never visited.
+  hint: the keys a block of queries may see end at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q);
+    loop up to there and mask the tiles that cross the diagonal.
+[triton_diagonal_tile_unmasked] the future tiles are skipped but the tile on the diagonal is not
+    masked: its queries see the keys just after them.
+  hint: in a tile that crosses the diagonal, s = tl.where(offs_n[None, :] <= offs_m[:, None] +
+    n_k - n_q, s, -float("inf")).
+[triton_causal_offset] the causal mask ignores n_k - n_q: with n_q != n_k query i must see keys j
+    <= i + (n_k - n_q) (the queries are the last n_q positions), not j <= i.
+  hint: offset = n_k - n_q; mask with offs_n[None, :] <= offs_m[:, None] + offset and end the
+    loop at (start_m + 1) * BLOCK_M + offset.
+[triton_exp2_without_log2e] exp2 is applied to the scores without multiplying them by log2(e):
+    2^s is not e^s, so the weights are too flat.
+  hint: exp(x) = exp2(x * log2(e)): fold 1.4426950408889634 into the scale of the scores, and
+    divide the log-sum-exp by it at the end.
+[triton_lse_base2] lse is in base 2 (m + log2(l) with exp2): it must be the natural
+    logarithm, as the backward pass computes P = exp(S - lse).
+  hint: with exp2 and scores in log2 units, lse = (m_i + tl.log2(l_i)) / log2(e) (that is, times
+    ln 2).
+[triton_lse_wrong] lse is not log(sum_j exp(s_ij)) of the keys the query sees: it must be m_i +
+    log(l_i) from the final running maximum and sum (-inf for a query that sees no key).
+  hint: after the loop, lse = m_i + tl.log(l_i) where l_i > 0 (else -inf); store it with
+    tl.store at L + offs_m * stride, masked to offs_m < n_q.
+[triton_score_matrix_allocated] the code creates a tensor as large as the n_q x n_k scores: the
+    kernel keeps one tile of scores at a time, in registers.
+  hint: allocate only out (like q) and lse (B, H, n_q) in the launcher; everything else lives
+    in the kernel.
+[triton_future_tiles_loaded] the key tiles entirely in the future of a block of queries are
+    still loaded (and only masked): causal attention should do about half the work.
+  hint: end the loop over key tiles at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q) when causal.
 """
 
 

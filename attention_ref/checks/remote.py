@@ -151,10 +151,15 @@ class Link:
         """Run the learner's code in the kernel (``op``: call, grad, backward) as the
         self-check runs it: the per-call limit, the tripwire, the checker's random state,
         and the watchers the check has on; ``(result, input modified in place or None)``."""
-        from ..efficient import OpRecorder
+        from ..efficient import KernelLoads, OpRecorder
 
         watch = [
-            ["ops", w.keep_args] if isinstance(w, OpRecorder) else ["memory"] for w in self.watchers
+            ["ops", w.keep_args]
+            if isinstance(w, OpRecorder)
+            else ["loads"]
+            if isinstance(w, KernelLoads)
+            else ["memory"]
+            for w in self.watchers
         ]
         value, modified, extra = self.request(
             op,
@@ -488,9 +493,12 @@ class watching:  # noqa: N801 - a context manager
 
 
 def _merge(watcher: Any, seen: Any) -> None:
-    from ..efficient import OpRecord, OpRecorder
+    from ..efficient import KernelLoads, OpRecord, OpRecorder
 
-    if isinstance(watcher, OpRecorder):
+    if isinstance(watcher, KernelLoads):
+        watcher.loaded += int(seen["loaded"])
+        watcher.available = watcher.available or bool(seen["available"])
+    elif isinstance(watcher, OpRecorder):
         for name, shapes, flops, args in seen:
             shapes = tuple(tuple(int(d) for d in s) for s in shapes)
             watcher.ops.append(OpRecord(str(name), shapes, int(flops), tuple(args)))

@@ -15,6 +15,7 @@ Each ``nbNN.py`` module here registers, for the exercises of notebook NN:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,8 +59,14 @@ def alternative(exercise: str, check_only: str = ""):
     return register
 
 
+#: Catalogs that need a package some platforms lack (Triton: Linux only).
+NEEDS = {"nb14": "triton"}
+
+
 def load_all() -> None:
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name in NEEDS and importlib.util.find_spec(NEEDS[info.name]) is None:
+            continue
         importlib.import_module(f"{__name__}.{info.name}")
 
 

@@ -1,0 +1,582 @@
+"""Checks for notebook 14: ``triton_softmax`` (a row softmax kernel), ``triton_attention``
+(FlashAttention's forward pass as a Triton kernel: output and log-sum-exp) and
+``triton_flash_attention`` (the autograd function pairing it with notebook 12's backward).
+
+The learner's kernels run where their inputs are: on a machine without a CUDA device, in
+Triton's interpreter on CPU tensors (the notebook sets ``TRITON_INTERPRET=1``); on a GPU,
+compiled, with the same cases. Values are compared with float64 models of the right
+computation and of realistic mistakes (the accumulator or the sum not rescaled, the maximum
+not carried, the tail of the keys not masked, strides assumed contiguous, the causal mask's
+off-by-ones at the tile borders, the log-sum-exp in base 2, ...). Known differences of the
+backends are tolerances, never the learner's fault: on a GPU, ``tl.dot`` on float32 inputs
+uses TF32 by default (about 1e-3 relative error), so float32 is held to 1e-2 there.
+
+Skipping: in the interpreter, :class:`~attention_ref.efficient.KernelLoads` counts the
+elements the kernel loads; a causal call must load at most 80% of what the same call without
+causality loads (about 59% when the future tiles are skipped). A compiled kernel's loads
+cannot be counted, so on a GPU that one test is left out (its values are checked as on CPU).
+
+Triton is imported only when a check runs (it installs on Linux only).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import numpy as np
+import torch
+
+from ..efficient import KernelLoads, PeakMemory
+from ._core import Context, Mistake, exercise
+from .nb12 import (
+    _SOFTMAXES,
+    FLASH_BWD_MISTAKES,
+    TRACED_LIMIT_SCALE,
+    _flash_backward,
+    _flash_grads_model,
+    _full_attention,
+    _function_class,
+    _leaves,
+)
+from .remote import watching
+from .toolkit import dtype_name, expect_tensor, reference_functions
+
+F16, F32, F64 = torch.float16, torch.float32, torch.float64
+
+
+def _ref():
+    from .. import triton_attention
+
+    return triton_attention
+
+
+def _device() -> torch.device:
+    """Where the learner's kernels run: the GPU when there is one and the interpreter is
+    off, else the CPU (through the interpreter)."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _tol(dtype: torch.dtype, device: torch.device) -> dict:
+    """float32: exact float32 in the interpreter, TF32 allowed on a GPU; float16: its
+    rounding of the output and of the weights before the second product."""
+    if dtype == F16:
+        return dict(rtol=5e-3, atol=5e-3)
+    if device.type == "cuda":
+        return dict(rtol=1e-2, atol=1e-2)
+    return dict(rtol=1e-4, atol=2e-5)
+
+
+def _as_contiguous_strides(x: torch.Tensor) -> torch.Tensor:
+    """What a kernel that ignores ``x``'s strides reads: its memory in contiguous order."""
+    strides, s = [], 1
+    for n in reversed(x.shape):
+        strides.append(s)
+        s *= max(n, 1)
+    return torch.as_strided(x, x.shape, tuple(reversed(strides)))
+
+
+# ----------------------------------------------------------------------------- triton_softmax
+def _softmax_model(x: torch.Tensor, *, tail: str = "masked", subtract_max: bool = True):
+    """A (possibly buggy) row softmax in float64: ``tail="zeros"`` loads the block's tail
+    (past the row) as 0 and sums it; ``subtract_max=False`` exponentiates x itself."""
+    x = x.double()
+    n = x.shape[-1]
+    block = 1 << max(n - 1, 0).bit_length()
+    if tail == "zeros" and block > n:
+        x = torch.cat([x, x.new_zeros(x.shape[0], block - n)], dim=-1)
+    with np.errstate(all="ignore"):
+        # without the maximum, exp overflows where the kernel computes: in float32
+        e = torch.exp(x - x.amax(-1, keepdim=True)) if subtract_max else torch.exp(x.float())
+        e = e.double()
+        return (e / e.sum(-1, keepdim=True))[:, :n]
+
+
+#: label, rows, columns, dtype, transposed layout (column stride != 1), scale of the values
+SOFTMAX_CASES = [
+    ("37 columns (a block of 64: 27 masked)", 4, 37, F32, False, 1.0),
+    ("64 columns (the block exactly)", 3, 64, F32, False, 1.0),
+    ("one column", 2, 1, F32, False, 1.0),
+    ("100 columns, float16", 5, 100, F16, False, 1.0),
+    ("a transposed view (strides (1, 6))", 6, 20, F32, True, 1.0),
+    ("large entries (up to about 900)", 3, 50, F32, False, 300.0),
+]
+SOFTMAX_THOROUGH = [
+    ("300 columns", 9, 300, F32, False, 1.0),
+    ("3 columns, transposed", 4, 3, F32, True, 1.0),
+]
+SOFTMAX_MISTAKES = [
+    ("triton_tail_loaded_as_zero", dict(tail="zeros")),
+    ("triton_softmax_no_max", dict(subtract_max=False)),
+]
+
+
+def _name_overflow(ctx, got, x, case: str) -> None:
+    """NaN or inf exactly where exp without the maximum overflows: that mistake."""
+    bad = ~torch.isfinite(got.detach().double().cpu())
+    if bool(bad.any()):
+        model = ~torch.isfinite(_softmax_model(x.cpu(), subtract_max=False))
+        if torch.equal(bad, model):
+            ctx.fail("the result contains NaN or inf.", case=case, mistake="triton_softmax_no_max")
+
+
+@exercise(
+    "triton_softmax",
+    forbidden=lambda: [
+        (_ref().triton_softmax, "the reference attention_ref.triton_softmax"),
+        *_SOFTMAXES,
+    ],
+    summary="a Triton kernel: softmax of each row, any width, any strides",
+)
+def check_triton_softmax(candidate, ctx: Context) -> None:
+    """Values against float64 softmax for widths that are and are not powers of two, a
+    transposed input and large entries; a wrong value named by a model of the mistake."""
+    g = ctx.torch_gen(141)
+    dev = _device()
+    for label, rows, cols, dtype, transposed, scale in SOFTMAX_CASES + (
+        SOFTMAX_THOROUGH if ctx.thorough else []
+    ):
+        x = scale * torch.randn(cols, rows, generator=g, dtype=F64)
+        x = x.to(dtype).to(dev)
+        x = x.t() if transposed else x.t().contiguous()
+        case = f"{label}: x {tuple(x.shape)} {dtype_name(dtype)}, strides {x.stride()}"
+        got = ctx.call(candidate, x, case=case)
+        expected = torch.softmax(x.double(), -1)
+        if isinstance(got, torch.Tensor) and got.shape == x.shape:
+            _name_overflow(ctx, got, x, case)
+        ctx.expect_array(got, x.new_empty(x.shape), what="the result", case=case)
+        mistakes = [
+            Mistake.of(i, model=lambda kw=kw: _softmax_model(x, **kw)) for i, kw in SOFTMAX_MISTAKES
+        ]
+        if transposed:
+            mistakes.append(
+                Mistake.of(
+                    "triton_strides_contiguous",
+                    model=lambda: _softmax_model(_as_contiguous_strides(x)),
+                )
+            )
+        ctx.expect_close(
+            got.double(), expected, what="the result", case=case, mistakes=mistakes,
+            **_tol(dtype, dev),
+        )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- triton_attention
+def _attention_model(
+    q,
+    k,
+    v,
+    causal: bool,
+    bm: int,
+    bn: int,
+    *,
+    rescale_acc: bool = True,
+    rescale_l: bool = True,
+    carry_max: bool = True,
+    tail: str = "masked",
+    mask: str = "right",
+    stop_before_block: bool = False,
+    scale: bool = True,
+    base2: bool = False,
+):
+    """``(out, lse)`` of a (possibly buggy) tiled attention kernel in float64: one program
+    per ``bm`` queries, ``bn`` keys per tile; when causal, the tiles up to the last query's
+    diagonal (``stop_before_block``: up to the first query's, the diagonal tile left out).
+    ``tail="zeros"``: keys past n_k loaded as 0 and not masked; ``mask``: "right" (j <= i +
+    n_k - n_q), "strict" (j < i + ...), "none" (tiles skipped, the diagonal tile unmasked),
+    "top_left" (j <= i); ``base2``: exp2 of the scores without the factor log2(e)."""
+    q, k, v = q.double(), k.double(), v.double()
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    if scale:
+        q = q / math.sqrt(d)
+    if base2:
+        q = q * math.log(2.0)
+    offset = n_k - n_q
+    pad = (-n_k) % bn
+    if tail == "zeros" and pad:
+        k = torch.cat([k, k.new_zeros(B, H, pad, d)], 2)
+        v = torch.cat([v, v.new_zeros(B, H, pad, d)], 2)
+    n_keys = k.shape[2] if tail == "zeros" else n_k
+    out = q.new_zeros(B, H, n_q, d)
+    lse = q.new_full((B, H, n_q), -math.inf)
+    for i0 in range(0, n_q, bm):
+        i1 = min(i0 + bm, n_q)
+        rows = torch.arange(i0, i1)[:, None]
+        m = q.new_full((B, H, i1 - i0), -math.inf)
+        l = q.new_zeros(B, H, i1 - i0)  # noqa: E741
+        acc = q.new_zeros(B, H, i1 - i0, d)
+        last = i0 + offset if stop_before_block else i0 + bm + offset
+        hi = min(max(last, 0), n_keys) if causal else n_keys
+        for j0 in range(0, hi, bn):
+            j1 = min(j0 + bn, n_keys)
+            s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1)
+            cols = torch.arange(j0, j1)[None, :]
+            if causal and mask != "none":
+                allowed = {
+                    "right": cols <= rows + offset,
+                    "strict": cols < rows + offset,
+                    "top_left": cols <= rows,
+                }[mask]
+                s = s.masked_fill(~allowed, -math.inf)
+            blk = s.amax(-1)
+            m_new = torch.maximum(m, blk) if carry_max else blk
+            m_use = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            alpha = torch.exp(m - m_use) if carry_max else torch.ones_like(m)
+            p = torch.exp(s - m_use[..., None])
+            l = (l * alpha if rescale_l else l) + p.sum(-1)  # noqa: E741
+            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v[:, :, j0:j1]
+            m = m_new
+        seen = l > 0
+        out[:, :, i0:i1] = acc / torch.where(seen, l, torch.ones_like(l))[..., None]
+        m_fin = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        lse[:, :, i0:i1] = torch.where(
+            seen, m_fin + torch.log(torch.where(seen, l, 1.0)), -math.inf
+        )
+    return out, lse
+
+
+#: id, the options of _attention_model that make the mistake (the output's mistakes).
+ATTENTION_MISTAKES = [
+    ("flash_accumulator_rescaled_when", dict(rescale_acc=False)),
+    ("flash_running_sum_l", dict(rescale_l=False)),
+    ("triton_max_not_carried", dict(carry_max=False)),
+    ("triton_tail_loaded_as_zero", dict(tail="zeros")),
+    ("triton_causal_tile_bound", dict(stop_before_block=True)),
+    ("triton_diagonal_tile_unmasked", dict(mask="none")),
+    ("flash_causal_mask_strict", dict(mask="strict")),
+    ("triton_causal_offset", dict(mask="top_left")),
+    ("flash_scores_scaled_1", dict(scale=False)),
+    ("triton_exp2_without_log2e", dict(base2=True)),
+]
+
+#: label, (B, H, n_q, n_k, d), causal, dtype, layout, block_m, block_n, scale of q and k.
+#: Layout "bnhd": q, k, v are transposed views of (B, n, H, d) tensors (strides not those
+#: of a contiguous (B, H, n, d) tensor); "kt": k is a transposed view of (B, H, d, n_k).
+ATTENTION_CASES = [
+    (
+        "2 x 2 heads, n=40 (tiles of 16: a tail of 8)",
+        (2, 2, 40, 40, 16),
+        False,
+        F32,
+        "",
+        16,
+        16,
+        1.0,
+    ),
+    ("the same, causal", (2, 2, 40, 40, 16), True, F32, "", 16, 16, 1.0),
+    ("n_q=20, n_k=45, d=32", (1, 2, 20, 45, 32), False, F32, "", 16, 16, 1.0),
+    (
+        "n_q=20, n_k=45, causal (query i sees keys j <= i + 25)",
+        (1, 2, 20, 45, 16),
+        True,
+        F32,
+        "",
+        16,
+        16,
+        1.0,
+    ),
+    (
+        "n_q=45, n_k=20, causal (the first 25 queries see no key)",
+        (1, 1, 45, 20, 16),
+        True,
+        F32,
+        "",
+        16,
+        16,
+        1.0,
+    ),
+    ("one token", (1, 1, 1, 1, 16), False, F32, "", 16, 16, 1.0),
+    ("one token, causal", (1, 1, 1, 1, 16), True, F32, "", 16, 16, 1.0),
+    (
+        "q, k, v transposed views of (B, n, H, d), causal",
+        (2, 3, 33, 33, 16),
+        True,
+        F32,
+        "bnhd",
+        16,
+        16,
+        1.0,
+    ),
+    ("block_m=32, block_n=16, n=50, causal", (1, 2, 50, 50, 16), True, F32, "", 32, 16, 1.0),
+    ("block_m=16, block_n=32, n=50, causal", (1, 1, 50, 50, 16), True, F32, "", 16, 32, 1.0),
+    ("float16, n=48, causal", (2, 2, 48, 48, 32), True, F16, "", 16, 16, 1.0),
+    ("large scores (up to about 100), causal", (1, 2, 40, 40, 16), True, F32, "", 16, 16, 5.0),
+]
+ATTENTION_THOROUGH = [
+    ("n=100, blocks of 32, causal", (2, 1, 100, 100, 16), True, F32, "", 32, 32, 1.0),
+    ("n_q=33, n_k=70, block_n=32, causal", (1, 2, 33, 70, 16), True, F32, "", 16, 32, 1.0),
+    ("k a transposed view of (B, H, d, n_k)", (1, 2, 24, 24, 16), False, F32, "kt", 16, 16, 1.0),
+    ("float16, large scores", (1, 2, 40, 40, 16), False, F16, "", 16, 16, 4.0),
+]  # fmt: skip
+
+
+def _attention_inputs(g, shape, dtype, layout: str, scale: float, dev):
+    B, H, n_q, n_k, d = shape
+
+    def draw(n, s=1.0):
+        return s * torch.randn(B, H, n, d, generator=g, dtype=F64)
+
+    q, k, v = draw(n_q, scale), draw(n_k, scale), draw(n_k)
+    q, k, v = (t.to(dtype).to(dev) for t in (q, k, v))
+    if layout == "bnhd":  # the layout a linear layer gives before the heads are split
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    elif layout == "kt":
+        k = k.transpose(2, 3).contiguous().transpose(2, 3)
+    return q, k, v
+
+
+def _exact(q, k, v, causal: bool):
+    """float64 attention and log-sum-exp from the inputs as given."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+        s = s.masked_fill(~allowed, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    w = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    return w @ v, lse
+
+
+def _describe(label, q, k, causal, bm, bn) -> str:
+    return (
+        f"{label}: q {tuple(q.shape)}, k and v {tuple(k.shape)} {dtype_name(q.dtype)}, "
+        f"causal={causal}, block_m={bm}, block_n={bn}"
+    )
+
+
+def _expect_lse(ctx, lse, q, k, v, causal, case, tol) -> None:
+    """lse: float32 (B, H, n_q); -inf exactly where a query sees no key; elsewhere the
+    natural log-sum-exp, a wrong one named by its model."""
+    B, H, n_q, _ = q.shape
+    want_out, want = _exact(q, k, v, causal)
+    like = torch.empty(B, H, n_q, dtype=F32, device=q.device)
+    expect_tensor(ctx, lse, "the log-sum-exp lse", case, like=like)
+    if lse.dtype != F32:
+        ctx.fail(f"lse has dtype {lse.dtype}, expected float32.", case=case, mistake="wrong_dtype")
+    got = lse.detach().double().cpu()
+    none = ~torch.isfinite(want)
+    if bool(none.any()) and not bool((got[none] == -math.inf).all()):
+        ctx.fail(
+            f"a query that sees no key (n_q > n_k, causal) must get lse = -inf; got "
+            f"{float(got[none][got[none] != -math.inf][0]):.4g}.",
+            case=case,
+            mistake="triton_lse_wrong",
+        )
+    seen = ~none
+    ctx.expect_array(got[seen], want[seen], what="lse (where a query sees keys)", case=case)
+    mistakes = [
+        Mistake.of("triton_lse_base2", model=lambda: want[seen] / math.log(2.0)),
+        Mistake.of("triton_lse_wrong", model=lambda: _lse_parts(q, k, v, causal)[0][seen]),
+        Mistake.of("triton_lse_wrong", model=lambda: _lse_parts(q, k, v, causal)[1][seen]),
+    ]
+    ctx.expect_close(got[seen], want[seen], what="lse", case=case, mistakes=mistakes, **tol)
+
+
+def _lse_parts(q, k, v, causal):
+    """(the maximum score alone, log of the sum against the maximum alone) per query."""
+    q, k = q.double().cpu(), k.double().cpu()
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q), -math.inf)
+    m = s.amax(-1)
+    return m, torch.log(torch.exp(s - m[..., None]).sum(-1))
+
+
+def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label) -> None:
+    case = _describe(label, q, k, causal, bm, bn)
+    dev = q.device
+    got = ctx.call(candidate, q, k, v, causal, bm, bn, case=case)
+    out, lse = ctx.expect_tuple(got, ("out", "lse"), case=case)
+    want, _ = _exact(q, k, v, causal)
+    tol = _tol(q.dtype, dev)
+    ctx.expect_array(out, q.new_empty(want.shape), what="the output", case=case)
+    qc, kc, vc = (t.cpu() for t in (q, k, v))
+    model = functools.cache(
+        lambda i: _attention_model(qc, kc, vc, causal, bm, bn, **ATTENTION_MISTAKES[i][1])
+    )
+    mistakes = [
+        Mistake.of(mid, model=lambda i=i: model(i)[0])
+        for i, (mid, kw) in enumerate(ATTENTION_MISTAKES)
+        if causal or not ({"mask", "stop_before_block"} & set(kw))
+    ]
+    if (
+        q.stride() != _as_contiguous_strides(q).stride()
+        or k.stride() != _as_contiguous_strides(k).stride()
+    ):
+        mistakes.append(
+            Mistake.of(
+                "triton_strides_contiguous",
+                model=lambda: _exact(*(_as_contiguous_strides(t) for t in (q, k, v)), causal)[0],
+            )
+        )
+    if causal:
+        mistakes.append(Mistake.of("flash_causal_ignored", model=lambda: _exact(q, k, v, False)[0]))
+    ctx.expect_close(
+        out.detach().double().cpu(), want, what="the output", case=case, mistakes=mistakes, **tol
+    )
+    _expect_lse(ctx, lse, q, k, v, causal, case, tol)
+
+
+def _check_skipping_and_memory(ctx, candidate, g, dev) -> None:
+    """In the interpreter: a causal call loads at most 80% of what the same call without
+    causality loads (n = 128, tiles of 16: 36 of 64 tiles, about 59% with the queries).
+    Anywhere: the code creates no tensor as large as a quarter of the n_q x n_k scores
+    besides twice what is linear in n (out, lse and copies of q, k, v: the interpreter copies each
+    argument, a launcher may make contiguous copies)."""
+    n, d, bs = 128, 16, 16
+    q, k, v = _attention_inputs(g, (1, 1, n, n, d), F32, "", 1.0, dev)
+    linear = 4 * q.numel() * 4 + n * 4  # q, k, v, out in float32 and lse
+    scores = n * n * 4
+    loads = {}
+    for causal in (False, True):
+        case = _describe(f"n={n}, watching what your kernel loads", q, k, causal, bs, bs)
+        with watching(KernelLoads()) as rec, watching(PeakMemory()) as mem:
+            got = ctx.call(
+                candidate, q, k, v, causal, bs, bs, case=case, limit_scale=TRACED_LIMIT_SCALE
+            )
+        out, lse = ctx.expect_tuple(got, ("out", "lse"), case=case)
+        want, _ = _exact(q, k, v, causal)
+        ctx.expect_array(out, q.new_empty(want.shape), what="the output", case=case)
+        ctx.expect_close(
+            out.detach().double().cpu(), want, what="the output", case=case, **_tol(F32, dev)
+        )
+        if mem.peak >= 2 * linear + scores // 4:
+            ctx.fail(
+                f"your code creates {mem.peak / 2**10:.0f} KiB of tensors; the {n} x {n} "
+                f"float32 scores take {scores / 2**10:.0f} KiB, q, k, v, out and lse "
+                f"{linear / 2**10:.0f} KiB. The kernel keeps one tile of scores at a time, in "
+                "registers: no n_q x n_k buffer.",
+                case=case,
+                mistake="triton_score_matrix_allocated",
+            )
+        loads[causal] = rec.loaded if rec.available else None
+    if loads[False] and loads[True] is not None and loads[True] > 0.8 * loads[False]:
+        tiles = n // bs
+        ctx.fail(
+            f"with causal=True your kernel loads {loads[True] / loads[False]:.0%} of the "
+            "elements it loads with causal=False; skipping the tiles entirely in the future "
+            f"of a block of queries brings it to about 59% here (n={n}, tiles of {bs}: "
+            f"{tiles * (tiles + 1) // 2} of {tiles * tiles} tiles are on or before the "
+            "diagonal).",
+            case=f"q, k, v (1, 1, {n}, {d}) float32, block_m=block_n={bs}",
+            mistake="triton_future_tiles_loaded",
+        )
+
+
+@exercise(
+    "triton_attention",
+    forbidden=lambda: [
+        (_ref().triton_attention, "the reference attention_ref.triton_attention"),
+        *_full_attention(),
+    ],
+    summary="FlashAttention's forward pass as a Triton kernel: output and log-sum-exp",
+)
+def check_triton_attention(candidate, ctx: Context) -> None:
+    """Output and lse of every case against float64 attention (tails, n_q != n_k both ways,
+    one token, transposed inputs, other block shapes, float16, large scores), a wrong value
+    named by a model of the mistake; then the skipped tiles and memory."""
+    g = ctx.torch_gen(142)
+    dev = _device()
+    for label, shape, causal, dtype, layout, bm, bn, scale in ATTENTION_CASES + (
+        ATTENTION_THOROUGH if ctx.thorough else []
+    ):
+        q, k, v = _attention_inputs(g, shape, dtype, layout, scale, dev)
+        _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label)
+    _check_skipping_and_memory(ctx, candidate, g, dev)
+
+
+# ----------------------------------------------------------------------------- autograd function
+#: label, (B, H, n_q, n_k, d), causal, dtype (n_q == n_k when causal: notebook 12's cases)
+FUNCTION_CASES = [
+    ("2 x 2 heads, n=40", (2, 2, 40, 40, 16), False, F32),
+    ("the same, causal", (2, 2, 40, 40, 16), True, F32),
+    ("n_q=20, n_k=37", (1, 2, 20, 37, 16), False, F32),
+    ("one token, causal", (1, 1, 1, 1, 16), True, F32),
+]
+FUNCTION_THOROUGH = [("n=70, causal, d=32", (1, 2, 70, 70, 32), True, F32)]
+GRAD_TOL = {"cpu": dict(rtol=1e-3, atol=1e-4), "cuda": dict(rtol=2e-2, atol=2e-2)}
+
+
+def _function_case(ctx, cls, q, k, v, causal, label) -> None:
+    case = (
+        f"{label}: q {tuple(q.shape)}, k, v {tuple(k.shape)} {dtype_name(q.dtype)}, causal={causal}"
+    )
+    leaves = _leaves(q, k, v)
+    before = [t.detach().clone() for t in leaves]
+    out = ctx.call(
+        lambda: cls.apply(*leaves, causal), case=case, call_name=f"{cls.__name__}.forward"
+    )
+    if isinstance(out, tuple | list):
+        ctx.fail(
+            f"{cls.__name__}.apply returned a {type(out).__name__} of {len(out)}; forward must "
+            "return only the output (save lse with ctx.save_for_backward).",
+            case=case,
+            mistake="wrong_type",
+        )
+    for name, t, b in zip("qkv", leaves, before, strict=True):
+        if not torch.equal(t.detach(), b):
+            ctx.fail(
+                f"your forward modified its input {name} in place.",
+                case=case,
+                mistake="input_modified",
+            )
+    want_out, _ = _exact(q, k, v, causal)
+    tol = GRAD_TOL[q.device.type]
+    ctx.expect_array(out, q.new_empty(want_out.shape), what="the output", case=case)
+    ctx.expect_close(out.detach().double().cpu(), want_out, what="the output", case=case, **tol)
+    g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel())
+    do64 = torch.randn(want_out.shape, generator=g, dtype=F64)
+    grads = _flash_backward(ctx, cls, out, leaves, do64.to(q.dtype).to(q.device), case)
+    ref_leaves = _leaves(q.double().cpu(), k.double().cpu(), v.double().cpu())
+    want = torch.autograd.grad(_exact(*ref_leaves, causal)[0], ref_leaves, do64)
+    qc, kc, vc = (t.cpu() for t in (q, k, v))
+    model = functools.cache(
+        lambda i: _flash_grads_model(qc, kc, vc, do64, 16, causal, **FLASH_BWD_MISTAKES[i][1])
+    )
+    for index, name in ((2, "v"), (0, "q"), (1, "k")):
+        what = f"the gradient of {name} (d{name})"
+        ctx.expect_array(grads[index], leaves[index].detach(), what=what, case=case)
+        mistakes = [
+            Mistake.of(mid, model=lambda i=i, index=index: model(i)[index])
+            for i, (mid, _) in enumerate(FLASH_BWD_MISTAKES)
+            if causal or "mask" not in FLASH_BWD_MISTAKES[i][1]
+        ] + [
+            Mistake.of("flash_bwd_gradient_order", model=lambda other=other: want[other])
+            for other in range(3)
+            if other != index and want[other].shape == want[index].shape
+        ]
+        ctx.expect_close(
+            grads[index].detach().double().cpu(), want[index], what=what, case=case,
+            mistakes=mistakes, **tol,
+        )  # fmt: skip
+
+
+@exercise(
+    "triton_flash_attention",
+    forbidden=lambda: [
+        (_ref().TritonFlashAttention.forward, "the reference attention_ref.TritonFlashAttention"),
+        (_ref().TritonFlashAttention.backward, "the reference attention_ref.TritonFlashAttention"),
+        (_ref().triton_flash_attention, "the reference attention_ref.triton_flash_attention"),
+        *_full_attention(),
+    ],
+    summary="the autograd function: the Triton forward pass and notebook 12's backward pass",
+)
+def check_triton_flash_attention(candidate, ctx: Context) -> None:
+    """Output and gradients of every case against float64 autograd; forward runs with the
+    reference kernel under the name triton_attention (that exercise is graded on its own),
+    so what is checked here is the pairing and the backward pass."""
+    cls = _function_class(ctx, candidate)
+    g = ctx.torch_gen(143)
+    dev = _device()
+    with reference_functions(candidate, triton_attention=_ref().triton_attention):
+        for label, shape, causal, dtype in FUNCTION_CASES + (
+            FUNCTION_THOROUGH if ctx.thorough else []
+        ):
+            q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
+            _function_case(ctx, cls, q, k, v, causal, label)

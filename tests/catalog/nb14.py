@@ -1,0 +1,357 @@
+"""Catalog for notebook 14: triton_softmax, triton_attention, triton_flash_attention.
+
+The kernels are written once each, with a ``BUG`` constexpr that switches on one learner's
+mistake at a time (Triton compiles each value of a constexpr as its own kernel, so every
+entry below is the kernel a learner with that mistake would have written). Importing
+attention_ref.triton_attention first selects the interpreter when there is no GPU.
+"""
+
+import math
+
+import torch
+
+# triton as the reference module imports it: after choosing the interpreter when no GPU is
+# present (a kernel defined before that would not run in the interpreter).
+from attention_ref.triton_attention import tl, triton
+
+from . import alternative, mistake
+
+LOG2E = 1.4426950408889634
+
+# ----------------------------------------------------------------------------- triton_softmax
+
+
+@triton.jit
+def _softmax_rows(X, Y, n_cols, sxr, sxc, syr, syc, BLOCK: tl.constexpr, BUG: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    if BUG == 1:  # the tail loaded as 0
+        x = tl.load(X + row * sxr + cols * sxc, mask=inside, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(X + row * sxr + cols * sxc, mask=inside, other=-float("inf")).to(tl.float32)
+    if BUG == 2:  # no maximum subtracted
+        e = tl.exp(x)
+        e = tl.where(inside, e, 0.0)
+    elif BUG == 3:  # exp2 with log2(e) folded in: correct
+        e = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)
+    else:
+        e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(
+        Y + row * syr + cols * syc, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=inside
+    )
+
+
+def _softmax(x, bug=0, contiguous_strides=False):
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rows, n = x.shape
+    sx = (n, 1) if contiguous_strides else x.stride()
+    _softmax_rows[(rows,)](x, y, n, *sx, *y.stride(), BLOCK=triton.next_power_of_2(n), BUG=bug)
+    return y
+
+
+@mistake("triton_softmax", id="triton_tail_loaded_as_zero")
+def softmax_tail_zero(x):
+    return _softmax(x, bug=1)
+
+
+@mistake("triton_softmax", id="triton_softmax_no_max")
+def softmax_no_max(x):
+    return _softmax(x, bug=2)
+
+
+@mistake("triton_softmax", id="triton_strides_contiguous")
+def softmax_row_stride_is_width(x):
+    return _softmax(x, contiguous_strides=True)
+
+
+@alternative("triton_softmax")
+def softmax_exp2(x):
+    return _softmax(x, bug=3)
+
+
+@alternative("triton_softmax")
+def softmax_of_a_contiguous_copy(x):
+    """Copies the input to a contiguous tensor first: correct (one copy more)."""
+    return _softmax(x.contiguous(), contiguous_strides=True)
+
+
+# ----------------------------------------------------------------------------- triton_attention
+#: BUG: 1 acc not rescaled, 2 l not rescaled, 3 max not carried, 4 tail not masked, 6 causal
+#: loop ends a block early, 7 diagonal tile unmasked, 8 strict mask, 9 mask ignores n_k - n_q,
+#: 10 exp2 without log2(e), 11 lse in base 2, 12 lse = max only, 13 no tile skipped,
+#: 20 exp2 with log2(e) (correct).
+@triton.jit
+def _attn(
+    Q, K, V, O_, L_,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, slb, slh, slm,
+    H, n_q, n_k, scale,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+    BUG: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = start_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=offs_m[:, None] < n_q, other=0.0)  # fmt: skip
+    m_i = tl.full([BM], -float("inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    offset = n_k - n_q
+    hi = n_k
+    if CAUSAL:
+        if BUG == 6:
+            hi = tl.minimum(tl.maximum(start_m * BM + offset, 0), n_k)
+        elif BUG != 13:
+            hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset, 0), n_k)
+    for start_n in range(0, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                     mask=offs_n[None, :] < n_k, other=0.0)  # fmt: skip
+        v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
+                    mask=offs_n[:, None] < n_k, other=0.0)  # fmt: skip
+        s = tl.dot(q, kt) * scale
+        if BUG == 11 or BUG == 20:
+            s = s * 1.4426950408889634
+        if BUG != 4:
+            s = tl.where(offs_n[None, :] < n_k, s, -float("inf"))
+        if CAUSAL:
+            if BUG == 8:
+                s = tl.where(offs_n[None, :] < offs_m[:, None] + offset, s, -float("inf"))
+            elif BUG == 9:
+                s = tl.where(offs_n[None, :] <= offs_m[:, None], s, -float("inf"))
+            elif BUG != 7:
+                s = tl.where(offs_n[None, :] <= offs_m[:, None] + offset, s, -float("inf"))
+        if BUG == 3:  # noqa: SIM108 - a constexpr branch, compiled away
+            m_new = tl.max(s, axis=1)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        if BUG == 10 or BUG == 11 or BUG == 20:
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+        else:
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+        if BUG == 3:  # noqa: SIM108 - a constexpr branch, compiled away
+            alpha = tl.full([BM], 1.0, tl.float32)
+        if BUG == 2:  # noqa: SIM108 - a constexpr branch
+            l_i = l_i + tl.sum(p, axis=1)
+        else:
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+        if BUG == 1:
+            acc = acc + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    m_fin = tl.where(seen, m_i, 0.0)
+    if BUG == 20:
+        lse = (m_fin + tl.log2(l_safe)) / 1.4426950408889634
+    elif BUG == 11:
+        lse = m_fin + tl.log2(l_safe)
+    elif BUG == 12:
+        lse = m_fin
+    else:
+        lse = m_fin + tl.log(l_safe)
+    lse = tl.where(seen, lse, -float("inf"))
+    rows = offs_m < n_q
+    tl.store(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+             (acc / l_safe[:, None]).to(O_.dtype.element_ty), mask=rows[:, None])  # fmt: skip
+    tl.store(L_ + b * slb + h * slh + offs_m * slm, lse, mask=rows)
+
+
+def _contiguous_strides(t):
+    B, H, n, d = t.shape
+    return (H * n * d, n * d, d, 1)
+
+
+def _attention(q, k, v, causal, bm, bn, bug=0, contiguous_strides=False, swap_grid=False):
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
+    strides = [_contiguous_strides(t) if contiguous_strides else t.stride() for t in (q, k, v)]
+    grid = (triton.cdiv(n_q, bm), B * H)
+    _attn[grid](
+        q, k, v, out, lse, *strides[0], *strides[1], *strides[2], *out.stride(), *lse.stride(),
+        H, n_q, n_k, 1 / math.sqrt(d), D=d, BM=bm, BN=bn, CAUSAL=causal, BUG=bug,
+    )  # fmt: skip
+    return out, lse
+
+
+def triton_attention(q, k, v, causal=False, block_m=16, block_n=16):
+    """The catalog's correct kernel (what triton_flash_attention's entries call)."""
+    return _attention(q, k, v, causal, block_m, block_n)
+
+
+for _bug, _id in [
+    (1, "flash_accumulator_rescaled_when"),
+    (2, "flash_running_sum_l"),
+    (3, "triton_max_not_carried"),
+    (4, "triton_tail_loaded_as_zero"),
+    (6, "triton_causal_tile_bound"),
+    (7, "triton_diagonal_tile_unmasked"),
+    (8, "flash_causal_mask_strict"),
+    (9, "triton_causal_offset"),
+    (10, "triton_exp2_without_log2e"),
+    (11, "triton_lse_base2"),
+    (12, "triton_lse_wrong"),
+    (13, "triton_future_tiles_loaded"),
+]:
+
+    def _entry(q, k, v, causal=False, block_m=16, block_n=16, _bug=_bug):
+        return _attention(q, k, v, causal, block_m, block_n, bug=_bug)
+
+    _entry.__name__ = f"attention_bug_{_id}"
+    mistake("triton_attention", id=_id)(_entry)
+
+
+@mistake("triton_attention", id="triton_strides_contiguous")
+def attention_strides_from_shape(q, k, v, causal=False, block_m=16, block_n=16):
+    return _attention(q, k, v, causal, block_m, block_n, contiguous_strides=True)
+
+
+@mistake("triton_attention", id="triton_score_matrix_allocated")
+def attention_scores_buffer(q, k, v, causal=False, block_m=16, block_n=16):
+    scratch = torch.zeros(*q.shape[:3], k.shape[2], device=q.device)  # "for debugging"
+    out = _attention(q, k, v, causal, block_m, block_n)
+    del scratch
+    return out
+
+
+@alternative("triton_attention")
+def attention_single_loop(q, k, v, causal=False, block_m=16, block_n=16):
+    """One loop over the tiles up to the diagonal, every tile masked (natural exp)."""
+    return _attention(q, k, v, causal, block_m, block_n)
+
+
+@alternative("triton_attention")
+def attention_exp2_contiguous_copies(q, k, v, causal=False, block_m=16, block_n=16):
+    """exp2 with log2(e) folded into the scale; inputs copied to contiguous tensors first."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return _attention(q, k, v, causal, block_m, block_n, bug=20, contiguous_strides=True)
+
+
+# ----------------------------------------------------------------------------- autograd function
+def _backward(q, k, v, out, lse, do, causal, block=16, delta=True):
+    """Notebook 12's backward pass (tiles of ``block``), from the kernel's lse (B, H, n_q)."""
+    q, k, v, out, do = (t.float() for t in (q, k, v, out, do))
+    lse = lse[..., None]
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    scale = 1 / math.sqrt(q.shape[-1])
+    D = (do * out).sum(-1, keepdim=True) if delta else torch.zeros_like(lse)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i0 in range(0, n_q, block):
+        i1 = min(i0 + block, n_q)
+        for j0 in range(0, min(n_k, i1 + n_k - n_q) if causal else n_k, block):
+            j1 = min(j0 + block, n_k)
+            s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT * scale
+            if causal:
+                rows = torch.arange(i0, i1, device=q.device)[:, None] + n_k - n_q
+                s = s.masked_fill(torch.arange(j0, j1, device=q.device) > rows, -math.inf)
+            p = torch.exp(s - lse[..., i0:i1, :])
+            dv[..., j0:j1, :] += p.mT @ do[..., i0:i1, :]
+            ds = p * (do[..., i0:i1, :] @ v[..., j0:j1, :].mT - D[..., i0:i1, :])
+            dq[..., i0:i1, :] += ds @ k[..., j0:j1, :] * scale
+            dk[..., j0:j1, :] += ds.mT @ q[..., i0:i1, :] * scale
+    return dq, dk, dv
+
+
+class TritonFlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        out, lse = triton_attention(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, lse, do, ctx.causal)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+alternative("triton_flash_attention")(TritonFlashAttention)
+
+
+@alternative("triton_flash_attention")
+class TritonAttentionWideTiles(torch.autograd.Function):
+    """Saves lse as (B, H, n_q, 1) and recomputes in tiles of 64."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        out, lse = triton_attention(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, out, lse.unsqueeze(-1))
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = _backward(q, k, v, out, lse[..., 0], do, ctx.causal, block=64)
+        return (*(g.to(q.dtype) for g in grads), None)
+
+
+@mistake("triton_flash_attention", id="flash_bwd_causal_mask")
+class TritonAttentionBackwardNotCausal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        out, lse = triton_attention(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*_backward(q, k, v, out, lse, do, False), None)
+
+
+@mistake("triton_flash_attention", id="flash_bwd_no_delta")
+class TritonAttentionNoDelta(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        out, lse = triton_attention(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*_backward(q, k, v, out, lse, do, ctx.causal, delta=False), None)
+
+
+@mistake("triton_flash_attention", id="flash_bwd_gradient_count")
+class TritonAttentionThreeGradients(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        out, lse = triton_attention(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        return _backward(q, k, v, out, lse, do, ctx.causal)
+
+
+@mistake("triton_flash_attention", id="wrong_type")
+class TritonAttentionReturnsLse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        out, lse = triton_attention(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*_backward(q, k, v, out, lse, do, ctx.causal), None)
