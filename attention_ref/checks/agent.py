@@ -209,8 +209,12 @@ class Agent:
                     out = self._guarded(msg, self._swap, msg["target"], msg["value"])
                 elif op == "restore":
                     out = self._guarded(msg, self._restore, msg["value"])
+                elif op == "slot":  # where a module's tensor lives (weights loading)
+                    out = self._guarded(msg, _tensor_slots, msg["target"], msg["value"])
                 elif op == "global":  # a name a test cell of plain asserts uses
                     out = self._guarded(msg, _global, msg["name"])
+                elif op == "inplace_many":
+                    out = self._guarded(msg, _inplace_many, msg["value"])
                 elif op == "inplace":
                     out = self._guarded(msg, _inplace, msg["target"], msg["name"], msg["args"])
                 else:
@@ -490,6 +494,27 @@ def _unchanged(x: Any, before: Any) -> bool:
         return True
 
 
+def _tensor_slots(module: Any, names: list) -> list[dict]:
+    """The kernel's side of :func:`attention_ref.checks.remote.tensor_slots`."""
+    return [_tensor_slot(module, n) for n in names]
+
+
+def _tensor_slot(module: Any, name: str) -> dict:
+    """The learner's ``get_submodule``, parametrizations and ``_parameters``, read as the
+    check reads them."""
+    from torch.nn.utils import parametrize
+
+    owner, _, leaf = str(name).rpartition(".")
+    try:
+        sub = module.get_submodule(owner) if owner else module
+    except AttributeError:
+        return {"found": False}
+    if parametrize.is_parametrized(sub, leaf):
+        return {"found": True, "sub": sub, "parametrized": True, "param": None}
+    param = sub._parameters.get(leaf) if leaf else None
+    return {"found": True, "sub": sub, "parametrized": False, "param": param}
+
+
 def _global(name: str) -> Any:
     """The kernel's global ``name`` (``KeyError`` when it has none)."""
     if not isinstance(name, str):
@@ -520,6 +545,11 @@ def _inplace(obj: Any, name: str, args: tuple) -> Any:
         raise TypeError(f"{name} is not an in-place tensor method the checker may use")
     getattr(obj, name)(*args)
     return None
+
+
+def _inplace_many(batch: list) -> None:
+    for obj, name, args in batch:
+        _inplace(obj, name, args)
 
 
 def connect() -> socket.socket | None:

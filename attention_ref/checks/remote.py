@@ -130,6 +130,7 @@ class Link:
         self._leaf_keys: dict[int, int] = {}  # id(tensor) -> key
         self.watchers: list[Any] = []  # OpRecorder / PeakMemory the check watches with
         self.learner_limit: Any = None  # inside Context.call of a function of the check's
+        self.queued: list[tuple] = []  # copies into kernel tensors not sent yet (flush)
 
     def leaf_key(self, t: torch.Tensor) -> int:
         key = self._leaf_keys.get(id(t))
@@ -196,6 +197,8 @@ class Link:
         kernel's error, or :class:`KernelGone`."""
         if self.dead:
             raise KernelGone(self.dead)
+        if self.queued:
+            self.flush()
         self.seq += 1
         seq = self.seq
         lim = self.limit if limit == "default" else limit
@@ -211,6 +214,14 @@ class Link:
         except (OSError, wire.WireError, ValueError, KeyError, TypeError) as err:
             self.dead = f"the kernel stopped answering the checker ({type(err).__name__}: {err})"
             raise KernelGone(self.dead) from None
+
+    def flush(self) -> None:
+        """Apply the queued copies into the kernel's tensors (loading a module's weights:
+        one request for them all, made before any other request, so that the kernel sees
+        them in order)."""
+        batch, self.queued = self.queued, []
+        with torch.no_grad():
+            self.request("inplace_many", None, value=batch)
 
     def _answer(self, seq: int, wait: float) -> Any:
         self.sock.settimeout(wait)
@@ -420,6 +431,16 @@ def is_remote(obj: Any) -> bool:
     return isinstance(obj, Remote)
 
 
+def tensor_slots(module: Any, names: list[str]) -> dict[str, dict]:
+    """Where each tensor ``name`` (dotted) of a kernel module lives, in one request:
+    ``{"found": False}`` when its owner is not a submodule, else ``{"found": True, "sub":
+    the owner, "parametrized": bool, "param": the parameter or None}`` (a parameter by
+    reference: its in-place methods reach the kernel's tensor)."""
+    link: Link = object.__getattribute__(module, "_link")
+    found = link.request("slot", module, value=[str(n) for n in names])
+    return dict(zip(names, found, strict=True))
+
+
 def prepare(candidate: Any, exercise_id: str, limit: float | None) -> None:
     """Before a check of a learner's object in a kernel: the exercise (for the tripwire)
     and the time limit of every request about it."""
@@ -589,7 +610,10 @@ class RemoteTensor(torch.Tensor):
                 leaf.grad = g if leaf.grad is None else leaf.grad + g
 
     def _remote_inplace(self, name: str, *args: Any) -> RemoteTensor:
-        self._link.request("inplace", self, name=name, args=args)
+        if name == "copy_" and not torch.is_grad_enabled():
+            self._link.queued.append((self, name, args))  # sent with the next request
+        else:
+            self._link.request("inplace", self, name=name, args=args)
         with torch.no_grad():
             getattr(torch.Tensor, name)(self, *args)
         return self

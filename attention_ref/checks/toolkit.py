@@ -405,10 +405,19 @@ def load_reference_weights(
         return ""
 
     used: set[int] = set()
+    # A module in a graded kernel: where every tensor lives, in one request; the copies
+    # then go to the kernel together, before its next request.
+    slots = _remote.tensor_slots(mod, list(ours)) if _remote.is_remote(mod) else {}
     for name, value in ours.items():
         owner = name.rpartition(".")[0]
         ids = _assign_tensor(
-            ctx, mod, name, value, case, spec_for(name).partition(" = ")[2] or "..."
+            ctx,
+            mod,
+            name,
+            value,
+            case,
+            spec_for(name).partition(" = ")[2] or "...",
+            slot=slots.get(name),
         )
         if ids is None:
             theirs = dict(mod.named_parameters(remove_duplicate=False))
@@ -442,17 +451,31 @@ def load_reference_weights(
 
 
 def _assign_tensor(
-    ctx: Context, mod: nn.Module, name: str, value: torch.Tensor, case: str, spec: str
+    ctx: Context,
+    mod: nn.Module,
+    name: str,
+    value: torch.Tensor,
+    case: str,
+    spec: str,
+    slot: dict | None = None,
 ):
     """Copy ``value`` into the tensor ``name`` of ``mod`` (a parameter, or a parametrized
     tensor such as a weight under ``weight_norm``); return the ids of the parameters that
     hold it, or None when ``mod`` has no such tensor. Shape mismatches become feedback."""
     owner, _, leaf = name.rpartition(".")
-    try:
-        sub = mod.get_submodule(owner) if owner else mod
-    except AttributeError:
-        return None
-    if parametrize.is_parametrized(sub, leaf):
+    if slot is not None or _remote.is_remote(mod):  # a graded kernel's: one request, not four
+        slot = slot if slot is not None else _remote.tensor_slots(mod, [name])[name]
+        if not slot["found"]:
+            return None
+        sub, parametrized, p = slot["sub"], slot["parametrized"], slot["param"]
+    else:
+        try:
+            sub = mod.get_submodule(owner) if owner else mod
+        except AttributeError:
+            return None
+        parametrized = parametrize.is_parametrized(sub, leaf)
+        p = None if parametrized or not leaf else sub._parameters.get(leaf)
+    if parametrized:
         current = getattr(sub, leaf)
         if tuple(current.shape) != tuple(value.shape):
             ctx.fail(
@@ -493,7 +516,6 @@ def _assign_tensor(
                 mistake=named("parametrization_changes_weight", name=owner),
             )
         return {id(p) for p in plist.parameters()}
-    p = sub._parameters.get(leaf) if leaf else None
     if p is None:
         return None
     if tuple(p.shape) != tuple(value.shape):
