@@ -217,6 +217,10 @@ def _require_attention_inputs(q, k, v) -> None:
     ):
         raise TypeError(f"q, k, v must share float16, bfloat16 or float32; got {q.dtype}, "
                         f"{k.dtype}, {v.dtype}")  # fmt: skip
+    if INTERPRETED and q.dtype == torch.bfloat16:
+        # The interpreter's tl.dot returns wrong values for bfloat16 (errors of 1e8 seen).
+        raise TypeError("q, k, v in bfloat16 need a GPU: Triton's interpreter computes wrong "
+                        "products in bfloat16; use float16 or float32")  # fmt: skip
     B, H, _, d = q.shape
     if k.shape[:2] != (B, H) or v.shape[:2] != (B, H) or k.shape[2] != v.shape[2]:
         raise ValueError(
@@ -245,9 +249,12 @@ def triton_attention(
     """FlashAttention's forward pass as one Triton kernel.
 
     Args:
-        q: ``(B, H, n_q, d)``; k, v: ``(B, H, n_k, d)``; float16, bfloat16 (compiled only)
-            or float32, any strides; ``d`` a power of two from 16 to 256.
-        causal: query ``i`` sees key ``j <= i + (n_k - n_q)``; tiles entirely in its future
+        q: ``(B, H, n_q, d)``; k, v: ``(B, H, n_k, d)``; float16, bfloat16 (compiled only:
+            ``TypeError`` in the interpreter) or float32, any strides; ``d`` a power of two
+            from 16 to 256.
+        causal: query ``i`` sees key ``j <= i + (n_k - n_q)`` (bottom-right alignment, as
+            ``torch.nn.attention.bias.causal_lower_right``; PyTorch's ``is_causal`` is
+            ``j <= i``: the two agree when ``n_q == n_k``); tiles entirely in its future
             are never loaded; a query that sees no key gets output 0 and ``lse = -inf``.
         block_m, block_n: queries per program and keys per tile (powers of two, >= 16).
         allow_tf32: float32 inputs on a GPU: let ``tl.dot`` use TF32 (faster, about 1e-3
@@ -299,6 +306,9 @@ class TritonFlashAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         f32 = [t.float() for t in (q, k, v, out, grad_out)]  # float16 sums in float32
+        # A query that sees no key (causal, n_q > n_k) has lse = -inf: exp(s - lse) would be
+        # exp(-inf + inf) = NaN; against lse = +inf its weights are 0, and so its gradients.
+        lse = torch.where(torch.isfinite(lse), lse, math.inf)
         dq, dk, dv = _flash_backward(
             f32[0], f32[1], f32[2], f32[3], lse.unsqueeze(-1), f32[4], 64, ctx.causal, 64
         )

@@ -497,11 +497,14 @@ def check_triton_attention(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- autograd function
-#: label, (B, H, n_q, n_k, d), causal, dtype (n_q == n_k when causal: notebook 12's cases)
+#: label, (B, H, n_q, n_k, d), causal, dtype (causal with n_q > n_k: the first queries see no
+#: key, their lse is -inf, and their gradients must be 0, not NaN)
 FUNCTION_CASES = [
     ("2 x 2 heads, n=40", (2, 2, 40, 40, 16), False, F32),
     ("the same, causal", (2, 2, 40, 40, 16), True, F32),
     ("n_q=20, n_k=37", (1, 2, 20, 37, 16), False, F32),
+    ("n_q=20, n_k=45, causal", (1, 1, 20, 45, 16), True, F32),
+    ("n_q=45, n_k=20, causal: 25 queries see no key", (1, 1, 45, 20, 16), True, F32),
     ("one token, causal", (1, 1, 1, 1, 16), True, F32),
 ]
 FUNCTION_THOROUGH = [("n=70, causal, d=32", (1, 2, 70, 70, 32), True, F32)]

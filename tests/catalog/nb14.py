@@ -238,10 +238,13 @@ def attention_exp2_contiguous_copies(q, k, v, causal=False, block_m=16, block_n=
 
 
 # ----------------------------------------------------------------------------- autograd function
-def _backward(q, k, v, out, lse, do, causal, block=16, delta=True):
-    """Notebook 12's backward pass (tiles of ``block``), from the kernel's lse (B, H, n_q)."""
+def _backward(q, k, v, out, lse, do, causal, block=16, delta=True, guard=True):
+    """Notebook 12's backward pass (tiles of ``block``), from the kernel's lse (B, H, n_q);
+    ``guard``: a query that sees no key (lse = -inf) gets weights 0, not exp(-inf + inf)."""
     q, k, v, out, do = (t.float() for t in (q, k, v, out, do))
     lse = lse[..., None]
+    if guard:
+        lse = torch.where(torch.isfinite(lse), lse, math.inf)
     n_q, n_k = q.shape[-2], k.shape[-2]
     scale = 1 / math.sqrt(q.shape[-1])
     D = (do * out).sum(-1, keepdim=True) if delta else torch.zeros_like(lse)
@@ -278,6 +281,18 @@ class TritonFlashAttention(torch.autograd.Function):
 
 
 alternative("triton_flash_attention")(TritonFlashAttention)
+
+
+@mistake("triton_flash_attention", id="nan_or_inf")
+class TritonFlashUnguardedLse(TritonFlashAttention):
+    """Notebook 12's backward pass as it was: causal with n_q > n_k, a query that sees no key
+    has lse = -inf and its weights exp(-inf - (-inf)) are NaN."""
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, lse, do, ctx.causal, guard=False)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 @alternative("triton_flash_attention")
