@@ -182,8 +182,18 @@ def _student_frame(tb) -> traceback.FrameSummary | None:
 
 
 def _student_line(tb) -> tuple[str, str]:
-    """``(where, source line)`` of the learner's frame in the traceback, or empty strings."""
-    fs = _student_frame(tb)
+    """``(where, source line)`` of the learner's frame in the traceback, or empty strings.
+    Given the exception itself, its explicit causes too (``raise ... from``): the deepest
+    learner's frame of the chain (Triton's interpreter raises ``InterpreterError`` at the
+    launch, from the error at the learner's line inside the kernel)."""
+    if isinstance(tb, BaseException):
+        fs, err, seen = None, tb, set()
+        while err is not None and id(err) not in seen:
+            seen.add(id(err))
+            fs = _student_frame(err.__traceback__) or fs
+            err = err.__cause__
+    else:
+        fs = _student_frame(tb)
     if fs is None:
         return "", ""
     line = fs.line or linecache.getline(fs.filename, fs.lineno).strip()
@@ -537,7 +547,7 @@ class Context:
         except _remote.KernelGone as gone:
             self._gone(gone)
         except Exception as err:  # the learner's bug, reported as feedback
-            where, line = _student_line(err.__traceback__)
+            where, line = _student_line(err)
             self._raised(
                 {"type": type(err).__name__, "message": str(err), "where": where, "line": line},
                 case,

@@ -328,7 +328,7 @@ class Agent:
         from ._core import _student_line
 
         try:
-            where, line = _student_line(err.__traceback__)
+            where, line = _student_line(err)
         except Exception:  # noqa: BLE001
             where, line = "", ""
         return self.reply_error("raised", err, where=where, line=line)
