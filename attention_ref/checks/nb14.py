@@ -314,6 +314,14 @@ ATTENTION_THOROUGH = [
 ]  # fmt: skip
 
 
+def _tf32_exact(t: torch.Tensor) -> torch.Tensor:
+    """float32 values that TF32 holds exactly (the low 13 of the 23 mantissa bits cleared):
+    on a GPU ``tl.dot`` rounds its float32 inputs to TF32, which must not cost accuracy on
+    the inputs themselves (a correct kernel's error then stays TF32's rounding of the
+    weights, and the mistakes' models stay distinguishable)."""
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
 def _attention_inputs(g, shape, dtype, layout: str, scale: float, dev):
     B, H, n_q, n_k, d = shape
 
@@ -321,7 +329,10 @@ def _attention_inputs(g, shape, dtype, layout: str, scale: float, dev):
         return s * torch.randn(B, H, n, d, generator=g, dtype=F64)
 
     q, k, v = draw(n_q, scale), draw(n_k, scale), draw(n_k)
-    q, k, v = (t.to(dtype).to(dev) for t in (q, k, v))
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    if dtype == F32 and dev.type == "cuda":
+        q, k, v = (_tf32_exact(t) for t in (q, k, v))
+    q, k, v = (t.to(dev) for t in (q, k, v))
     if layout == "bnhd":  # the layout a linear layer gives before the heads are split
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     elif layout == "kt":
