@@ -582,7 +582,9 @@ def triton_rows(
 ) -> list[TritonRow]:
     """On a GPU: the reference Triton kernel (and ``learner(q, k, v, causal)`` if given)
     against ``F.scaled_dot_product_attention``, causal and not; TFLOP/s count 4 n^2 d per
-    head (half when causal). ``float32+tf32``: both sides allowed TF32."""
+    head (half when causal). ``float32+tf32``: Triton's ``tl.dot`` allowed TF32; PyTorch's
+    ``allow_tf32`` flag is set too, but it switches PyTorch's matmuls, not the fused attention
+    (SDPA took the same time with it on or off on an H200)."""
     from . import triton_attention as tri
 
     dev = torch.device("cuda")
