@@ -421,6 +421,10 @@ def _watch_off() -> tuple:
     return tuple(out)
 
 
+#: code object -> whether it is the checks' own code (filled as the learner's code runs).
+_CHECK_CODES: dict = {}
+
+
 @functools.cache
 def _graded_tripwire_class():
     import re
@@ -431,13 +435,39 @@ def _graded_tripwire_class():
     checks = re.compile(rf"attention_ref[/\\]checks[/\\](?!({allowed})\.py)")
 
     class GradedTripwire(_Tripwire):
-        def _profile(self, frame, event, arg):
-            if event == "call" and checks.search(frame.f_code.co_filename):
-                sys.setprofile(None)
-                raise ReferenceUsed("the course's checks (attention_ref.checks)")
-            if event == "c_call" and frame.f_code in own:
-                return None  # the tripwire's own exit puts the old profile back
-            return super()._profile(frame, event, arg)
+        def __init__(self, forbidden: list) -> None:
+            super().__init__(forbidden)
+            self._profile = self._make_profile()
+
+        def _make_profile(self):
+            # One flat function (it runs on every call the learner's code makes): a code
+            # object of the checks' files is found by one dict lookup, its file name
+            # matched once per code object (the course's Triton notebook runs millions
+            # of calls in Triton's interpreter).
+            codes, builtins_, seen = self.codes, self.builtins, _CHECK_CODES
+
+            def profile(frame, event, arg):
+                if event == "call":
+                    code = frame.f_code
+                    desc = codes.get(code)
+                    if desc is None:
+                        is_check = seen.get(code)
+                        if is_check is None:
+                            is_check = seen[code] = bool(checks.search(code.co_filename))
+                        if is_check:
+                            desc = "the course's checks (attention_ref.checks)"
+                    if desc is not None:
+                        sys.setprofile(None)
+                        raise ReferenceUsed(desc)
+                elif event == "c_call":
+                    if frame.f_code in own:
+                        return None  # the tripwire's own exit puts the old profile back
+                    desc = builtins_.get(id(arg))
+                    if desc is not None:
+                        sys.setprofile(None)
+                        raise ReferenceUsed(desc)
+
+            return profile
 
         def __enter__(self):
             self._old = sys.getprofile()

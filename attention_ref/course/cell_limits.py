@@ -231,13 +231,13 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             # keep is refused by the socket, never read into the grader's memory.
             import zmq
 
-            make = self.km.client
+            km, make = self.km, self.km.client
             context = bounded_context(self.output_budget + MESSAGE_MARGIN)
-            self.km.client = lambda **kw: make(context=context, **kw)
+            km.client = lambda **kw: make(context=context, **kw)
             try:
                 kc = await super().async_start_new_kernel_client()
-            finally:
-                del self.km.client
+            finally:  # (nbclient drops self.km when the kernel died at its start)
+                del km.client
             self._close_monitors()
             self.monitors = [
                 ch.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
