@@ -764,17 +764,16 @@ def _flash_forward(
     ctx: Context,
     cls: type,
     leaves,
-    bs: int,
-    causal: bool,
+    extra: tuple,
     case: str,
     limit_scale: float = 1.0,
 ):
-    """The learner's forward pass on ``leaves`` (q, k, v requiring gradients); its output,
-    checked to be one tensor that autograd can differentiate."""
-    q, k, v = leaves
+    """The learner's forward pass ``cls.apply(q, k, v, *extra)`` on ``leaves`` (q, k, v
+    requiring gradients; ``extra``: here ``(block_size, causal)``, notebook 14's
+    ``(causal,)``); its output, checked to be one tensor that autograd can differentiate."""
     before = [t.detach().clone() for t in leaves]
     out = ctx.call(
-        lambda: cls.apply(q, k, v, bs, causal),
+        lambda: cls.apply(*leaves, *extra),
         case=case,
         call_name=f"{cls.__name__}.forward",
         limit_scale=limit_scale,
@@ -840,7 +839,7 @@ def _flash_case(ctx: Context, cls: type, q, k, v, bs: int, causal: bool, label: 
     mistakes or as another input's gradient in its place."""
     case = _describe(label, q, k, v, bs, causal)
     leaves = _leaves(q, k, v)
-    out = _flash_forward(ctx, cls, leaves, bs, causal, case)
+    out = _flash_forward(ctx, cls, leaves, (bs, causal), case)
     expected, ref_leaves = _reference(q, k, v, causal)
     _expect_output(ctx, out, expected, q, k, v, bs, causal, case, tol, nonfinite=False)
     g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel())
@@ -901,7 +900,7 @@ def _check_flash_two_calls(ctx: Context, cls: type, g) -> None:
     for n, bs, causal in ((20, 8, False), (12, 4, True)):
         q, k, v = _attn_inputs(g, (2, n, 4), (2, n, 4), 4, F64)
         leaves = _leaves(q, k, v)
-        out = _flash_forward(ctx, cls, leaves, bs, causal, case)
+        out = _flash_forward(ctx, cls, leaves, (bs, causal), case)
         expect_tensor(ctx, out, "the output", case, like=q)
         calls.append((q, k, v, leaves, out))
     q, k, v, leaves, out = calls[0]
@@ -935,7 +934,7 @@ def _forward_keeping(ctx: Context, cls: type, leaves, bs: int, causal: bool, cas
     """The learner's forward pass (checked to return a tensor of q's shape) and the bytes
     it created that are still held besides the output, for the backward pass."""
     with watching(PeakMemory()) as mem:
-        out = _flash_forward(ctx, cls, leaves, bs, causal, case, TRACED_LIMIT_SCALE)
+        out = _flash_forward(ctx, cls, leaves, (bs, causal), case, TRACED_LIMIT_SCALE)
         expect_tensor(ctx, out, "the output", case, like=leaves[0])
         return out, mem.current - out.untyped_storage().nbytes()
 

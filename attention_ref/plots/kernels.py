@@ -52,8 +52,11 @@ def plot_kernel_tiles(n_q: int, n_k: int, block_m: int, block_n: int, *, causal=
             Patch(color=colors[1], label="loaded, masked"),
             Patch(color=colors[0], label="never loaded"),
         ],
+        # Below the tick labels and the axis label, at a fixed distance in points (a
+        # fraction of the axes would overlap them on a short panel).
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.2),
+        bbox_to_anchor=(0.5, 0.0),
+        borderaxespad=5.5,
         ncol=3,
         fontsize=8,
     )

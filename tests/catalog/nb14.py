@@ -314,13 +314,7 @@ class TritonAttentionWideTiles(torch.autograd.Function):
 
 
 @mistake("triton_flash_attention", id="flash_bwd_causal_mask")
-class TritonAttentionBackwardNotCausal(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False):
-        out, lse = triton_attention(q, k, v, causal)
-        ctx.save_for_backward(q, k, v, out, lse)
-        return out
-
+class TritonAttentionBackwardNotCausal(TritonFlashAttention):
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
@@ -328,14 +322,7 @@ class TritonAttentionBackwardNotCausal(torch.autograd.Function):
 
 
 @mistake("triton_flash_attention", id="flash_bwd_no_delta")
-class TritonAttentionNoDelta(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False):
-        out, lse = triton_attention(q, k, v, causal)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        return out
-
+class TritonAttentionNoDelta(TritonFlashAttention):
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
@@ -343,14 +330,7 @@ class TritonAttentionNoDelta(torch.autograd.Function):
 
 
 @mistake("triton_flash_attention", id="flash_bwd_gradient_count")
-class TritonAttentionThreeGradients(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False):
-        out, lse = triton_attention(q, k, v, causal)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        return out
-
+class TritonAttentionThreeGradients(TritonFlashAttention):
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
