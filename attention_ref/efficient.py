@@ -349,11 +349,14 @@ class PeakMemory(TorchDispatchMode):
 
 class KernelLoads:
     """Elements that Triton's interpreter loaded from memory (mask true) while watched: the
-    evidence that a causal kernel skips the tiles in the future of its queries. Interpreter
-    only (a compiled kernel's loads are not visible); ``available`` says whether it counts."""
+    evidence that a causal kernel skips the tiles in the future of its queries; and the
+    dtypes of the operands of every ``tl.dot`` (``dots``: a set of pairs such as ``("fp16",
+    "fp16")``), the evidence of tiles upcast before a product. Interpreter only (a compiled
+    kernel's loads are not visible); ``available`` says whether it counts."""
 
     def __init__(self) -> None:
         self.loaded = 0
+        self.dots: set[tuple[str, str]] = set()
         self.available = False
         self._saved = None
 
@@ -366,20 +369,26 @@ class KernelLoads:
             return self
 
         builder = interpreter.interpreter_builder
-        original = builder.create_masked_load
-        self._saved = (builder, original)
+        original, original_dot = builder.create_masked_load, builder.create_dot
+        self._saved = (builder, original, original_dot)
         self.available = True
 
         def counting(ptrs, mask, *args, **kwargs):
             self.loaded += int(mask.data.sum()) if hasattr(mask, "data") else 0
             return original(ptrs, mask, *args, **kwargs)
 
+        def dot(a, b, *args, **kwargs):
+            self.dots.add((str(a.get_element_ty()), str(b.get_element_ty())))
+            return original_dot(a, b, *args, **kwargs)
+
         builder.create_masked_load = counting
+        builder.create_dot = dot
         return self
 
     def __exit__(self, *exc) -> bool:
         if self._saved is not None:
-            builder, original = self._saved
+            builder, original, original_dot = self._saved
             builder.create_masked_load = original
+            builder.create_dot = original_dot
             self._saved = None
         return False

@@ -499,7 +499,7 @@ def _watched(w: Any) -> Any:
     from ..efficient import KernelLoads, OpRecorder
 
     if isinstance(w, KernelLoads):
-        return {"loaded": w.loaded, "available": w.available}
+        return {"loaded": w.loaded, "available": w.available, "dots": sorted(w.dots)}
     if isinstance(w, OpRecorder):
         return [[op.name, [list(s) for s in op.shapes], op.flops, list(op.args)] for op in w.ops]
     return {"peak": w.peak, "current": w.current}

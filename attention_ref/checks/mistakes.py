@@ -1094,6 +1094,11 @@ _TABLE = """
     kernel keeps one tile of scores at a time, in registers.
   hint: allocate only out (like q) and lse (B, H, n_q) in the launcher; everything else lives
     in the kernel.
+[triton_dot_upcast] with float16 inputs, tl.dot multiplies float32 tiles (q, k or v upcast
+    before the product, or p not rounded to v's dtype): on a GPU that is a TF32 product at half
+    the speed of float16's tensor cores, for no accuracy.
+  hint: load q, k and v in their dtype and pass them to tl.dot as they are; accumulate the
+    scores and acc in float32 (tl.dot returns float32) and write tl.dot(p.to(v.dtype), v).
 [triton_future_tiles_loaded] the key tiles entirely in the future of a block of queries are
     still loaded (and only masked): causal attention should do about half the work.
   hint: end the loop over key tiles at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q) when causal.

@@ -519,6 +519,7 @@ def _merge(watcher: Any, seen: Any) -> None:
     if isinstance(watcher, KernelLoads):
         watcher.loaded += int(seen["loaded"])
         watcher.available = watcher.available or bool(seen["available"])
+        watcher.dots |= {(str(a), str(b)) for a, b in seen.get("dots", [])}
     elif isinstance(watcher, OpRecorder):
         for name, shapes, flops, args in seen:
             shapes = tuple(tuple(int(d) for d in s) for s in shapes)

@@ -80,6 +80,7 @@ def softmax_of_a_contiguous_copy(x):
 #: BUG: 1 acc not rescaled, 2 l not rescaled, 3 max not carried, 4 tail not masked, 6 causal
 #: loop ends a block early, 7 diagonal tile unmasked, 8 strict mask, 9 mask ignores n_k - n_q,
 #: 10 exp2 without log2(e), 11 lse in base 2, 12 lse = max only, 13 no tile skipped,
+#: 14 tl.dot on float32 tiles (float16 inputs upcast),
 #: 20 exp2 with log2(e) (correct).
 @triton.jit
 def _attn(
@@ -113,7 +114,10 @@ def _attn(
                      mask=offs_n[None, :] < n_k, other=0.0)  # fmt: skip
         v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
                     mask=offs_n[:, None] < n_k, other=0.0)  # fmt: skip
-        s = tl.dot(q, kt) * scale
+        if BUG == 14:  # float32 tiles: a TF32 product on a GPU
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) * scale
+        else:
+            s = tl.dot(q, kt) * scale
         if BUG == 11 or BUG == 20:
             s = s * 1.4426950408889634
         if BUG != 4:
@@ -144,6 +148,8 @@ def _attn(
             l_i = l_i * alpha + tl.sum(p, axis=1)
         if BUG == 1:
             acc = acc + tl.dot(p.to(v.dtype), v)
+        elif BUG == 14:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -202,6 +208,7 @@ for _bug, _id in [
     (11, "triton_lse_base2"),
     (12, "triton_lse_wrong"),
     (13, "triton_future_tiles_loaded"),
+    (14, "triton_dot_upcast"),
 ]:
 
     def _entry(q, k, v, causal=False, block_m=16, block_n=16, _bug=_bug):
