@@ -5,6 +5,7 @@ of the suite exists. No network: the environments themselves are made by `make v
 from __future__ import annotations
 
 import importlib.util
+import sys
 import tomllib
 from pathlib import Path
 
@@ -82,3 +83,36 @@ def test_the_marks_of_the_other_lane_are_read_from_its_recipe():
     makefile = 'test-other-lane: $(STAMP)\n\t$(BIN)/python -m pytest -m "not slow" --ignore=x\n'
     assert versions.other_lane_marks(makefile) == ["-m", "not slow"]
     assert versions.other_lane_marks("test-other-lane: $(STAMP)\n\tpytest --ignore=x\n") == []
+
+
+def test_each_end_runs_on_the_python_that_requires_python_names_at_that_end():
+    oldest, newest = versions.python_range(PYPROJECT)
+    spec = Requirement(f"python{tomllib.loads(PYPROJECT)['project']['requires-python']}")
+    assert f"{oldest[0]}.{oldest[1]}" in spec.specifier
+    assert f"{newest[0]}.{newest[1]}" in spec.specifier
+    assert f"{newest[0]}.{newest[1] + 1}" not in spec.specifier
+    assert versions.python_range('[project]\nrequires-python = ">=3.11,<3.14"\n') == (
+        (3, 11),
+        (3, 13),
+    )
+
+
+def test_a_requires_python_without_a_ceiling_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="must name a floor and a ceiling"):
+        versions.python_range('[project]\nrequires-python = ">=3.11"\n')
+
+
+def test_an_absent_python_fails_its_end_with_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"Python 3\.99 .*none was found.*pyenv install 3\.99"):
+        versions.find_python("newest", (3, 99))
+    monkeypatch.setenv("PYTHON_NEWEST", sys.executable)
+    with pytest.raises(RuntimeError, match=r"\$PYTHON_NEWEST"):
+        versions.find_python("newest", (3, 99))
+
+
+def test_the_python_found_is_the_version_asked_for(monkeypatch):
+    here = sys.version_info[:2]
+    monkeypatch.setenv("PYTHON_OLDEST", sys.executable)
+    assert versions.find_python("oldest", here) == sys.executable

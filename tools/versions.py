@@ -12,6 +12,12 @@ solution notebook (nbval) with that environment's Python.
   This is uv's `--resolution lowest-direct`, written out so that it needs nothing but pip.
 - newest: the newest versions the ranges allow (upgraded on every run).
 
+Each end runs on its own Python, the ends of `requires-python`: the oldest dependencies on
+the oldest Python it allows (`>=3.11,<3.14`: 3.11), the newest on the newest (3.13). The
+interpreter is `$PYTHON_OLDEST` / `$PYTHON_NEWEST` when set, else `python3.X` on the PATH,
+else the newest `3.X.*` that pyenv holds. One that is absent fails that end with a message
+saying how to install it (never a skip).
+
 The tests are those `make test-other-lane` runs, read from the Makefile: all but its
 GRADING_LANE (nbgrader, the sandbox, PostgreSQL and Chromium, which prove the grading
 machinery rather than the libraries' numerics, and take as long again), with its `-m`
@@ -37,6 +43,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -116,6 +123,69 @@ def other_lane_marks(makefile: str) -> list[str]:
     return ["-m", marks.group(1)] if marks else []
 
 
+def python_range(pyproject: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The oldest and the newest Python minor version that `requires-python` allows:
+    `>=3.11,<3.14` -> ((3, 11), (3, 13)). Both bounds are needed: the newest Python claimed
+    is the one tested."""
+    spec = tomllib.loads(pyproject)["project"].get("requires-python", "")
+    low = re.search(r">=\s*3\.(\d+)", spec)
+    high = re.search(r"<\s*3\.(\d+)", spec)
+    if not low or not high:
+        raise ValueError(
+            f"pyproject.toml: requires-python = {spec!r} must name a floor and a ceiling "
+            "('>=3.11,<3.14'): make versions tests the oldest and the newest Python it claims"
+        )
+    return (3, int(low.group(1))), (3, int(high.group(1)) - 1)
+
+
+def _python_version(exe: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run(
+            [exe, "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except OSError:
+        return None
+    if out.returncode:
+        return None  # e.g. a pyenv shim for a version that is not active
+    major, minor = out.stdout.split()
+    return int(major), int(minor)
+
+
+def find_python(end: str, want: tuple[int, int]) -> str:
+    """The interpreter of Python ``want`` for ``end`` (see the module's docstring)."""
+    name = f"python{want[0]}.{want[1]}"
+    override = os.environ.get(f"PYTHON_{end.upper()}")
+    candidates = [override] if override else []
+    if not override:
+        on_path = shutil.which(name)
+        candidates += [on_path] if on_path else []
+        root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+        pattern = re.compile(rf"{want[0]}\.{want[1]}\.(\d+)$")
+        found = sorted(
+            (int(m.group(1)), d)
+            for d in (Path(root) / "versions").glob(f"{want[0]}.{want[1]}.*")
+            if (m := pattern.match(d.name))
+        )
+        candidates += [str(d / "bin" / name) for _, d in reversed(found)]
+    for exe in candidates:
+        if _python_version(exe) == want:
+            return exe
+    where = (
+        f"${'PYTHON_' + end.upper()} ({override})"
+        if override
+        else f"{name} on the PATH or in pyenv"
+    )
+    raise RuntimeError(
+        f"the {end} end runs on Python {want[0]}.{want[1]} (requires-python's "
+        f"{'floor' if end == 'oldest' else 'ceiling'}), and none was found: looked for {where}. "
+        f"Install it (`pyenv install {want[0]}.{want[1]}`, `uv python install "
+        f"{want[0]}.{want[1]}` or the system's {name}) or set PYTHON_{end.upper()} to one"
+    )
+
+
 def run(cmd: list[str], log, **kwargs) -> None:
     log.write(f"$ {shlex.join(cmd)}\n")
     log.flush()
@@ -124,17 +194,21 @@ def run(cmd: list[str], log, **kwargs) -> None:
         raise RuntimeError(f"`{shlex.join(cmd)}` exited with {proc.returncode}")
 
 
-def install(end: str, reqs: list[str], log) -> Path:
-    """Make .venv-END and install ``reqs`` and the package (editable) there."""
+def install(end: str, reqs: list[str], log, python: str) -> Path:
+    """Make .venv-END with ``python`` and install ``reqs`` and the package (editable) there."""
     venv = ROOT / f".venv-{end}"
     py = venv / "bin" / "python"
     stamp = venv / ".versions-installed"
-    key = hashlib.sha256("\n".join([sys.version, *reqs]).encode()).hexdigest()
+    want = _python_version(python)
+    key = hashlib.sha256("\n".join([str(want), *reqs]).encode()).hexdigest()
     if end == "oldest" and stamp.exists() and stamp.read_text() == key:
         log.write(f"{venv.name}: already holds these floors\n")
         return py
+    if py.exists() and _python_version(str(py)) != want:
+        log.write(f"{venv.name}: made with another Python; made again with {python}\n")
+        shutil.rmtree(venv)
     if not py.exists():
-        run([sys.executable, "-m", "venv", str(venv)], log)
+        run([python, "-m", "venv", str(venv)], log)
     pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar=off"]
     pip += shlex.split(os.environ.get("PIP_ARGS", ""))
     upgrade = ["--upgrade", "--upgrade-strategy", "eager"] if end == "newest" else []
@@ -226,8 +300,10 @@ def prove(end: str, pyproject: str, makefile: str) -> dict:
     reqs = requirements_for(end, pyproject)
     with open(result["log"], "w") as log:
         try:
+            oldest, newest = python_range(pyproject)
+            python = find_python(end, oldest if end == "oldest" else newest)
             t0 = time.monotonic()
-            py = install(end, reqs, log)
+            py = install(end, reqs, log, python)
             result["install_s"] = time.monotonic() - t0
             names = [Requirement(r).name for r in reqs]
             result["versions"] = versions(py, names)
@@ -297,6 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     makefile = (ROOT / "Makefile").read_text()
     for end in ends:  # a bad range fails here, before any download
         requirements_for(end, pyproject)
+    try:
+        oldest, newest = python_range(pyproject)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"versions: Python {oldest[0]}.{oldest[1]} for the oldest end, "
+        f"{newest[0]}.{newest[1]} for the newest (requires-python)"
+    )
     print(f"versions: {' and '.join(ends)} from pyproject.toml; logs in build/versions/")
     print(f"versions: not run here: {', '.join(skipped_tests(makefile))}", flush=True)
     t0 = time.monotonic()
