@@ -1,6 +1,10 @@
 # Attention from Scratch: every target bootstraps .venv from requirements.lock when needed.
 #   make lab       open the course in JupyterLab
-#   make test      run the whole test suite (the same command CI runs)
+#   make test      the test suite a contributor runs before each commit (CI runs it first):
+#                  every kind of test, the per-notebook ones on the quick notebooks only
+#   make test-notebooks  the per-notebook tests on every other notebook: each solution
+#                  executed, each student notebook executed, each solution graded (CI runs
+#                  it after make test)
 #   make test-hostile  classes of hostile submissions graded: forged grades, injected script
 #                  (CI runs it after make test)
 #   make test-alternatives  every catalogued correct alternative through its whole notebook
@@ -47,7 +51,8 @@ JOBS ?=
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: lab test test-class-lane test-other-lane test-hostile release grade report bench lint format lock venv clean \
+.PHONY: lab test test-class-lane test-other-lane test-notebooks test-notebooks-solutions \
+	test-notebooks-runs test-hostile release grade report bench lint format lock venv clean \
 	student-edition versions test-alternatives
 
 venv: $(STAMP)
@@ -68,11 +73,24 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-class-lane test-other-lane
 
 test-class-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives" $(GRADING_LANE)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook" $(GRADING_LANE)
 
 test-other-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives" \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook" \
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE))
+
+# The per-notebook tests that make test runs on tests/conftest.py's QUICK_NOTEBOOKS only, on
+# every other notebook: the solutions executed (nbval) | the student notebooks executed and
+# the solutions graded. Two lanes, side by side. .ci/run runs it after make test.
+test-notebooks: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks-solutions test-notebooks-runs
+
+test-notebooks-solutions: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m every_notebook solutions
+
+test-notebooks-runs: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m every_notebook \
+		tests/test_notebooks.py tests/test_grading.py
 
 # Classes of forgers and injectors graded in the sandbox (tests/test_forgery.py,
 # tests/test_inert_views.py). .ci/run runs it after make test.

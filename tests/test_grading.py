@@ -1,4 +1,5 @@
-"""The autograder, end to end through `make grade`'s code path, on every assignment: the
+"""The autograder, end to end through `make grade`'s code path, on every assignment (make
+test: the quick notebooks of tests/conftest.py; make test-notebooks: the others): the
 solutions earn every automatic mark under the default time limits (training cells run a
 token version of themselves under autograde), graded by two workers.
 
@@ -57,33 +58,45 @@ def code_scores(course, aid: str) -> dict[str, tuple[float, float]]:
         return out
 
 
+def graded_aids(session) -> list[str]:
+    """The assignments whose test_solution_earns_every_automatic_mark this run selected
+    (make test: the quick notebooks; make test-notebooks: the others), or every one."""
+    chosen = {
+        item.callspec.params["aid"]
+        for item in session.items
+        if getattr(item, "originalname", None) == "test_solution_earns_every_automatic_mark"
+    }
+    return [aid for aid in assignment_ids() if aid in chosen] or assignment_ids()
+
+
 @pytest.fixture(scope="module")
-def graded_course(tmp_path_factory):
+def graded_course(tmp_path_factory, request):
     course = make_course(tmp_path_factory.mktemp("course"))
-    for aid in assignment_ids():
+    aids = graded_aids(request.session)
+    for aid in aids:
         submit(course, "solution", aid, solved_submission(aid))
     # The default limits (attention_ref/cell_limits.py): the solutions must fit them.
     defaults = ("NBGRADER_CELL_TIMEOUT", "NBGRADER_TRAINING_TIMEOUT", "NBGRADER_TIMEOUT_AFTER")
     proc = run_course(course, "grade", "--jobs", "2", env_extra=dict.fromkeys(defaults, ""))
-    return course, proc
+    return course, proc, aids
 
 
 def test_make_grade_succeeds_and_exports_a_row_per_submission(graded_course):
-    course, proc = graded_course
+    course, proc, aids = graded_course
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(course / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert sorted((r["assignment"], r["student_id"]) for r in rows) == sorted(
-        (aid, "solution") for aid in assignment_ids()
+        (aid, "solution") for aid in aids
     )
     # A correct submission meets no time limit, no cap, no dead kernel: no problem at all.
-    n = len(assignment_ids())
+    n = len(aids)
     assert f"{n} submission(s) graded, 0 with problems listed above" in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("aid", assignment_ids())
 def test_solution_earns_every_automatic_mark(graded_course, aid):
-    course, _ = graded_course
+    course, _, _ = graded_course
     scores = code_scores(course, aid)
     total = auto_points(nbformat.read(solution_path(aid), as_version=4))
     assert scores["solution"] == (total, total)

@@ -131,3 +131,38 @@ def test_solution_notebook_follows_the_course_anatomy(aid):
             f"{aid} lacks '{words}' at the top"
         )
     assert first.startswith("# ")
+
+
+def _collected(marks: str) -> dict[str, set[str]]:
+    """``{kind: {assignment}}`` of the per-notebook tests that ``-m marks`` selects."""
+    import re
+    import subprocess
+    import sys
+
+    paths = ["solutions", "tests/test_notebooks.py", "tests/test_grading.py"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + ["-m", marks, *paths],
+        capture_output=True,
+        text=True,
+        cwd=solution_path(AIDS[0]).parents[2],
+    ).stdout
+    kinds: dict[str, set[str]] = {"nbval": set(), "student": set(), "graded": set()}
+    for line in out.splitlines():
+        if m := re.match(r"solutions/([^/]+)/\S+\.ipynb::Cell", line):
+            kinds["nbval"].add(m.group(1))
+        elif m := re.search(r"test_student_notebook_fails\w+\[(\w+)\]", line):
+            kinds["student"].add(m.group(1))
+        elif m := re.search(r"test_solution_earns_every_automatic_mark\[(\w+)\]", line):
+            kinds["graded"].add(m.group(1))
+    return kinds
+
+
+def test_make_test_runs_every_per_notebook_kind_and_test_notebooks_runs_the_rest():
+    from conftest import QUICK_NOTEBOOKS
+
+    quick = _collected("not every_notebook")  # what make test selects
+    rest = _collected("every_notebook")  # what make test-notebooks selects
+    for kind in quick:
+        assert quick[kind] == set(QUICK_NOTEBOOKS), kind
+        assert rest[kind] == set(AIDS) - set(QUICK_NOTEBOOKS), kind
