@@ -2,9 +2,10 @@
 #   make lab       open the course in JupyterLab
 #   make test      the test suite a contributor runs before each commit (CI runs it first):
 #                  every kind of test, the per-notebook ones on the quick notebooks only
-#   make test-notebooks  the per-notebook tests on every other notebook: each solution
-#                  executed, each student notebook executed, each solution graded (CI runs
-#                  it after make test)
+#   make test-later  what make test leaves out: the per-notebook tests on every other
+#                  notebook (each solution executed, each student notebook executed, each
+#                  solution graded) and the longer runs of a kind make test covers (marked
+#                  later); CI runs it after make test
 #   make test-hostile  classes of hostile submissions graded: forged grades, injected script
 #                  (CI runs it after make test)
 #   make test-alternatives  every catalogued correct alternative through its whole notebook
@@ -36,12 +37,12 @@ PYTEST_ARGS ?=
 # `make test` runs two pytest processes side by side, one per core: the grading tests (a
 # class graded into sqlite and PostgreSQL, every solution graded; they grade with two
 # workers themselves) and everything else. Each one's report appears when it ends. The
-# browser, student-edition, check time-limit and exchange tests run in the grading lane
-# too, to balance the two lanes (the hub, every notebook and the unit tests are the other).
+# browser, check time-limit and exchange tests run in the grading lane too, to balance the
+# two lanes (the hub, the student edition, the checks and the unit tests are the other).
+# Both leave out the marks every_notebook and later: make test-later runs those.
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
-	tests/test_browser.py tests/test_student_edition.py tests/test_check_timeouts.py tests/test_report.py \
-	tests/test_exchange.py
+	tests/test_browser.py tests/test_check_timeouts.py tests/test_report.py tests/test_exchange.py
 # Whole hostile classes graded (forgers of grades, injections into the instructor's views):
 # `make test-hostile`, which .ci/run runs after make test (a few minutes).
 HOSTILE_LANE = tests/test_forgery.py tests/test_inert_views.py
@@ -51,8 +52,8 @@ JOBS ?=
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: lab test test-class-lane test-other-lane test-notebooks test-notebooks-solutions \
-	test-notebooks-runs test-hostile release grade report bench lint format lock venv clean \
+.PHONY: lab test test-class-lane test-other-lane test-later test-later-solutions \
+	test-later-runs test-hostile release grade report bench lint format lock venv clean \
 	student-edition versions test-alternatives
 
 venv: $(STAMP)
@@ -73,24 +74,25 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-class-lane test-other-lane
 
 test-class-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook" $(GRADING_LANE)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook and not later" $(GRADING_LANE)
 
 test-other-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook" \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook and not later" \
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE))
 
-# The per-notebook tests that make test runs on tests/conftest.py's QUICK_NOTEBOOKS only, on
-# every other notebook: the solutions executed (nbval) | the student notebooks executed and
-# the solutions graded. Two lanes, side by side. .ci/run runs it after make test.
-test-notebooks: $(STAMP)
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-notebooks-solutions test-notebooks-runs
+# What make test leaves out: the per-notebook tests on every notebook but tests/conftest.py's
+# QUICK_NOTEBOOKS (the solutions executed by nbval | the student notebooks executed and the
+# solutions graded), and the tests marked later. Two lanes, side by side. .ci/run runs it
+# after make test.
+test-later: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-later-solutions test-later-runs
 
-test-notebooks-solutions: $(STAMP)
+test-later-solutions: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m every_notebook solutions
 
-test-notebooks-runs: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m every_notebook \
-		tests/test_notebooks.py tests/test_grading.py
+test-later-runs: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "every_notebook or later" \
+		$(addprefix --ignore=,$(HOSTILE_LANE)) tests
 
 # Classes of forgers and injectors graded in the sandbox (tests/test_forgery.py,
 # tests/test_inert_views.py). .ci/run runs it after make test.

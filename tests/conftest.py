@@ -37,7 +37,7 @@ else:
 
 
 # `make test` runs each kind of per-notebook test on the notebooks of QUICK_NOTEBOOKS only;
-# `make test-notebooks` (which CI runs after make test) runs it on every other notebook.
+# `make test-later` (which CI runs after make test) runs it on every other notebook.
 # The kinds: a solution notebook executed (nbval), its student notebook executed, its
 # solution graded (tests/test_grading.py). Each such test on another notebook is marked
 # every_notebook, and `make test` deselects that mark.

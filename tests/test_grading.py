@@ -1,5 +1,5 @@
 """The autograder, end to end through `make grade`'s code path, on every assignment (make
-test: the quick notebooks of tests/conftest.py; make test-notebooks: the others): the
+test: the quick notebooks of tests/conftest.py; make test-later: the others): the
 solutions earn every automatic mark under the default time limits (training cells run a
 token version of themselves under autograde), graded by two workers.
 
@@ -60,7 +60,7 @@ def code_scores(course, aid: str) -> dict[str, tuple[float, float]]:
 
 def graded_aids(session) -> list[str]:
     """The assignments whose test_solution_earns_every_automatic_mark this run selected
-    (make test: the quick notebooks; make test-notebooks: the others), or every one."""
+    (make test: the quick notebooks; make test-later: the others), or every one."""
     chosen = {
         item.callspec.params["aid"]
         for item in session.items

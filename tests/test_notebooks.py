@@ -158,11 +158,12 @@ def _collected(marks: str) -> dict[str, set[str]]:
     return kinds
 
 
-def test_make_test_runs_every_per_notebook_kind_and_test_notebooks_runs_the_rest():
+@pytest.mark.later  # two collections of every notebook
+def test_make_test_runs_every_per_notebook_kind_and_test_later_runs_the_rest():
     from conftest import QUICK_NOTEBOOKS
 
     quick = _collected("not every_notebook")  # what make test selects
-    rest = _collected("every_notebook")  # what make test-notebooks selects
+    rest = _collected("every_notebook")  # what make test-later selects
     for kind in quick:
         assert quick[kind] == set(QUICK_NOTEBOOKS), kind
         assert rest[kind] == set(AIDS) - set(QUICK_NOTEBOOKS), kind

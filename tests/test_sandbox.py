@@ -228,7 +228,7 @@ def fake_bwrap(folder: Path) -> Path:
     return folder
 
 
-def test_grading_refuses_where_no_sandbox_starts_unless_switched_off(tmp_path):
+def test_grading_refuses_where_no_sandbox_starts(tmp_path):
     course = make_course(tmp_path / "course", ["02_masking"])
     submit(course, "honest", "02_masking", solved_submission("02_masking"))
     path = f"{fake_bwrap(tmp_path / 'bin')}:{Path(sys.executable).parent}:/usr/bin:/bin"
@@ -237,6 +237,13 @@ def test_grading_refuses_where_no_sandbox_starts_unless_switched_off(tmp_path):
     assert "grading refused" in refused.stderr and "user namespaces" in refused.stderr
     assert "ATTENTION_REF_SANDBOX=off" in refused.stderr
     assert not (course / "autograded").exists()
+
+
+@pytest.mark.later  # a whole notebook graded once more, without the sandbox
+def test_grading_where_no_sandbox_starts_goes_on_when_switched_off_and_says_so(tmp_path):
+    course = make_course(tmp_path / "course", ["02_masking"])
+    submit(course, "honest", "02_masking", solved_submission("02_masking"))
+    path = f"{fake_bwrap(tmp_path / 'bin')}:{Path(sys.executable).parent}:/usr/bin:/bin"
     opted_out = run_course(
         course, "grade", env_extra={"PATH": path, "ATTENTION_REF_SANDBOX": "off"}
     )

@@ -119,12 +119,13 @@ def skipped_tests(makefile: str) -> list[str]:
 def other_lane_marks(makefile: str) -> list[str]:
     """The `-m "..."` that the Makefile's test-other-lane selects its tests by, if any, but
     for `not every_notebook`: here every notebook runs (make test leaves most of them to
-    make test-notebooks)."""
+    make test-later)."""
     m = re.search(r"^test-other-lane:.*\n\t(.*)$", makefile, re.M)
     marks = re.search(r'-m\s+"([^"]+)"', m.group(1)) if m else None
     if not marks:
         return []
     kept = [t.strip() for t in marks.group(1).split(" and ") if t.strip() != "not every_notebook"]
+    # the tests marked later stay out: longer runs of what runs here already
     return ["-m", " and ".join(kept)] if kept else []
 
 
