@@ -1,0 +1,331 @@
+"""Today's open mixture-of-experts models on the course's parts: notebook 15.
+
+:class:`OpenGPT` is notebook 13's :class:`~attention_ref.modern.ModernGPT` with the parts
+of this notebook: each block's attention is a
+:class:`~attention_ref.sliding_window.SlidingWindowAttention` (a window or none, Qwen3's
+per-head query and key norms or none) and its feed-forward network a
+:class:`~attention_ref.experts.MoEFeedForward` (or a dense SwiGLU). Generation
+(:func:`greedy_generate`) keeps a :class:`~attention_ref.sliding_window.RollingKVCache` of
+``window - 1`` positions for a windowed layer.
+
+The converters read the weights of a ``transformers`` 4.57 model by name, as notebook 13's
+(:mod:`attention_ref.convert`) do; queries and keys are reordered from the halves layout of
+rotary positions to adjacent pairs (:func:`~attention_ref.convert.rotate_half_permutation`),
+Qwen3's per-head norm weights with them:
+
+- :func:`from_mixtral`: ``MixtralForCausalLM`` (``block_sparse_moe.experts.j.w1`` is the
+  gate, ``w3`` the up and ``w2`` the down projection; router ``"mixtral"``);
+- :func:`from_qwen3_moe`: ``Qwen3MoeForCausalLM`` (``q_norm``/``k_norm`` per head; dense
+  layers where ``mlp_only_layers`` or ``decoder_sparse_step`` say; router ``"qwen3"``).
+
+:func:`tiny_moe_model` builds small random configurations of both (nothing downloaded).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._validate import require_tensor
+from .convert import _permute_heads, float64_internals, rope_base
+from .experts import MoEFeedForward, route
+from .modern import RMSNorm, SwiGLU
+from .sliding_window import RollingKVCache, SlidingWindowAttention, rolling_cache_size
+
+
+class OpenBlock(nn.Module):
+    """The pre-norm block ``x + attn(norm1(x))``, then ``x + ff(norm2(x))``, with any
+    attention (``forward(x, mask)``, ``step(x, cache, keep)``) and feed-forward module."""
+
+    def __init__(self, d_model: int, attn: nn.Module, ff: nn.Module, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.norm1, self.attn = RMSNorm(d_model, eps=eps), attn
+        self.norm2, self.ff = RMSNorm(d_model, eps=eps), ff
+
+    def forward(self, x: torch.Tensor, mask=None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), mask)[0]
+        return x + self.ff(self.norm2(x))
+
+    def step(self, x_new: torch.Tensor, cache, keep=None) -> torch.Tensor:
+        x = x_new + self.attn.step(self.norm1(x_new), cache, keep)
+        return x + self.ff(self.norm2(x))
+
+
+class OpenGPT(nn.Module):
+    """A decoder-only model of :class:`OpenBlock` s: ``logits = lm_head(norm_f(blocks(
+    tok(ids))))`` (no embedding scale; ``lm_head`` None: tied to ``tok``).
+
+    forward(ids ``(B, T)``, attention_mask optional ``(B, T)``, 1 = real token) returns
+    logits ``(B, T, vocab)``. :meth:`step` runs only new tokens with one cache per block.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, blocks: list[OpenBlock], *,
+                 eps: float = 1e-6, tie: bool = False) -> None:  # fmt: skip
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.ModuleList(blocks)
+        self.norm_f = RMSNorm(d_model, eps=eps)
+        self.lm_head = None if tie else nn.Linear(d_model, vocab_size, bias=False)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm_f(x)
+        return x @ self.tok.weight.T if self.lm_head is None else self.lm_head(x)
+
+    def forward(self, ids: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        require_tensor("ids", ids, floating=False)
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (batch, seq); got shape {tuple(ids.shape)}")
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        x = self.tok(ids)  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x)
+
+    def new_caches(self, max_len: int) -> list[RollingKVCache]:
+        """One cache per block: ``window - 1`` slots for a windowed layer, ``max_len`` (it
+        never wraps) for a full one."""
+        return [
+            RollingKVCache(max_len if b.attn.window is None else rolling_cache_size(b.attn.window))
+            for b in self.blocks
+        ]
+
+    def step(self, ids_new: torch.Tensor, caches: list, keep=None) -> torch.Tensor:
+        """Logits ``(B, t, vocab)`` of the new tokens ``(B, t)``; ``keep`` optional bool
+        ``(B, t)``: which new tokens are real."""
+        x = self.tok(ids_new)
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block.step(x, cache, keep)
+        return self.head(x)
+
+
+@torch.no_grad()
+def greedy_generate(model: OpenGPT, prompt: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """``prompt (B, T0)`` followed by ``n_tokens`` greedy tokens, ``(B, T0 + n_tokens)``:
+    the prompt in one step, then one token per step, with :meth:`OpenGPT.new_caches`."""
+    caches = model.new_caches(prompt.shape[1] + n_tokens)
+    ids, new = prompt, prompt
+    for _ in range(n_tokens):
+        nxt = model.step(new, caches)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        ids, new = torch.cat([ids, nxt], dim=1), nxt
+    return ids
+
+
+# ----------------------------------------------------------------------------- converters
+def _state(hf_model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in hf_model.state_dict().items()}
+
+
+def _attention(cfg, sd, h: str, window: int | None, qk_norm: bool) -> SlidingWindowAttention:
+    D, H = cfg.hidden_size, cfg.num_attention_heads
+    G = getattr(cfg, "num_key_value_heads", None) or H
+    dh = getattr(cfg, "head_dim", None) or D // H
+    attn = SlidingWindowAttention(
+        D, H, G, rope_base(cfg), window=window, qk_norm=qk_norm, eps=cfg.rms_norm_eps,
+        d_head=dh, bias=h + "self_attn.q_proj.bias" in sd,
+        out_bias=h + "self_attn.o_proj.bias" in sd,
+    )  # fmt: skip
+    new = {}
+    for ours, theirs, heads in (("w_q", "q_proj", H), ("w_k", "k_proj", G),
+                                ("w_v", "v_proj", None), ("w_o", "o_proj", None)):  # fmt: skip
+        for kind in ("weight", "bias"):
+            t = sd.get(f"{h}self_attn.{theirs}.{kind}")
+            if t is not None:  # queries and keys: halves layout -> adjacent pairs
+                new[f"{ours}.{kind}"] = t if heads is None else _permute_heads(t, heads, dh)
+    if qk_norm:  # (d_head,) weights, reordered like each head's features
+        new["q_norm.weight"] = _permute_heads(sd[h + "self_attn.q_norm.weight"], 1, dh)
+        new["k_norm.weight"] = _permute_heads(sd[h + "self_attn.k_norm.weight"], 1, dh)
+    _load(attn, new)
+    return attn
+
+
+def _swiglu(sd, prefix: str, names: tuple[str, str, str]) -> SwiGLU:
+    gate, up, down = (sd[f"{prefix}{n}.weight"] for n in names)
+    ff = SwiGLU(gate.shape[1], gate.shape[0])
+    _load(ff, {"w_gate.weight": gate, "w_up.weight": up, "w_down.weight": down})
+    return ff
+
+
+def _moe(sd, prefix: str, n_experts: int, top_k: int, router: str, names, **kw):
+    gate = sd[prefix + "gate.weight"]  # (E, D)
+    d_ff = sd[f"{prefix}experts.0.{names[0]}.weight"].shape[0]
+    moe = MoEFeedForward(gate.shape[1], d_ff, n_experts, top_k, router, **kw)
+    new = {"gate.weight": gate}
+    for j in range(n_experts):
+        for ours, theirs in zip(("w_gate", "w_up", "w_down"), names, strict=True):
+            new[f"experts.{j}.{ours}.weight"] = sd[f"{prefix}experts.{j}.{theirs}.weight"]
+    _load(moe, new)
+    return moe
+
+
+def _load(module: nn.Module, new: dict[str, torch.Tensor]) -> None:
+    w = next(iter(new.values()))
+    module.to(device=w.device, dtype=w.dtype)
+    result = module.load_state_dict(new, strict=False)
+    params = dict(module.named_parameters())
+    missing = [k for k in result.missing_keys if k in params]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"the weights do not fit {type(module).__name__}: not loaded {missing}, "
+            f"unexpected {result.unexpected_keys}"
+        )
+
+
+def _model(cfg, sd, blocks: list[OpenBlock]) -> OpenGPT:
+    tie = bool(getattr(cfg, "tie_word_embeddings", False))
+    model = OpenGPT(cfg.vocab_size, cfg.hidden_size, blocks, eps=cfg.rms_norm_eps, tie=tie)
+    w = sd["model.embed_tokens.weight"]
+    model.tok.to(device=w.device, dtype=w.dtype)
+    model.norm_f.to(device=w.device, dtype=w.dtype)
+    new = {"tok.weight": w, "norm_f.weight": sd["model.norm.weight"]}
+    if not tie:
+        model.lm_head.to(device=w.device, dtype=w.dtype)
+        new["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(cfg.num_hidden_layers):
+        h = f"model.layers.{i}."
+        new[f"blocks.{i}.norm1.weight"] = sd[h + "input_layernorm.weight"]
+        new[f"blocks.{i}.norm2.weight"] = sd[h + "post_attention_layernorm.weight"]
+        blocks[i].norm1.to(device=w.device, dtype=w.dtype)
+        blocks[i].norm2.to(device=w.device, dtype=w.dtype)
+    result = model.load_state_dict(new, strict=False)
+    if result.unexpected_keys:
+        raise RuntimeError(f"unexpected weights {result.unexpected_keys}")
+    return model.eval()
+
+
+def from_mixtral(hf_model: nn.Module) -> OpenGPT:
+    """An :class:`OpenGPT` with the weights of a ``MixtralForCausalLM``: every layer
+    windowed by ``config.sliding_window`` (None: full attention), every feed-forward a
+    mixture of ``num_local_experts`` experts, ``num_experts_per_tok`` per token."""
+    cfg = hf_model.config
+    if cfg.model_type != "mixtral":
+        raise ValueError(f"not a Mixtral model: model_type={cfg.model_type!r}")
+    sd = _state(hf_model)
+    blocks = []
+    for i in range(cfg.num_hidden_layers):
+        h = f"model.layers.{i}."
+        attn = _attention(cfg, sd, h, cfg.sliding_window, qk_norm=False)
+        ff = _moe(sd, h + "block_sparse_moe.", cfg.num_local_experts, cfg.num_experts_per_tok,
+                  "mixtral", ("w1", "w3", "w2"))  # fmt: skip
+        blocks.append(OpenBlock(cfg.hidden_size, attn, ff, cfg.rms_norm_eps))
+    return _model(cfg, sd, blocks)
+
+
+def from_qwen3_moe(hf_model: nn.Module) -> OpenGPT:
+    """An :class:`OpenGPT` with the weights of a ``Qwen3MoeForCausalLM``: per-head query
+    and key norms, every layer windowed when ``use_sliding_window`` (``config.sliding_window``
+    is then set), a mixture of experts in layer ``i`` unless ``i in mlp_only_layers`` or
+    ``(i + 1) % decoder_sparse_step != 0`` (then a dense SwiGLU)."""
+    cfg = hf_model.config
+    if cfg.model_type != "qwen3_moe":
+        raise ValueError(f"not a Qwen3-MoE model: model_type={cfg.model_type!r}")
+    sd = _state(hf_model)
+    blocks = []
+    names = ("gate_proj", "up_proj", "down_proj")
+    for i in range(cfg.num_hidden_layers):
+        h = f"model.layers.{i}."
+        attn = _attention(cfg, sd, h, cfg.sliding_window, qk_norm=True)
+        sparse = i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
+        if sparse and cfg.num_experts > 0:
+            ff = _moe(sd, h + "mlp.", cfg.num_experts, cfg.num_experts_per_tok, "qwen3", names,
+                      norm_topk_prob=cfg.norm_topk_prob)  # fmt: skip
+        else:
+            ff = _swiglu(sd, h + "mlp.", names)
+        blocks.append(OpenBlock(cfg.hidden_size, attn, ff, cfg.rms_norm_eps))
+    return _model(cfg, sd, blocks)
+
+
+# ----------------------------------------------------------------------------- float64
+def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
+    """:func:`~attention_ref.convert.float64_internals` (RMSNorm and rotary angles in the
+    model's dtype), and the router of each sparse block too: Mixtral's and Qwen3-MoE's
+    compute ``softmax(router_logits, dtype=float32)``, so in a float64 model the gates carry
+    float32 rounding. Their forward is replaced, on this model's instances only, by the same
+    routing (:func:`~attention_ref.experts.route`) in the model's dtype. Returns the model."""
+    float64_internals(hf_model)
+    for module in hf_model.modules():
+        if type(module).__name__ in ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock"):
+            module.forward = _moe_forward(module, hf_model.config)
+    return hf_model
+
+
+def _moe_forward(block: nn.Module, cfg):
+    router = "mixtral" if cfg.model_type == "mixtral" else "qwen3"
+    norm = bool(getattr(cfg, "norm_topk_prob", True))
+
+    def forward(x: torch.Tensor):
+        flat = x.reshape(-1, x.shape[-1])  # (N, D)
+        logits = block.gate(flat)  # (N, E)
+        gates, experts, _ = route(logits, block.top_k, router, norm_topk_prob=norm)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(block.experts):
+            token, slot = torch.where(experts == e)
+            if token.numel():
+                out.index_add_(0, token, expert(flat[token]) * gates[token, slot, None])
+        return out.view(x.shape), logits
+
+    return forward
+
+
+# ----------------------------------------------------------------------------- small models
+MOE_KINDS = ("mixtral", "qwen3_moe")
+
+
+def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int | None = 6):
+    """A small ``transformers`` mixture-of-experts model built from a configuration with
+    seeded random weights (as :func:`~attention_ref.convert.tiny_hf_model`: matrices
+    ``N(0, 1/fan_in)``, norm weights ``N(1, 0.3^2)``): d_model 32, 4 query heads over 2
+    key/value heads, 4 experts with 2 per token, ``sliding_window=window``.
+    ``"mixtral"``: 2 layers; ``"qwen3_moe"``: 3 layers, head_dim 8 with q/k norms, the
+    middle layer dense (``mlp_only_layers=[1]``), ``norm_topk_prob=True``. float32, eval.
+    """
+    import transformers as tf
+
+    common = dict(
+        vocab_size=vocab_size, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+    if kind == "mixtral":
+        cfg = tf.MixtralConfig(num_hidden_layers=2, intermediate_size=48, num_local_experts=4,
+                               sliding_window=window, **common)  # fmt: skip
+    elif kind == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(
+            num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=24, head_dim=8,
+            num_experts=4, norm_topk_prob=True, mlp_only_layers=[1],
+            use_sliding_window=window is not None, sliding_window=window, **common,
+        )  # fmt: skip
+    else:
+        raise ValueError(f"kind must be one of {MOE_KINDS}; got {kind!r}")
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_config(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+    return model.eval()
+
+
+def from_hf_moe(hf_model: nn.Module) -> OpenGPT:
+    """:func:`from_mixtral` or :func:`from_qwen3_moe`, by ``config.model_type``."""
+    kind = hf_model.config.model_type
+    if kind == "mixtral":
+        return from_mixtral(hf_model)
+    if kind == "qwen3_moe":
+        return from_qwen3_moe(hf_model)
+    raise NotImplementedError(f"model_type {kind!r}: only {', '.join(MOE_KINDS)}")
+
+
+__all__ = [
+    "OpenBlock",
+    "OpenGPT",
+    "greedy_generate",
+    "from_mixtral",
+    "from_qwen3_moe",
+    "from_hf_moe",
+    "float64_internals_moe",
+    "tiny_moe_model",
+    "MOE_KINDS",
+]
