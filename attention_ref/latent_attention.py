@@ -162,7 +162,8 @@ class MultiHeadLatentAttention(nn.Module):
         c_kv, k_rope = cache.append(c_new[:, None], k_rope_new[:, None])  # (B, 1, T, r|d_rope)
         W_uk, W_uv = self.up_weights()  # (H, d_nope, r), (H, d_v, r)
         q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, W_uk)  # (B, H, t, r): W_uk absorbed
-        scores = (q_latent @ c_kv.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)) * self.scale
+        scores = q_latent @ c_kv.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)
+        scores = scores * self.scale  # (B, H, t, T)
         T = c_kv.shape[2]
         allowed = torch.ones(t, T, dtype=torch.bool, device=x_new.device).tril(T - t)
         if mask is not None:

@@ -1,0 +1,112 @@
+"""Mixtral and Qwen3-MoE (notebook 15), built from small configurations with random weights
+(no download; sliding window 6, shorter than the texts tested), loaded into the course's
+parts: the same logits, the same greedy tokens with the rolling cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from attention_ref import convert_moe  # noqa: E402
+from attention_ref.convert import (
+    float64_internals,  # noqa: E402
+    max_logit_difference,  # noqa: E402
+)
+from attention_ref.convert_moe import (  # noqa: E402
+    MOE_KINDS,
+    float64_internals_moe,
+    from_hf_moe,
+    greedy_generate,
+    tiny_moe_model,
+)
+from attention_ref.sliding_window import RollingKVCache  # noqa: E402
+
+V = 97
+
+
+def _batches(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    out = [(torch.randint(0, V, (3, T), generator=g), None) for T in (1, 7, 33)]
+    ids = torch.randint(0, V, (3, 12), generator=g)
+    right = torch.ones(3, 12, dtype=torch.long)
+    right[0, 8:] = 0
+    right[2, 3:] = 0
+    out += [(ids, right), (ids, right.flip(1))]  # right- and left-padded
+    return out
+
+
+def _worst(ours, theirs, seed: int) -> float:
+    g = torch.Generator().manual_seed(seed)
+    return max(max_logit_difference(ours, theirs, ids, mask) for ids, mask in _batches(g))
+
+
+@pytest.fixture(scope="module", params=MOE_KINDS)
+def hf(request):
+    return request.param, tiny_moe_model(request.param, seed=1, vocab_size=V)
+
+
+def test_float32_logits_equal(hf):
+    kind, model = hf
+    assert _worst(from_hf_moe(model), model, 2) <= 1e-5
+
+
+def test_float64_logits_equal_with_the_routers_in_float64(hf):
+    kind, _ = hf
+    model = float64_internals_moe(tiny_moe_model(kind, seed=1, vocab_size=V).double())
+    ours = from_hf_moe(model)
+    assert next(ours.parameters()).dtype == torch.float64
+    assert _worst(ours, model, 3) <= 1e-12
+
+
+def test_float64_differs_by_float32_rounding_when_only_norms_and_rotary_are_patched(hf):
+    """The routers' softmax in float32 alone: a float32-sized difference in float64."""
+    kind, _ = hf
+    model = float64_internals(tiny_moe_model(kind, seed=1, vocab_size=V).double())
+    assert 1e-10 < _worst(from_hf_moe(model), model, 3) < 1e-5
+
+
+def test_greedy_generation_with_the_rolling_cache_equals_generate(hf):
+    kind, model = hf
+    prompt = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        theirs = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                max_new_tokens=24, do_sample=False, pad_token_id=0)  # fmt: skip
+    ours = from_hf_moe(model)
+    caches = ours.new_caches(29)
+    assert all(isinstance(c, RollingKVCache) and c.size == 5 for c in caches)  # window 6
+    assert theirs.shape == (2, 29)
+    assert torch.equal(greedy_generate(ours, prompt, 24), theirs)
+
+
+def test_without_the_window_the_logits_differ(hf):
+    kind, model = hf
+    ours = from_hf_moe(model)
+    for block in ours.blocks:
+        block.attn.window = None
+    ids = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(5))
+    assert max_logit_difference(ours, model, ids) > 1e-3
+
+
+def test_qwen3_layers_are_sparse_or_dense_as_configured():
+    ours = from_hf_moe(tiny_moe_model("qwen3_moe", seed=1, vocab_size=V))
+    kinds = [type(b.ff).__name__ for b in ours.blocks]
+    assert kinds == ["MoEFeedForward", "SwiGLU", "MoEFeedForward"]
+    assert ours.blocks[0].attn.q_norm is not None
+
+
+def test_without_qwen3s_query_and_key_norms_the_logits_differ():
+    model = tiny_moe_model("qwen3_moe", seed=1, vocab_size=V)
+    ours = from_hf_moe(model)
+    for block in ours.blocks:
+        block.attn.q_norm = block.attn.k_norm = None
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(6))
+    assert max_logit_difference(ours, model, ids) > 1e-3
+
+
+def test_other_models_are_refused():
+    model = tiny_moe_model("mixtral", seed=1, vocab_size=V)
+    with pytest.raises(ValueError, match="not a Qwen3-MoE"):
+        convert_moe.from_qwen3_moe(model)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        tiny_moe_model("switch")
