@@ -122,7 +122,7 @@ def test_cache_bytes_stay_constant_while_a_full_cache_grows():
 def test_the_measured_cache_holds_what_the_table_says():
     attn = _attention(window=4).float()
     cache = RollingKVCache(rolling_cache_size(4))
-    for i in range(20):
+    for _ in range(20):
         attn.step(torch.randn(1, 1, 16), cache)
     row = cache_bytes_as_text_grows([20], 4, 1, 2, attn.d_head, bytes_per_value=4)[0]
     assert cache.nbytes == row["rolling"]
