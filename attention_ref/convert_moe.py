@@ -16,9 +16,16 @@ Qwen3's per-head norm weights with them:
 - :func:`from_mixtral`: ``MixtralForCausalLM`` (``block_sparse_moe.experts.j.w1`` is the
   gate, ``w3`` the up and ``w2`` the down projection; router ``"mixtral"``);
 - :func:`from_qwen3_moe`: ``Qwen3MoeForCausalLM`` (``q_norm``/``k_norm`` per head; dense
-  layers where ``mlp_only_layers`` or ``decoder_sparse_step`` say; router ``"qwen3"``).
+  layers where ``mlp_only_layers`` or ``decoder_sparse_step`` say; router ``"qwen3"``);
+- :func:`from_gpt_oss`: ``GptOssForCausalLM`` (sliding and full layers alternating,
+  attention sinks, biases everywhere, clamped SwiGLU experts, router ``"gpt_oss"``).
 
-:func:`tiny_moe_model` builds small random configurations of both (nothing downloaded).
+:func:`tiny_moe_model` builds small random configurations of each (nothing downloaded).
+
+In float64, ``transformers`` computes a few things in float32 (:func:`float64_internals_moe`
+makes them float64): every RMSNorm and the rotary cosines and sines (all three models),
+and the router's softmax of Mixtral and Qwen3-MoE (``softmax(..., dtype=torch.float)``);
+GPT-OSS's router and its attention softmax stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -28,9 +35,14 @@ from torch import nn
 
 from ._validate import require_tensor
 from .convert import _permute_heads, float64_internals, rope_base
-from .experts import MoEFeedForward, route
+from .experts import ClampedSwiGLU, MoEFeedForward, route
 from .modern import RMSNorm, SwiGLU
-from .sliding_window import RollingKVCache, SlidingWindowAttention, rolling_cache_size
+from .sliding_window import (
+    RollingKVCache,
+    SinkAttention,
+    SlidingWindowAttention,
+    rolling_cache_size,
+)
 
 
 class OpenBlock(nn.Module):
@@ -115,11 +127,12 @@ def _state(hf_model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in hf_model.state_dict().items()}
 
 
-def _attention(cfg, sd, h: str, window: int | None, qk_norm: bool) -> SlidingWindowAttention:
+def _attention(cfg, sd, h: str, window: int | None, qk_norm: bool,
+               cls: type = SlidingWindowAttention) -> SlidingWindowAttention:  # fmt: skip
     D, H = cfg.hidden_size, cfg.num_attention_heads
     G = getattr(cfg, "num_key_value_heads", None) or H
     dh = getattr(cfg, "head_dim", None) or D // H
-    attn = SlidingWindowAttention(
+    attn = cls(
         D, H, G, rope_base(cfg), window=window, qk_norm=qk_norm, eps=cfg.rms_norm_eps,
         d_head=dh, bias=h + "self_attn.q_proj.bias" in sd,
         out_bias=h + "self_attn.o_proj.bias" in sd,
@@ -134,6 +147,8 @@ def _attention(cfg, sd, h: str, window: int | None, qk_norm: bool) -> SlidingWin
     if qk_norm:  # (d_head,) weights, reordered like each head's features
         new["q_norm.weight"] = _permute_heads(sd[h + "self_attn.q_norm.weight"], 1, dh)
         new["k_norm.weight"] = _permute_heads(sd[h + "self_attn.k_norm.weight"], 1, dh)
+    if cls is SinkAttention:
+        new["sinks"] = sd[h + "self_attn.sinks"]
     _load(attn, new)
     return attn
 
@@ -234,6 +249,44 @@ def from_qwen3_moe(hf_model: nn.Module) -> OpenGPT:
     return _model(cfg, sd, blocks)
 
 
+def from_gpt_oss(hf_model: nn.Module) -> OpenGPT:
+    """An :class:`OpenGPT` with the weights of a ``GptOssForCausalLM``: attention with
+    sinks (:class:`~attention_ref.sliding_window.SinkAttention`) and biases, windowed in the
+    layers ``config.layer_types`` marks ``"sliding_attention"`` (every other one, from the
+    first), full in the others; a mixture of :class:`~attention_ref.experts.ClampedSwiGLU`
+    experts with router ``"gpt_oss"`` (a bias on the router). Its experts are stored as
+    ``gate_up_proj (E, D, 2 d_ff)`` in ``x @ W`` layout with the gate and up columns
+    interleaved (even: gate, odd: up): transposed and split. Only unscaled rotary positions
+    (``rope_scaling=None``; the released checkpoints use YaRN)."""
+    cfg = hf_model.config
+    if cfg.model_type != "gpt_oss":
+        raise ValueError(f"not a GPT-OSS model: model_type={cfg.model_type!r}")
+    sd = _state(hf_model)
+    blocks = []
+    for i in range(cfg.num_hidden_layers):
+        h = f"model.layers.{i}."
+        window = cfg.sliding_window if cfg.layer_types[i] == "sliding_attention" else None
+        attn = _attention(cfg, sd, h, window, qk_norm=False, cls=SinkAttention)
+        E, k = cfg.num_local_experts, cfg.num_experts_per_tok
+        gate_up = sd[h + "mlp.experts.gate_up_proj"]  # (E, D, 2 d_ff), x @ W layout
+        gate_up_b = sd[h + "mlp.experts.gate_up_proj_bias"]  # (E, 2 d_ff)
+        down, down_b = sd[h + "mlp.experts.down_proj"], sd[h + "mlp.experts.down_proj_bias"]
+        moe = MoEFeedForward(cfg.hidden_size, down.shape[1], E, k, "gpt_oss", router_bias=True,
+                             expert=ClampedSwiGLU)  # fmt: skip
+        new = {"gate.weight": sd[h + "mlp.router.weight"], "gate.bias": sd[h + "mlp.router.bias"]}
+        for j in range(E):
+            e = f"experts.{j}."
+            new[e + "w_gate.weight"] = gate_up[j][:, 0::2].T  # (d_ff, D): the even columns
+            new[e + "w_gate.bias"] = gate_up_b[j][0::2]
+            new[e + "w_up.weight"] = gate_up[j][:, 1::2].T  # the odd columns
+            new[e + "w_up.bias"] = gate_up_b[j][1::2]
+            new[e + "w_down.weight"] = down[j].T  # (D, d_ff)
+            new[e + "w_down.bias"] = down_b[j]
+        _load(moe, new)
+        blocks.append(OpenBlock(cfg.hidden_size, attn, moe, cfg.rms_norm_eps))
+    return _model(cfg, sd, blocks)
+
+
 # ----------------------------------------------------------------------------- float64
 def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
     """:func:`~attention_ref.convert.float64_internals` (RMSNorm and rotary angles in the
@@ -242,10 +295,22 @@ def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
     float32 rounding. Their forward is replaced, on this model's instances only, by the same
     routing (:func:`~attention_ref.experts.route`) in the model's dtype. Returns the model."""
     float64_internals(hf_model)
+    cfg = hf_model.config
     for module in hf_model.modules():
         if type(module).__name__ in ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock"):
-            module.forward = _moe_forward(module, hf_model.config)
+            module.forward = _moe_forward(module, cfg)
+        elif type(module).__name__ == "GptOssRotaryEmbedding":  # cos, sin of d_head / 2
+            module.forward = _half_rotary_forward(rope_base(cfg), cfg.head_dim)
     return hf_model
+
+
+def _half_rotary_forward(base: float, d_head: int):
+    def forward(x: torch.Tensor, position_ids: torch.Tensor):
+        two_i = torch.arange(0, d_head, 2, dtype=x.dtype, device=x.device)
+        angles = position_ids.to(x.dtype)[..., None] / base ** (two_i / d_head)  # (B, T, d/2)
+        return angles.cos(), angles.sin()
+
+    return forward
 
 
 def _moe_forward(block: nn.Module, cfg):
@@ -267,7 +332,7 @@ def _moe_forward(block: nn.Module, cfg):
 
 
 # ----------------------------------------------------------------------------- small models
-MOE_KINDS = ("mixtral", "qwen3_moe")
+MOE_KINDS = ("mixtral", "qwen3_moe", "gpt_oss")
 
 
 def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int | None = 6):
@@ -294,23 +359,33 @@ def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int |
             num_experts=4, norm_topk_prob=True, mlp_only_layers=[1],
             use_sliding_window=window is not None, sliding_window=window, **common,
         )  # fmt: skip
+    elif kind == "gpt_oss":
+        cfg = tf.GptOssConfig(
+            num_hidden_layers=2, intermediate_size=24, head_dim=8, num_local_experts=4,
+            sliding_window=window or 128, rope_scaling=None, **common,
+        )  # fmt: skip
     else:
         raise ValueError(f"kind must be one of {MOE_KINDS}; got {kind!r}")
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for _, p in model.named_parameters():
+        for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+            else:  # GPT-OSS's experts (E, in, out): fan_in is dim 1; biases (E, out): 8
+                fan_in = p.shape[1] if p.dim() == 3 else p.shape[-1]
+                fan_in = 64 if name.endswith("_bias") else fan_in
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
     return model.eval()
 
 
 def from_hf_moe(hf_model: nn.Module) -> OpenGPT:
-    """:func:`from_mixtral` or :func:`from_qwen3_moe`, by ``config.model_type``."""
+    """:func:`from_mixtral`, :func:`from_qwen3_moe` or :func:`from_gpt_oss`, by
+    ``config.model_type``."""
     kind = hf_model.config.model_type
+    if kind == "gpt_oss":
+        return from_gpt_oss(hf_model)
     if kind == "mixtral":
         return from_mixtral(hf_model)
     if kind == "qwen3_moe":
@@ -324,6 +399,7 @@ __all__ = [
     "greedy_generate",
     "from_mixtral",
     "from_qwen3_moe",
+    "from_gpt_oss",
     "from_hf_moe",
     "float64_internals_moe",
     "tiny_moe_model",

@@ -18,7 +18,11 @@ How the gates come from the router's logits ``z`` (one row per token), as each m
   ``s + b``, only the ``topk_group`` best groups compete; the *gates* are the selected
   ``s`` (without ``b``), normalised to sum to 1 (``norm_topk_prob``), times
   ``routed_scaling_factor``. Shared experts (one SwiGLU of ``n_shared`` times the width)
-  see every token and are added ungated.
+  see every token and are added ungated;
+- ``"gpt_oss"``: the top ``k`` *logits* (the router has a bias), softmax over those ``k``
+  only (the same gates as ``"mixtral"``, since softmax then renormalise is softmax over
+  the chosen; but ``probs`` are not defined over all experts: the softmax of all logits
+  is returned for the loss). Its experts are :class:`ClampedSwiGLU`.
 
 Each expert runs only on its tokens (``index_select`` of its rows, ``index_add_`` of its
 outputs): no dense computation over all experts.
@@ -39,7 +43,7 @@ from torch import nn
 from ._validate import describe, require_tensor
 from .modern import SwiGLU
 
-ROUTERS = ("mixtral", "qwen3", "deepseek_v3")
+ROUTERS = ("mixtral", "qwen3", "deepseek_v3", "gpt_oss")
 
 
 def _positive(name: str, n) -> int:
@@ -77,6 +81,9 @@ def route(
     E = logits.shape[1]
     if not 1 <= _positive("top_k", top_k) <= E:
         raise ValueError(f"top_k must be between 1 and the number of experts {E}; got {top_k}")
+    if router == "gpt_oss":
+        top, experts = logits.topk(top_k, dim=-1)  # (N, k): the largest logits
+        return top.softmax(dim=-1), experts, logits.softmax(dim=-1)
     if router in ("mixtral", "qwen3"):
         probs = logits.softmax(dim=-1)  # (N, E)
         gates, experts = probs.topk(top_k, dim=-1)  # (N, k)
@@ -126,10 +133,33 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
     return E * (f * P).sum()
 
 
+class ClampedSwiGLU(nn.Module):
+    """GPT-OSS's expert: a SwiGLU with biases, clamped, and a sharper sigmoid::
+
+        g = min(w_gate(x), limit)            u = clamp(w_up(x), -limit, limit)
+        out = w_down((u + 1) * g * sigmoid(alpha * g))
+
+    (``alpha = 1.702``, ``limit = 7``). Attributes ``w_gate``, ``w_up``, ``w_down``
+    (``nn.Linear`` with biases). forward(x ``(..., d_model)``) returns ``(..., d_model)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, alpha: float = 1.702, limit: float = 7.0) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(d_model, d_ff)
+        self.w_up = nn.Linear(d_model, d_ff)
+        self.w_down = nn.Linear(d_ff, d_model)
+        self.alpha, self.limit = float(alpha), float(limit)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.w_gate(x).clamp(max=self.limit)  # (..., d_ff)
+        u = self.w_up(x).clamp(-self.limit, self.limit)
+        return self.w_down((u + 1) * g * torch.sigmoid(self.alpha * g))  # (..., d_model)
+
+
 class MoEFeedForward(nn.Module):
     """A mixture-of-experts feed-forward network.
 
-    Attributes: ``gate`` (``nn.Linear(d_model, n_experts, bias=False)``, the router),
+    Attributes: ``gate`` (``nn.Linear(d_model, n_experts, bias=router_bias)``, the router),
     ``experts`` (``n_experts`` of ``expert(d_model, d_ff)``, :class:`SwiGLU` by default),
     ``e_score_correction_bias`` (buffer ``(n_experts,)``, DeepSeek-V3 only), ``shared``
     (``expert(d_model, n_shared * d_ff)`` or None). The routing options are those of
@@ -153,6 +183,7 @@ class MoEFeedForward(nn.Module):
         topk_group: int = 1,
         routed_scaling_factor: float = 1.0,
         n_shared: int = 0,
+        router_bias: bool = False,
         expert: Callable[..., nn.Module] = SwiGLU,
     ) -> None:
         super().__init__()
@@ -169,7 +200,7 @@ class MoEFeedForward(nn.Module):
             topk_group=topk_group,
             routed_scaling_factor=routed_scaling_factor,
         )
-        self.gate = nn.Linear(d_model, n_experts, bias=False)
+        self.gate = nn.Linear(d_model, n_experts, bias=router_bias)
         self.experts = nn.ModuleList(expert(d_model, d_ff) for _ in range(n_experts))
         if router == "deepseek_v3":
             self.register_buffer("e_score_correction_bias", torch.zeros(n_experts))
@@ -203,4 +234,4 @@ class MoEFeedForward(nn.Module):
         return out.view(x.shape)
 
 
-__all__ = ["route", "load_balancing_loss", "MoEFeedForward", "ROUTERS"]
+__all__ = ["route", "load_balancing_loss", "ClampedSwiGLU", "MoEFeedForward", "ROUTERS"]

@@ -24,6 +24,7 @@ Shapes: batch first; heads ``(B, H, T, d_head)``.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from ._validate import describe, require_tensor
 from .modern import RMSNorm, RotaryAttention
@@ -239,6 +240,36 @@ class SlidingWindowAttention(RotaryAttention):
         return self.attend(q, k_all, v_all, allowed)[0]
 
 
+class SinkAttention(SlidingWindowAttention):
+    """:class:`SlidingWindowAttention` with GPT-OSS's *attention sinks*: one learned logit
+    ``sinks[h]`` per head joins every row's softmax and is then dropped, so a head can
+    attend to "nothing"::
+
+        weights[i, j] = exp(s_ij) / (sum_j' exp(s_ij') + exp(sinks[h]))
+
+    The rows sum to less than 1; a fully masked row gives zero weights. Attribute ``sinks``
+    ``(n_heads,)``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                 base: float = 10000.0, **kwargs) -> None:  # fmt: skip
+        super().__init__(d_model, n_heads, n_kv_heads, base, **kwargs)
+        self.sinks = nn.Parameter(torch.zeros(n_heads))
+
+    def attend(self, q, k, v, mask=None):
+        group = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(group, dim=1)  # (B, H, n_k, d_head)
+        v = v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-1, -2) / self.d_head**0.5  # (B, H, n_q, n_k)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        sink = self.sinks.view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, n_q, 1)
+        weights = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]  # sink dropped
+        out = weights @ v  # (B, H, n_q, d_head)
+        B, H, n_q, d = out.shape
+        return self.w_o(out.transpose(1, 2).reshape(B, n_q, H * d)), weights
+
+
 def cache_bytes_as_text_grows(
     lengths: list[int],
     window: int,
@@ -272,6 +303,7 @@ __all__ = [
     "sliding_window_mask",
     "RollingKVCache",
     "SlidingWindowAttention",
+    "SinkAttention",
     "cache_bytes_as_text_grows",
     "rolling_cache_size",
 ]

@@ -1,4 +1,4 @@
-"""Mixtral and Qwen3-MoE (notebook 15), built from small configurations with random weights
+"""Mixtral, Qwen3-MoE and GPT-OSS (notebook 15), built from small configurations with random weights
 (no download; sliding window 6, shorter than the texts tested), loaded into the course's
 parts: the same logits, the same greedy tokens with the rolling cache."""
 
@@ -21,7 +21,6 @@ from attention_ref.convert_moe import (  # noqa: E402
     greedy_generate,
     tiny_moe_model,
 )
-from attention_ref.sliding_window import RollingKVCache  # noqa: E402
 
 V = 97
 
@@ -59,9 +58,15 @@ def test_float64_logits_equal_with_the_routers_in_float64(hf):
     assert _worst(ours, model, 3) <= 1e-12
 
 
-def test_float64_differs_by_float32_rounding_when_only_norms_and_rotary_are_patched(hf):
-    """The routers' softmax in float32 alone: a float32-sized difference in float64."""
+def test_float64_differs_by_float32_rounding_without_the_patch(hf):
     kind, _ = hf
+    model = tiny_moe_model(kind, seed=1, vocab_size=V).double()
+    assert 1e-10 < _worst(from_hf_moe(model), model, 3) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_float64_differs_by_float32_rounding_when_only_norms_and_rotary_are_patched(kind):
+    """The routers' softmax in float32 alone: a float32-sized difference in float64."""
     model = float64_internals(tiny_moe_model(kind, seed=1, vocab_size=V).double())
     assert 1e-10 < _worst(from_hf_moe(model), model, 3) < 1e-5
 
@@ -74,7 +79,10 @@ def test_greedy_generation_with_the_rolling_cache_equals_generate(hf):
                                 max_new_tokens=24, do_sample=False, pad_token_id=0)  # fmt: skip
     ours = from_hf_moe(model)
     caches = ours.new_caches(29)
-    assert all(isinstance(c, RollingKVCache) and c.size == 5 for c in caches)  # window 6
+    windowed = [b.attn.window is not None for b in ours.blocks]
+    # window 6: 5 slots; GPT-OSS's full layers (every other one) keep every position
+    assert [c.size for c in caches] == [5 if w else 29 for w in windowed]
+    assert windowed == ([True, False] if kind == "gpt_oss" else [True] * len(caches))
     assert theirs.shape == (2, 29)
     assert torch.equal(greedy_generate(ours, prompt, 24), theirs)
 
@@ -108,5 +116,17 @@ def test_other_models_are_refused():
     model = tiny_moe_model("mixtral", seed=1, vocab_size=V)
     with pytest.raises(ValueError, match="not a Qwen3-MoE"):
         convert_moe.from_qwen3_moe(model)
+    with pytest.raises(ValueError, match="not a GPT-OSS"):
+        convert_moe.from_gpt_oss(model)
     with pytest.raises(ValueError, match="kind must be one of"):
         tiny_moe_model("switch")
+
+
+def test_gpt_oss_without_its_sinks_the_logits_differ():
+    model = tiny_moe_model("gpt_oss", seed=1, vocab_size=V)
+    ours = from_hf_moe(model)
+    with torch.no_grad():
+        for block in ours.blocks:
+            block.attn.sinks.fill_(float("-inf"))  # exp(-inf) = 0: no sink
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(7))
+    assert max_logit_difference(ours, model, ids) > 1e-3

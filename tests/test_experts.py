@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_ref.experts import MoEFeedForward, load_balancing_loss, route
+from attention_ref.experts import ClampedSwiGLU, MoEFeedForward, load_balancing_loss, route
 
 
 def _logits(N: int = 10, E: int = 8, seed: int = 0) -> torch.Tensor:
@@ -115,3 +115,38 @@ def test_bad_arguments_are_named():
         MoEFeedForward(4, 4, 2, 1, router="switch")
     with pytest.raises(ValueError, match="d_model=12"):
         _moe()(torch.zeros(2, 5, dtype=torch.float64))
+
+
+def test_gpt_oss_gates_are_the_softmax_of_the_top_k_logits():
+    z = _logits()
+    gates, experts, _ = route(z, 3, "gpt_oss")
+    top = z.topk(3, -1)
+    assert torch.equal(experts, top.indices)
+    torch.testing.assert_close(gates, top.values.softmax(-1))
+    torch.testing.assert_close(gates, route(z, 3, "mixtral")[0])  # the same gates
+
+
+def test_the_clamped_swiglu_equals_gpt_oss_expert_where_the_clamp_matters():
+    modeling = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    import transformers as tf
+
+    cfg = tf.GptOssConfig(hidden_size=8, intermediate_size=6, num_local_experts=1,
+                          num_experts_per_tok=1, num_attention_heads=2, head_dim=4)  # fmt: skip
+    torch.manual_seed(0)
+    theirs = modeling.GptOssExperts(cfg).double()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_()
+    ours = ClampedSwiGLU(8, 6).double()
+    with torch.no_grad():
+        ours.w_gate.weight.copy_(theirs.gate_up_proj[0][:, 0::2].T)
+        ours.w_gate.bias.copy_(theirs.gate_up_proj_bias[0][0::2])
+        ours.w_up.weight.copy_(theirs.gate_up_proj[0][:, 1::2].T)
+        ours.w_up.bias.copy_(theirs.gate_up_proj_bias[0][1::2])
+        ours.w_down.weight.copy_(theirs.down_proj[0].T)
+        ours.w_down.bias.copy_(theirs.down_proj_bias[0])
+    x = 4 * torch.randn(1, 20, 8, dtype=torch.float64)
+    g = ours.w_gate(x)
+    assert (g > 7).any() and (ours.w_up(x).abs() > 7).any()  # both clamps are exercised
+    expected = theirs(x, torch.zeros(20, 1, dtype=torch.long), torch.ones(20, 1).double())
+    torch.testing.assert_close(ours(x), expected, rtol=0, atol=1e-12)

@@ -8,6 +8,7 @@ import torch
 
 from attention_ref.sliding_window import (
     RollingKVCache,
+    SinkAttention,
     SlidingWindowAttention,
     cache_bytes_as_text_grows,
     rolling_cache_size,
@@ -136,3 +137,32 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="keep must be"):
         RollingKVCache(2).append(torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4),
                                  torch.ones(1, 3, dtype=torch.bool))  # fmt: skip
+
+
+def test_a_sink_takes_its_share_of_each_row_and_a_masked_row_gives_zero():
+    torch.manual_seed(0)
+    attn = SinkAttention(16, 4, 2, window=3).double()
+    with torch.no_grad():
+        attn.sinks.copy_(torch.tensor([-1.0, 0.0, 1.0, 2.0]))
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    keep = torch.tensor([[False, True, True, True, True, True]])
+    out, weights = attn(x, keep[:, None, None, :])
+    q, k, v = attn.project(x, None)
+    k = k.repeat_interleave(2, dim=1)
+    s = (q @ k.transpose(-1, -2) / 2).masked_fill(~(torch.ones(6, 6).tril().bool()), -torch.inf)
+    s = s.masked_fill(~torch.ones(6, 6).bool().triu(-2), -torch.inf)[:, :, 1:, 1:]
+    expected = s.exp() / (s.exp().sum(-1, keepdim=True) + attn.sinks.exp().view(1, 4, 1, 1))
+    torch.testing.assert_close(weights[:, :, 1:, 1:], expected)
+    assert (weights.sum(-1)[:, :, 1:] < 1).all()
+    assert (weights[:, :, 0] == 0).all() and (out[:, 0] == 0).all()  # no bias on w_o
+
+
+def test_without_sinks_the_sink_attention_is_plain_attention():
+    torch.manual_seed(0)
+    attn = SinkAttention(16, 4, 2, window=3).double()
+    plain = SlidingWindowAttention(16, 4, 2, window=3).double()
+    plain.load_state_dict(attn.state_dict(), strict=False)
+    with torch.no_grad():
+        attn.sinks.fill_(-torch.inf)
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    torch.testing.assert_close(attn(x)[0], plain(x)[0])
