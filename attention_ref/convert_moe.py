@@ -36,6 +36,7 @@ from torch import nn
 from ._validate import require_tensor
 from .convert import _permute_heads, float64_internals, rope_base
 from .experts import ClampedSwiGLU, MoEFeedForward, route
+from .latent_attention import MultiHeadLatentAttention
 from .modern import RMSNorm, SwiGLU
 from .sliding_window import (
     RollingKVCache,
@@ -96,10 +97,15 @@ class OpenGPT(nn.Module):
     def new_caches(self, max_len: int) -> list[RollingKVCache]:
         """One cache per block: ``window - 1`` slots for a windowed layer, ``max_len`` (it
         never wraps) for a full one."""
-        return [
-            RollingKVCache(max_len if b.attn.window is None else rolling_cache_size(b.attn.window))
-            for b in self.blocks
-        ]
+        caches = []
+        for b in self.blocks:
+            if hasattr(b.attn, "new_cache"):  # latent attention keeps its own
+                caches.append(b.attn.new_cache(max_len))
+            elif b.attn.window is None:
+                caches.append(RollingKVCache(max_len))
+            else:
+                caches.append(RollingKVCache(rolling_cache_size(b.attn.window)))
+        return caches
 
     def step(self, ids_new: torch.Tensor, caches: list, keep=None) -> torch.Tensor:
         """Logits ``(B, t, vocab)`` of the new tokens ``(B, t)``; ``keep`` optional bool
@@ -168,6 +174,11 @@ def _moe(sd, prefix: str, n_experts: int, top_k: int, router: str, names, **kw):
     for j in range(n_experts):
         for ours, theirs in zip(("w_gate", "w_up", "w_down"), names, strict=True):
             new[f"experts.{j}.{ours}.weight"] = sd[f"{prefix}experts.{j}.{theirs}.weight"]
+    if moe.shared is not None:  # DeepSeek's shared experts, one SwiGLU
+        for ours, theirs in zip(("w_gate", "w_up", "w_down"), names, strict=True):
+            new[f"shared.{ours}.weight"] = sd[f"{prefix}shared_experts.{theirs}.weight"]
+    if moe.e_score_correction_bias is not None:  # DeepSeek's selection bias (a buffer)
+        new["e_score_correction_bias"] = sd[prefix + "gate.e_score_correction_bias"]
     _load(moe, new)
     return moe
 
@@ -287,6 +298,46 @@ def from_gpt_oss(hf_model: nn.Module) -> OpenGPT:
     return _model(cfg, sd, blocks)
 
 
+def from_deepseek_v3(hf_model: nn.Module) -> OpenGPT:
+    """An :class:`OpenGPT` with the weights of a ``DeepseekV3ForCausalLM``: multi-head latent
+    attention (:class:`~attention_ref.latent_attention.MultiHeadLatentAttention`; the
+    parameter names are DeepSeek's, nothing is reordered: with ``rope_interleave=True``
+    DeepSeek rotates adjacent pairs, as the course's rope does); the first
+    ``first_k_dense_replace`` feed-forward networks dense, the others a mixture with router
+    ``"deepseek_v3"`` (sigmoid, the correction bias for selection only, group-limited top-k,
+    ``routed_scaling_factor``) and ``n_shared_experts`` shared experts. Only unscaled rotary
+    positions (``rope_scaling=None``; the released checkpoints use YaRN)."""
+    cfg = hf_model.config
+    if cfg.model_type != "deepseek_v3":
+        raise ValueError(f"not a DeepSeek-V3 model: model_type={cfg.model_type!r}")
+    if not cfg.rope_interleave:
+        raise NotImplementedError("rope_interleave=False (the halves layout) is not supported")
+    sd = _state(hf_model)
+    names = ("gate_proj", "up_proj", "down_proj")
+    blocks = []
+    for i in range(cfg.num_hidden_layers):
+        h = f"model.layers.{i}."
+        hf_attn = hf_model.model.layers[i].self_attn
+        attn = MultiHeadLatentAttention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
+            cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.q_lora_rank, base=rope_base(cfg),
+            eps=hf_attn.kv_a_layernorm.variance_epsilon, bias=bool(cfg.attention_bias),
+        )  # fmt: skip
+        attn.scale = hf_attn.scaling
+        prefix = h + "self_attn."
+        _load(attn, {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
+        if i < cfg.first_k_dense_replace:
+            ff = _swiglu(sd, h + "mlp.", names)
+        else:
+            ff = _moe(sd, h + "mlp.", cfg.n_routed_experts, cfg.num_experts_per_tok,
+                      "deepseek_v3", names, norm_topk_prob=cfg.norm_topk_prob,
+                      n_group=cfg.n_group, topk_group=cfg.topk_group,
+                      routed_scaling_factor=cfg.routed_scaling_factor,
+                      n_shared=cfg.n_shared_experts)  # fmt: skip
+        blocks.append(OpenBlock(cfg.hidden_size, attn, ff, cfg.rms_norm_eps))
+    return _model(cfg, sd, blocks)
+
+
 # ----------------------------------------------------------------------------- float64
 def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
     """:func:`~attention_ref.convert.float64_internals` (RMSNorm and rotary angles in the
@@ -301,7 +352,22 @@ def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
             module.forward = _moe_forward(module, cfg)
         elif type(module).__name__ == "GptOssRotaryEmbedding":  # cos, sin of d_head / 2
             module.forward = _half_rotary_forward(rope_base(cfg), cfg.head_dim)
+        elif type(module).__name__ == "DeepseekV3TopkRouter":  # logits in float32
+            module.forward = _deepseek_router_forward(module, cfg)
     return hf_model
+
+
+def _deepseek_router_forward(router: nn.Module, cfg):
+    def forward(x: torch.Tensor):
+        logits = x.reshape(-1, cfg.hidden_size) @ router.weight.T  # (N, E), the model's dtype
+        gates, experts, _ = route(
+            logits, cfg.num_experts_per_tok, "deepseek_v3", norm_topk_prob=cfg.norm_topk_prob,
+            correction_bias=router.e_score_correction_bias, n_group=cfg.n_group,
+            topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
+        )  # fmt: skip
+        return experts, gates
+
+    return forward
 
 
 def _half_rotary_forward(base: float, d_head: int):
@@ -332,7 +398,7 @@ def _moe_forward(block: nn.Module, cfg):
 
 
 # ----------------------------------------------------------------------------- small models
-MOE_KINDS = ("mixtral", "qwen3_moe", "gpt_oss")
+MOE_KINDS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3")
 
 
 def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int | None = 6):
@@ -364,6 +430,15 @@ def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int |
             num_hidden_layers=2, intermediate_size=24, head_dim=8, num_local_experts=4,
             sliding_window=window or 128, rope_scaling=None, **common,
         )  # fmt: skip
+    elif kind == "deepseek_v3":
+        common.pop("num_key_value_heads")
+        cfg = tf.DeepseekV3Config(
+            num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=48,
+            moe_intermediate_size=16, n_routed_experts=8, n_group=4, topk_group=2,
+            n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=16,
+            kv_lora_rank=12, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+            rope_scaling=None, num_key_value_heads=4, **common,
+        )  # fmt: skip
     else:
         raise ValueError(f"kind must be one of {MOE_KINDS}; got {kind!r}")
     torch.manual_seed(seed)
@@ -377,6 +452,9 @@ def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int |
                 fan_in = p.shape[1] if p.dim() == 3 else p.shape[-1]
                 fan_in = 64 if name.endswith("_bias") else fan_in
                 p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek's selection bias
+                b.copy_(0.3 * torch.randn(b.shape, generator=g))
     return model.eval()
 
 
@@ -384,6 +462,8 @@ def from_hf_moe(hf_model: nn.Module) -> OpenGPT:
     """:func:`from_mixtral`, :func:`from_qwen3_moe` or :func:`from_gpt_oss`, by
     ``config.model_type``."""
     kind = hf_model.config.model_type
+    if kind == "deepseek_v3":
+        return from_deepseek_v3(hf_model)
     if kind == "gpt_oss":
         return from_gpt_oss(hf_model)
     if kind == "mixtral":
@@ -400,6 +480,7 @@ __all__ = [
     "from_mixtral",
     "from_qwen3_moe",
     "from_gpt_oss",
+    "from_deepseek_v3",
     "from_hf_moe",
     "float64_internals_moe",
     "tiny_moe_model",

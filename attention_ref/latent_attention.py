@@ -104,6 +104,12 @@ class MultiHeadLatentAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
         self.scale = d_q**-0.5
 
+    window = None  # full attention (for models that ask their layers for a window)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """A cache for :meth:`step`: ``c_kv`` and ``k_rope`` of up to ``max_len`` positions."""
+        return KVCache(max_len)
+
     # -- the pieces
     def queries(self, x: torch.Tensor, positions: torch.Tensor):
         """``q_nope (B, H, T, d_nope)`` and rotated ``q_rope (B, H, T, d_rope)``."""

@@ -1,6 +1,7 @@
-"""Mixtral, Qwen3-MoE and GPT-OSS (notebook 15), built from small configurations with random weights
-(no download; sliding window 6, shorter than the texts tested), loaded into the course's
-parts: the same logits, the same greedy tokens with the rolling cache."""
+"""Mixtral, Qwen3-MoE, GPT-OSS and DeepSeek-V3 (notebook 15), built from small
+configurations with random weights (no download; sliding window 6, shorter than the texts
+tested; DeepSeek-V3 has latent attention and no window), loaded into the course's parts:
+the same logits, the same greedy tokens with the rolling cache."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from attention_ref import convert_moe  # noqa: E402
-from attention_ref.convert import (
-    float64_internals,  # noqa: E402
-    max_logit_difference,  # noqa: E402
-)
+from attention_ref.convert import float64_internals, max_logit_difference  # noqa: E402
 from attention_ref.convert_moe import (  # noqa: E402
     MOE_KINDS,
     float64_internals_moe,
@@ -21,6 +19,7 @@ from attention_ref.convert_moe import (  # noqa: E402
     greedy_generate,
     tiny_moe_model,
 )
+from attention_ref.kv_cache import KVCache  # noqa: E402
 
 V = 97
 
@@ -61,6 +60,10 @@ def test_float64_logits_equal_with_the_routers_in_float64(hf):
 def test_float64_differs_by_float32_rounding_without_the_patch(hf):
     kind, _ = hf
     model = tiny_moe_model(kind, seed=1, vocab_size=V).double()
+    if kind == "deepseek_v3":  # its router's float32 gates meet float64 states: no float64
+        with pytest.raises(RuntimeError, match="same scalar type"):
+            _worst(from_hf_moe(model), model, 3)
+        return
     assert 1e-10 < _worst(from_hf_moe(model), model, 3) < 1e-5
 
 
@@ -80,15 +83,19 @@ def test_greedy_generation_with_the_rolling_cache_equals_generate(hf):
     ours = from_hf_moe(model)
     caches = ours.new_caches(29)
     windowed = [b.attn.window is not None for b in ours.blocks]
-    # window 6: 5 slots; GPT-OSS's full layers (every other one) keep every position
-    assert [c.size for c in caches] == [5 if w else 29 for w in windowed]
-    assert windowed == ([True, False] if kind == "gpt_oss" else [True] * len(caches))
+    if kind == "deepseek_v3":  # latent attention: c_kv and k_rope only, every position
+        assert not any(windowed) and all(isinstance(c, KVCache) for c in caches)
+    else:  # window 6: 5 slots; GPT-OSS's full layers (every other one) keep every position
+        assert [c.size for c in caches] == [5 if w else 29 for w in windowed]
+        assert windowed == ([True, False] if kind == "gpt_oss" else [True] * len(caches))
     assert theirs.shape == (2, 29)
     assert torch.equal(greedy_generate(ours, prompt, 24), theirs)
 
 
 def test_without_the_window_the_logits_differ(hf):
     kind, model = hf
+    if kind == "deepseek_v3":
+        pytest.skip("DeepSeek-V3 has no sliding window")
     ours = from_hf_moe(model)
     for block in ours.blocks:
         block.attn.window = None
@@ -130,3 +137,25 @@ def test_gpt_oss_without_its_sinks_the_logits_differ():
             block.attn.sinks.fill_(float("-inf"))  # exp(-inf) = 0: no sink
     ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(7))
     assert max_logit_difference(ours, model, ids) > 1e-3
+
+
+def test_deepseek_layers_shared_experts_and_the_selection_bias():
+    model = tiny_moe_model("deepseek_v3", seed=1, vocab_size=V)
+    ours = from_hf_moe(model)
+    kinds = [type(b.ff).__name__ for b in ours.blocks]
+    assert kinds == ["SwiGLU", "MoEFeedForward", "MoEFeedForward"]  # first_k_dense_replace=1
+    assert ours.blocks[1].ff.shared is not None
+    assert ours.blocks[1].ff.e_score_correction_bias.abs().max() > 0
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(8))
+    for block in ours.blocks[1:]:
+        block.ff.e_score_correction_bias.zero_()  # selection without the bias
+    assert max_logit_difference(ours, model, ids) > 1e-4
+
+
+def test_deepseek_cache_holds_only_latents():
+    model = tiny_moe_model("deepseek_v3", seed=1, vocab_size=V)
+    ours = from_hf_moe(model)
+    caches = ours.new_caches(12)
+    with torch.no_grad():
+        ours.step(torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(9)), caches)
+    assert caches[0].k.shape == (2, 1, 12, 12) and caches[0].v.shape == (2, 1, 12, 4)
