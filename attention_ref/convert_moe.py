@@ -60,6 +60,11 @@ class OpenBlock(nn.Module):
         return x + self.ff(self.norm2(x))
 
     def step(self, x_new: torch.Tensor, cache, keep=None) -> torch.Tensor:
+        if keep is not None and isinstance(self.attn, MultiHeadLatentAttention):
+            raise NotImplementedError(
+                "keep (padding) through latent attention's cache is not supported; got keep "
+                f"of shape {tuple(keep.shape)}"
+            )
         x = x_new + self.attn.step(self.norm1(x_new), cache, keep)
         return x + self.ff(self.norm2(x))
 
