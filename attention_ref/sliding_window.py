@@ -8,14 +8,15 @@ GPT-OSS alike, with ``config.sliding_window`` as ``window``)::
     query i may see key j  <=>  i - window < j <= i      (and key j is not padding)
 
 so a query sees ``window`` keys, itself included (OpenAI's own GPT-OSS code masks
-``j <= i - window``: the same set). Older ``transformers`` (before 4.42 for Mistral) and
-flash-attention's ``window_size=(window, 0)`` let a query see ``window + 1`` keys: one
-more, so a converter must know which convention its checkpoint was trained with.
+``j <= i - window``: the same set). Beware the off-by-one elsewhere: flash-attention's
+``window_size=(left, right)`` counts the keys *besides* the query, so a query sees
+``left + 1`` of them, and ``transformers`` passes ``left = sliding_window - 1``; a
+converter must know which count its checkpoint's ``sliding_window`` means.
 
 Since no query ever looks further back than ``window - 1`` positions, the cache of such a
-layer needs only the last ``window - 1`` keys and values: :class:`RollingKVCache` is a
-ring buffer of that size; position ``p`` is stored in slot ``p % size``, overwriting the
-oldest entry. Its memory stays constant however long the text grows
+layer needs only the last ``window - 1`` keys and values (``transformers``'
+``DynamicSlidingWindowLayer`` keeps as many): :class:`RollingKVCache` is a ring buffer of
+that size; position ``p`` is stored in slot ``p % size``, overwriting the oldest entry. Its memory stays constant however long the text grows
 (:func:`cache_bytes_as_text_grows`).
 
 Shapes: batch first; heads ``(B, H, T, d_head)``.
