@@ -16,8 +16,8 @@ converter must know which count its checkpoint's ``sliding_window`` means.
 Since no query ever looks further back than ``window - 1`` positions, the cache of such a
 layer needs only the last ``window - 1`` keys and values (``transformers``'
 ``DynamicSlidingWindowLayer`` keeps as many): :class:`RollingKVCache` is a ring buffer of
-that size; position ``p`` is stored in slot ``p % size``, overwriting the oldest entry. Its memory stays constant however long the text grows
-(:func:`cache_bytes_as_text_grows`).
+that size; position ``p`` is stored in slot ``p % size``, overwriting the oldest entry.
+Its memory stays constant however long the text grows (:func:`cache_bytes_as_text_grows`).
 
 Shapes: batch first; heads ``(B, H, T, d_head)``.
 """
