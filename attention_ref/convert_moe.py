@@ -463,6 +463,47 @@ def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int |
     return model.eval()
 
 
+def conversion_figures(kinds=MOE_KINDS, seed: int = 1, n_tokens: int = 32) -> list[dict]:
+    """For each architecture of ``kinds`` (:func:`tiny_moe_model`), converted: the worst
+    max |logit difference| over batches of 1, 7 and 33 tokens and a batch of 12 padded on
+    the right and on the left, in float32 and in float64 (:func:`float64_internals_moe`),
+    and whether ``n_tokens`` greedy tokens with the course's caches
+    (:func:`greedy_generate`) equal ``generate(do_sample=False)``. Table-ready rows
+    ``{"model", "float32", "float64", "greedy_equal"}``."""
+    from .convert import max_logit_difference
+
+    def batches():
+        g = torch.Generator().manual_seed(seed)
+        out = [(torch.randint(0, 97, (3, T), generator=g), None) for T in (1, 7, 33)]
+        ids = torch.randint(0, 97, (3, 12), generator=g)
+        right = torch.ones(3, 12, dtype=torch.long)
+        right[0, 8:] = 0
+        right[2, 3:] = 0
+        return out + [(ids, right), (ids, right.flip(1))]
+
+    rows = []
+    for kind in kinds:
+        row = {"model": kind}
+        for dtype, name in ((torch.float32, "float32"), (torch.float64, "float64")):
+            hf = tiny_moe_model(kind, seed=seed).to(dtype)
+            if dtype == torch.float64:
+                float64_internals_moe(hf)
+            ours = from_hf_moe(hf)
+            row[name] = max(max_logit_difference(ours, hf, i, m) for i, m in batches())
+        hf = tiny_moe_model(kind, seed=seed)
+        prompt = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            theirs = hf.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n_tokens,
+                do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+        row["greedy_equal"] = torch.equal(
+            greedy_generate(from_hf_moe(hf), prompt, n_tokens), theirs
+        )
+        rows.append(row)
+    return rows
+
+
 def from_hf_moe(hf_model: nn.Module) -> OpenGPT:
     """:func:`from_mixtral`, :func:`from_qwen3_moe` or :func:`from_gpt_oss`, by
     ``config.model_type``."""
@@ -489,5 +530,6 @@ __all__ = [
     "from_hf_moe",
     "float64_internals_moe",
     "tiny_moe_model",
+    "conversion_figures",
     "MOE_KINDS",
 ]

@@ -159,3 +159,9 @@ def test_deepseek_cache_holds_only_latents():
     with torch.no_grad():
         ours.step(torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(9)), caches)
     assert caches[0].k.shape == (2, 1, 12, 12) and caches[0].v.shape == (2, 1, 12, 4)
+
+
+def test_conversion_figures_meet_the_targets():
+    rows = convert_moe.conversion_figures(kinds=("qwen3_moe",), n_tokens=8)
+    assert [r["model"] for r in rows] == ["qwen3_moe"]
+    assert rows[0]["float32"] <= 1e-5 and rows[0]["float64"] <= 1e-12 and rows[0]["greedy_equal"]
