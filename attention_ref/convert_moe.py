@@ -134,8 +134,28 @@ def greedy_generate(model: OpenGPT, prompt: torch.Tensor, n_tokens: int) -> torc
 
 
 # ----------------------------------------------------------------------------- converters
+#: A weight each converter reads, by ``model_type``: the layout of ``transformers`` 4.57.
+LAYOUT = {
+    "mixtral": "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+    "qwen3_moe": "model.layers.0.self_attn.q_norm.weight",
+    "gpt_oss": "model.layers.0.mlp.experts.gate_up_proj",
+    "deepseek_v3": "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+}
+
+
 def _state(hf_model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach() for k, v in hf_model.state_dict().items()}
+    """The model's weights by name; NotImplementedError if they are not laid out as the
+    converters expect (other versions of ``transformers`` may store experts otherwise)."""
+    sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    kind = hf_model.config.model_type
+    if LAYOUT[kind] not in sd:
+        import transformers
+
+        raise NotImplementedError(
+            f"this {kind} model of transformers {transformers.__version__} has no weight "
+            f"{LAYOUT[kind]!r}: the converters read the layout of transformers 4.57"
+        )
+    return sd
 
 
 def _attention(cfg, sd, h: str, window: int | None, qk_norm: bool,
