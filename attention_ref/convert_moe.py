@@ -93,6 +93,11 @@ class OpenGPT(nn.Module):
         require_tensor("ids", ids, floating=False)
         if ids.dim() != 2:
             raise ValueError(f"ids must be (batch, seq); got shape {tuple(ids.shape)}")
+        if attention_mask is not None and attention_mask.shape != ids.shape:
+            raise ValueError(
+                f"attention_mask must be (batch, seq) like ids {tuple(ids.shape)}; got "
+                f"{tuple(attention_mask.shape)}"
+            )
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         x = self.tok(ids)  # (B, T, D)
         for block in self.blocks:
@@ -124,7 +129,9 @@ class OpenGPT(nn.Module):
 @torch.no_grad()
 def greedy_generate(model: OpenGPT, prompt: torch.Tensor, n_tokens: int) -> torch.Tensor:
     """``prompt (B, T0)`` followed by ``n_tokens`` greedy tokens, ``(B, T0 + n_tokens)``:
-    the prompt in one step, then one token per step, with :meth:`OpenGPT.new_caches`."""
+    the prompt in one step, then one token per step, with :meth:`OpenGPT.new_caches`.
+    Prompts without padding (``transformers`` shifts the rotary positions of a left-padded
+    prompt; this does not)."""
     caches = model.new_caches(prompt.shape[1] + n_tokens)
     ids, new = prompt, prompt
     for _ in range(n_tokens):

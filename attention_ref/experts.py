@@ -104,6 +104,8 @@ def route(
     best_groups = group_score.topk(topk_group, dim=-1).indices  # (N, topk_group)
     in_best = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best_groups, True)
     in_best = in_best[:, :, None].expand_as(grouped).reshape(-1, E)  # (N, E)
+    # Experts outside the best groups score 0, as DeepSeek-V3 does (not -inf: where an
+    # in-group expert's s + b < 0, an expert outside the best groups can still win).
     experts = choice.masked_fill(~in_best, 0.0).topk(top_k, dim=-1).indices  # (N, k)
     gates = scores.gather(1, experts)  # (N, k): the scores, not the biased choice
     if norm_topk_prob:

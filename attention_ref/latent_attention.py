@@ -82,6 +82,8 @@ class MultiHeadLatentAttention(nn.Module):
         eps: float = 1e-6,
         bias: bool = False,
     ) -> None:
+        """``bias``: on ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj`` (DeepSeek's
+        ``attention_bias``); ``q_proj``, ``q_b_proj`` and ``kv_b_proj`` never have one."""
         super().__init__()
         for name, n in (("d_model", d_model), ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank),
                         ("d_nope", d_nope), ("d_rope", d_rope), ("d_v", d_v)):  # fmt: skip
@@ -92,7 +94,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.d_nope, self.d_rope, self.d_v, self.base = d_nope, d_rope, d_v, float(base)
         d_q = d_nope + d_rope
         if q_lora_rank is None:
-            self.q_proj = nn.Linear(d_model, n_heads * d_q, bias=bias)
+            self.q_proj = nn.Linear(d_model, n_heads * d_q, bias=False)  # as DeepSeek
         else:
             self.q_a_proj = nn.Linear(d_model, _positive("q_lora_rank", q_lora_rank), bias=bias)
             self.q_a_layernorm = RMSNorm(q_lora_rank, eps=eps)

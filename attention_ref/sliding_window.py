@@ -75,7 +75,8 @@ def sliding_window_mask(
         allowed = allowed & (k > q - window)
     if key_padding is None:
         return allowed
-    if key_padding.shape[-1] != k_positions.shape[0] or key_padding.dim() != 2:
+    require_tensor("key_padding", key_padding, floating=False)
+    if key_padding.dim() != 2 or key_padding.shape[-1] != k_positions.shape[0]:
         raise ValueError(
             f"key_padding must be (batch, n_k={k_positions.shape[0]}); got "
             f"{tuple(key_padding.shape)}"
