@@ -59,13 +59,17 @@ class OpenBlock(nn.Module):
         x = x + self.attn(self.norm1(x), mask)[0]
         return x + self.ff(self.norm2(x))
 
-    def step(self, x_new: torch.Tensor, cache, keep=None) -> torch.Tensor:
-        if keep is not None and isinstance(self.attn, MultiHeadLatentAttention):
-            raise NotImplementedError(
-                "keep (padding) through latent attention's cache is not supported; got keep "
-                f"of shape {tuple(keep.shape)}"
-            )
-        x = x_new + self.attn.step(self.norm1(x_new), cache, keep)
+    def step(self, x_new: torch.Tensor, cache, keep=None, positions=None) -> torch.Tensor:
+        if isinstance(self.attn, MultiHeadLatentAttention):
+            if keep is not None or positions is not None:
+                raise NotImplementedError(
+                    "padding (keep, positions) through latent attention's cache is not "
+                    "supported; give an unpadded prompt"
+                )
+            a = self.attn.step(self.norm1(x_new), cache)
+        else:
+            a = self.attn.step(self.norm1(x_new), cache, keep, positions)
+        x = x_new + a
         return x + self.ff(self.norm2(x))
 
 
@@ -117,26 +121,45 @@ class OpenGPT(nn.Module):
                 caches.append(RollingKVCache(rolling_cache_size(b.attn.window)))
         return caches
 
-    def step(self, ids_new: torch.Tensor, caches: list, keep=None) -> torch.Tensor:
+    def step(self, ids_new: torch.Tensor, caches: list, keep=None, positions=None) -> torch.Tensor:
         """Logits ``(B, t, vocab)`` of the new tokens ``(B, t)``; ``keep`` optional bool
-        ``(B, t)``: which new tokens are real."""
+        ``(B, t)``: which new tokens are real; ``positions`` optional ``(B, 1, t)``: their
+        rotary positions (default: their slots)."""
         x = self.tok(ids_new)
         for block, cache in zip(self.blocks, caches, strict=True):
-            x = block.step(x, cache, keep)
+            x = block.step(x, cache, keep, positions)
         return self.head(x)
 
 
 @torch.no_grad()
-def greedy_generate(model: OpenGPT, prompt: torch.Tensor, n_tokens: int) -> torch.Tensor:
+def greedy_generate(
+    model: OpenGPT, prompt: torch.Tensor, n_tokens: int, attention_mask=None
+) -> torch.Tensor:
     """``prompt (B, T0)`` followed by ``n_tokens`` greedy tokens, ``(B, T0 + n_tokens)``:
     the prompt in one step, then one token per step, with :meth:`OpenGPT.new_caches`.
-    Prompts without padding (``transformers`` shifts the rotary positions of a left-padded
-    prompt; this does not)."""
-    caches = model.new_caches(prompt.shape[1] + n_tokens)
+
+    ``attention_mask`` (optional ``(B, T0)``, 1 = real token) for a left-padded prompt: as
+    ``transformers``' ``generate`` does, a token's rotary position counts the real tokens
+    before it (``cumsum(mask) - 1``), while the window and the cache go by slots.
+    """
+    B, T0 = prompt.shape
+    caches = model.new_caches(T0 + n_tokens)
+    keep, positions = None, None
+    if attention_mask is not None:
+        if attention_mask.shape != prompt.shape:
+            raise ValueError(
+                f"attention_mask must be (batch, seq) like the prompt {tuple(prompt.shape)}; "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        keep = attention_mask.bool()
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, None, :]  # (B,1,T0)
     ids, new = prompt, prompt
     for _ in range(n_tokens):
-        nxt = model.step(new, caches)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        nxt = model.step(new, caches, keep, positions)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         ids, new = torch.cat([ids, nxt], dim=1), nxt
+        if positions is not None:
+            keep = torch.ones(B, 1, dtype=torch.bool, device=prompt.device)
+            positions = positions[:, :, -1:] + 1  # (B, 1, 1)
     return ids
 
 

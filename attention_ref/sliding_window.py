@@ -230,13 +230,22 @@ class SlidingWindowAttention(RotaryAttention):
             allowed = allowed & mask
         return self.attend(q, k, v, allowed)
 
-    def step(self, x_new: torch.Tensor, cache, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def step(
+        self,
+        x_new: torch.Tensor,
+        cache,
+        keep: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The ``t`` new positions ``x_new (B, t, d_model)`` over the cached ones and
         themselves; their keys and values go into ``cache`` (:class:`RollingKVCache`).
-        ``keep`` (optional bool ``(B, t)``): which new positions are real tokens."""
+        ``keep`` (optional bool ``(B, t)``): which new positions are real tokens.
+        ``positions`` (optional, ``(t,)`` or ``(B, 1, t)``): the rotary positions, when they
+        are not the slots' (a left-padded prompt counts from its first real token); the
+        window is always over the slots."""
         start, t = len(cache), x_new.shape[1]
-        q_pos = torch.arange(start, start + t, device=x_new.device)  # (t,)
-        q, k, v = self.project(x_new, q_pos)
+        q_pos = torch.arange(start, start + t, device=x_new.device)  # (t,): the slots
+        q, k, v = self.project(x_new, q_pos if positions is None else positions)
         k_all, v_all, k_pos, keep_all = cache.append(k, v, keep)  # (B, G, n, d_head), (n,)
         allowed = sliding_window_mask(q_pos, k_pos, self.window, keep_all)  # (B, 1, t, n)
         return self.attend(q, k_all, v_all, allowed)[0]

@@ -185,3 +185,21 @@ def test_a_weight_layout_other_than_4_57s_is_refused_by_name(monkeypatch):
     monkeypatch.setitem(convert_moe.LAYOUT, "mixtral", "model.layers.0.mlp.experts.gate_up_proj")
     with pytest.raises(NotImplementedError, match="mlp.experts.gate_up_proj"):
         from_hf_moe(model)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe", "gpt_oss"])
+def test_greedy_generation_from_a_left_padded_prompt_equals_generate(kind):
+    """transformers counts a left-padded prompt's rotary positions from its first real
+    token; the window and the rolling cache go by slots."""
+    model = _tiny(kind)
+    prompt = torch.randint(0, V, (3, 9), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    with torch.no_grad():
+        theirs = model.generate(prompt, attention_mask=mask, max_new_tokens=20,
+                                do_sample=False, pad_token_id=0)  # fmt: skip
+    ours = from_hf_moe(model)
+    assert torch.equal(greedy_generate(ours, prompt, 20, attention_mask=mask), theirs)
+    unmasked = greedy_generate(ours, prompt, 20)  # the padding read as text
+    assert not torch.equal(unmasked[0], theirs[0])
