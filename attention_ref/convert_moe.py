@@ -60,16 +60,7 @@ class OpenBlock(nn.Module):
         return x + self.ff(self.norm2(x))
 
     def step(self, x_new: torch.Tensor, cache, keep=None, positions=None) -> torch.Tensor:
-        if isinstance(self.attn, MultiHeadLatentAttention):
-            if keep is not None or positions is not None:
-                raise NotImplementedError(
-                    "padding (keep, positions) through latent attention's cache is not "
-                    "supported; give an unpadded prompt"
-                )
-            a = self.attn.step(self.norm1(x_new), cache)
-        else:
-            a = self.attn.step(self.norm1(x_new), cache, keep, positions)
-        x = x_new + a
+        x = x_new + self.attn.step(self.norm1(x_new), cache, keep, positions)
         return x + self.ff(self.norm2(x))
 
 

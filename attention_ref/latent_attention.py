@@ -39,9 +39,10 @@ from torch import nn
 
 from ._validate import describe, require_tensor
 from .attention import sdpa
-from .kv_cache import KVCache
+from .masking import masked_softmax
 from .modern import RMSNorm
 from .positional import rope
+from .sliding_window import RollingKVCache, sliding_window_mask
 
 
 def _positive(name: str, n) -> int:
@@ -64,8 +65,8 @@ class MultiHeadLatentAttention(nn.Module):
 
     forward(x ``(B, T, D)``, mask optional bool broadcastable to ``(B, 1, T, T)``) returns
     ``(out (B, T, D), weights (B, H, T, T))``. :meth:`step` (absorbed form) caches only
-    ``c_kv`` and ``k_rope`` in a :class:`~attention_ref.kv_cache.KVCache` (``k`` slot:
-    ``(B, 1, T, r)``, ``v`` slot: ``(B, 1, T, d_rope)``).
+    ``c_kv`` and ``k_rope`` in a :class:`~attention_ref.sliding_window.RollingKVCache`
+    (:meth:`new_cache`; ``k`` slot: ``(B, 1, T, r)``, ``v`` slot: ``(B, 1, T, d_rope)``).
     """
 
     def __init__(
@@ -108,9 +109,10 @@ class MultiHeadLatentAttention(nn.Module):
 
     window = None  # full attention (for models that ask their layers for a window)
 
-    def new_cache(self, max_len: int) -> KVCache:
-        """A cache for :meth:`step`: ``c_kv`` and ``k_rope`` of up to ``max_len`` positions."""
-        return KVCache(max_len)
+    def new_cache(self, max_len: int) -> RollingKVCache:
+        """A cache for :meth:`step`: ``c_kv`` and ``k_rope`` of up to ``max_len`` positions
+        (a ring that never wraps: it keeps each position's slot and padding flag)."""
+        return RollingKVCache(max_len)
 
     # -- the pieces
     def queries(self, x: torch.Tensor, positions: torch.Tensor):
@@ -128,6 +130,8 @@ class MultiHeadLatentAttention(nn.Module):
         """What the cache holds: ``c_kv (B, T, r)`` (normalised) and the rotated shared key
         ``k_rope (B, T, d_rope)``."""
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.r, self.d_rope], dim=-1)
+        if positions.dim() == 3:  # (B, 1, T), per sequence: k_rope has no head axis
+            positions = positions[:, 0]  # (B, T)
         return self.kv_a_layernorm(c_kv), rope(k_rope, positions, self.base)
 
     def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,25 +162,33 @@ class MultiHeadLatentAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1)), weights
 
     # -- the absorbed form, with the cache
-    def step(self, x_new: torch.Tensor, cache: KVCache, mask=None) -> torch.Tensor:
+    def step(
+        self,
+        x_new: torch.Tensor,
+        cache: RollingKVCache,
+        keep: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``t`` new positions ``x_new (B, t, D)`` over the cached latents and themselves,
-        in the absorbed form; their ``c_kv`` and ``k_rope`` go into ``cache``. ``mask``:
-        optional bool broadcastable to ``(B, 1, t, len)``."""
+        in the absorbed form; their ``c_kv`` and ``k_rope`` go into ``cache`` (a
+        :class:`~attention_ref.sliding_window.RollingKVCache` as long as the text:
+        :meth:`new_cache`). ``keep`` (optional bool ``(B, t)``): which new positions are
+        real tokens; ``positions`` (optional ``(t,)`` or ``(B, 1, t)``): their rotary
+        positions, default their slots."""
         B, t, _ = x_new.shape
         start = len(cache)
-        pos = torch.arange(start, start + t, device=x_new.device)
+        q_pos = torch.arange(start, start + t, device=x_new.device)  # (t,): the slots
+        pos = q_pos if positions is None else positions
         q_nope, q_rope = self.queries(x_new, pos)  # (B, H, t, d_nope), (B, H, t, d_rope)
-        c_new, k_rope_new = self.latents(x_new, pos)
-        c_kv, k_rope = cache.append(c_new[:, None], k_rope_new[:, None])  # (B, 1, T, r|d_rope)
+        c_new, k_rope_new = self.latents(x_new, pos)  # (B, t, r), (B, t, d_rope)
+        c_kv, k_rope, k_pos, keep_all = cache.append(c_new[:, None], k_rope_new[:, None], keep)
+        # c_kv (B, 1, n, r), k_rope (B, 1, n, d_rope): one "head", shared by all
         W_uk, W_uv = self.up_weights()  # (H, d_nope, r), (H, d_v, r)
         q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, W_uk)  # (B, H, t, r): W_uk absorbed
         scores = q_latent @ c_kv.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)
-        scores = scores * self.scale  # (B, H, t, T)
-        T = c_kv.shape[2]
-        allowed = torch.ones(t, T, dtype=torch.bool, device=x_new.device).tril(T - t)
-        if mask is not None:
-            allowed = allowed & mask
-        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)  # (B, H, t, T)
+        scores = scores * self.scale  # (B, H, t, n)
+        allowed = sliding_window_mask(q_pos, k_pos, None, keep_all)  # (B, 1, t, n): causal
+        weights = masked_softmax(scores, allowed)  # (B, H, t, n); a fully masked row: zeros
         out_latent = weights @ c_kv  # (B, H, t, r): values never decompressed
         W_o = self.o_proj.weight.view(self.d_model, self.n_heads, self.d_v)  # (D, H, d_v)
         W_ov = torch.einsum("dhv,hvr->dhr", W_o, W_uv)  # (D, H, r): W_uv folded into W_o

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_ref.kv_cache import KVCache
 from attention_ref.latent_attention import (
     MultiHeadLatentAttention,
     cache_bytes_table,
@@ -30,7 +29,7 @@ def _x(T: int = 9, seed: int = 1) -> torch.Tensor:
 def test_the_absorbed_form_with_the_cache_equals_the_explicit_form(q_lora_rank, chunks):
     mla, x = _mla(q_lora_rank), _x()
     explicit = mla(x)[0]
-    cache, outs, start = KVCache(9), [], 0
+    cache, outs, start = mla.new_cache(9), [], 0
     for t in chunks:
         outs.append(mla.step(x[:, start : start + t], cache))
         start += t
@@ -39,7 +38,7 @@ def test_the_absorbed_form_with_the_cache_equals_the_explicit_form(q_lora_rank, 
 
 def test_the_cache_holds_only_the_latent_and_the_rotary_key():
     mla, x = _mla(), _x()
-    cache = KVCache(9)
+    cache = mla.new_cache(9)
     mla.step(x, cache)
     assert cache.k.shape == (2, 1, 9, 10)  # c_kv: kv_lora_rank per token, no heads
     assert cache.v.shape == (2, 1, 9, 4)  # k_rope: d_rope per token, shared by the heads
@@ -96,3 +95,14 @@ def test_bad_arguments_are_named():
         _mla()(torch.zeros(1, 3, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="d_head"):
         cache_values_per_token(2, n_heads=4)
+
+
+def test_padding_through_the_absorbed_cache_equals_the_masked_explicit_form():
+    mla, x = _mla(), _x()
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, :3] = False  # left padding: its rows are fully masked at first
+    explicit = mla(x, keep[:, None, None, :])[0]
+    cache = mla.new_cache(9)
+    got = torch.cat([mla.step(x[:, i : i + 1], cache, keep[:, i : i + 1]) for i in range(9)], 1)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got[keep], explicit[keep], rtol=0, atol=1e-12)
