@@ -18,14 +18,21 @@ Qwen3's per-head norm weights with them:
 - :func:`from_qwen3_moe`: ``Qwen3MoeForCausalLM`` (``q_norm``/``k_norm`` per head; dense
   layers where ``mlp_only_layers`` or ``decoder_sparse_step`` say; router ``"qwen3"``);
 - :func:`from_gpt_oss`: ``GptOssForCausalLM`` (sliding and full layers alternating,
-  attention sinks, biases everywhere, clamped SwiGLU experts, router ``"gpt_oss"``).
+  attention sinks, biases everywhere, clamped SwiGLU experts, router ``"gpt_oss"``);
+- :func:`from_deepseek_v3`: ``DeepseekV3ForCausalLM`` (multi-head latent attention, the
+  first layers dense, router ``"deepseek_v3"`` with shared experts).
 
 :func:`tiny_moe_model` builds small random configurations of each (nothing downloaded).
+Padding works on either side for the logits (the padded keys are masked; positions are
+the slots, as ``transformers``' forward counts them) and on the left for
+:func:`greedy_generate`.
 
 In float64, ``transformers`` computes a few things in float32 (:func:`float64_internals_moe`
-makes them float64): every RMSNorm and the rotary cosines and sines (all three models),
-and the router's softmax of Mixtral and Qwen3-MoE (``softmax(..., dtype=torch.float)``);
-GPT-OSS's router and its attention softmax stay in the model's dtype.
+makes them float64): every RMSNorm and the rotary cosines and sines (all four models); the
+router's softmax of Mixtral and Qwen3-MoE (``softmax(..., dtype=torch.float)``); DeepSeek-V3's
+router logits (cast to float32), whose float32 gates then meet the float64 states in
+``index_add_``, so that its float64 model does not run at all without the patch. GPT-OSS's
+router and its attention softmax stay in the model's dtype.
 """
 
 from __future__ import annotations
