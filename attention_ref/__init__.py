@@ -14,15 +14,23 @@ from .attention import sdpa, sdpa_np, softmax_np
 from .decoder import Decoder, DecoderLayer
 from .efficient import naive_attention, online_softmax, online_softmax_attention
 from .encoder import Encoder, EncoderLayer, FeedForward
+from .experts import MoEFeedForward, load_balancing_loss
 from .flash import FlashAttention, flash_attention
 from .gpt import GPT, GPTBlock, GroupedQueryAttention
 from .kv_cache import KVCache, cached_self_attention
+from .latent_attention import MultiHeadLatentAttention
 from .masking import causal_mask, masked_softmax, padding_mask
 from .modern import ModernBlock, ModernGPT, RMSNorm, RotaryAttention, SwiGLU
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .positional import offset_rotation, rope, sinusoidal_encoding
 from .sampling import generate, sample_next_token
 from .self_attention import SelfAttention, self_attention_cost
+from .sliding_window import (
+    RollingKVCache,
+    SinkAttention,
+    SlidingWindowAttention,
+    sliding_window_mask,
+)
 from .training import masked_cross_entropy
 from .transformer import (
     Transformer,
@@ -64,6 +72,13 @@ __all__ = [
     "RotaryAttention",
     "ModernBlock",
     "ModernGPT",
+    "sliding_window_mask",
+    "RollingKVCache",
+    "SlidingWindowAttention",
+    "SinkAttention",
+    "MultiHeadLatentAttention",
+    "MoEFeedForward",
+    "load_balancing_loss",
     "sample_next_token",
     "generate",
     "FeedForward",

@@ -1,0 +1,239 @@
+"""A mixture-of-experts feed-forward network: notebook 15.
+
+Mixtral, Qwen3-MoE, DeepSeek-V3 and GPT-OSS replace the feed-forward network of each block
+by ``E`` experts (each a :class:`~attention_ref.modern.SwiGLU`) and a *router*, a linear
+layer ``gate: d_model -> E`` whose scores pick ``k`` experts per token. A token's output is
+the gated sum of its ``k`` experts' outputs; the other ``E - k`` experts never see it, so a
+model with 8 experts and ``k = 2`` computes a quarter of its feed-forward weights per token.
+
+How the gates come from the router's logits ``z`` (one row per token), as each model does it:
+
+- ``"mixtral"``: ``p = softmax(z)`` over all experts, the top ``k`` of ``p``, renormalised
+  to sum to 1 among them;
+- ``"qwen3"``: the same, renormalised only with ``norm_topk_prob=True`` (Qwen3-MoE's
+  configurations set it; Qwen2-MoE's do not);
+- ``"deepseek_v3"``: ``s = sigmoid(z)``; the experts are *selected* on ``s + b``, with a
+  learned correction bias ``b`` (load balancing without an auxiliary loss) and
+  group-limited: the experts form ``n_group`` groups, a group scores the sum of its two best
+  ``s + b``, only the ``topk_group`` best groups compete; the *gates* are the selected
+  ``s`` (without ``b``), normalised to sum to 1 (``norm_topk_prob``), times
+  ``routed_scaling_factor``. Shared experts (one SwiGLU of ``n_shared`` times the width)
+  see every token and are added ungated;
+- ``"gpt_oss"``: the top ``k`` *logits* (the router has a bias), softmax over those ``k``
+  only (the same gates as ``"mixtral"``, since softmax then renormalise is softmax over
+  the chosen; but ``probs`` are not defined over all experts: the softmax of all logits
+  is returned for the loss). Its experts are :class:`ClampedSwiGLU`.
+
+Each expert runs only on its tokens (``index_select`` of its rows, ``index_add_`` of its
+outputs): no dense computation over all experts.
+
+The auxiliary load-balancing loss of the Switch Transformer (Fedus et al., 2021),
+:func:`load_balancing_loss`: ``E * sum_i f_i * P_i`` with ``f_i`` the share of the routing
+assignments that went to expert ``i`` and ``P_i`` the mean router probability of expert
+``i``; 1 per selected slot when perfectly balanced, larger when the router favours a few.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ._validate import describe, require_tensor
+from .modern import SwiGLU
+
+ROUTERS = ("mixtral", "qwen3", "deepseek_v3", "gpt_oss")
+
+
+def _positive(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int; got {describe(n)}")
+    return n
+
+
+def route(
+    logits: torch.Tensor,
+    top_k: int,
+    router: str = "mixtral",
+    *,
+    norm_topk_prob: bool = True,
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gates and chosen experts from the router's logits.
+
+    Args:
+        logits: ``(N, E)``, one row per token.
+        top_k: experts per token.
+        router: ``"mixtral"``, ``"qwen3"`` or ``"deepseek_v3"`` (see the module's doc).
+
+    Returns:
+        ``(gates (N, top_k), experts (N, top_k) long, probs (N, E))``: ``probs`` are the
+        softmax (sigmoid for DeepSeek) scores the load-balancing loss reads. Computed in the
+        logits' dtype.
+    """
+    require_tensor("logits", logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (tokens, experts); got shape {tuple(logits.shape)}")
+    E = logits.shape[1]
+    if not 1 <= _positive("top_k", top_k) <= E:
+        raise ValueError(f"top_k must be between 1 and the number of experts {E}; got {top_k}")
+    if router == "gpt_oss":
+        top, experts = logits.topk(top_k, dim=-1)  # (N, k): the largest logits
+        return top.softmax(dim=-1), experts, logits.softmax(dim=-1)
+    if router in ("mixtral", "qwen3"):
+        probs = logits.softmax(dim=-1)  # (N, E)
+        gates, experts = probs.topk(top_k, dim=-1)  # (N, k)
+        if router == "mixtral" or norm_topk_prob:
+            gates = gates / gates.sum(-1, keepdim=True)
+        return gates, experts, probs
+    if router != "deepseek_v3":
+        raise ValueError(f"router must be one of {ROUTERS}; got {router!r}")
+    if E % n_group or not 1 <= topk_group <= n_group:
+        raise ValueError(
+            f"n_group={n_group} must divide the {E} experts and topk_group={topk_group} be "
+            f"between 1 and n_group"
+        )
+    scores = logits.sigmoid()  # (N, E)
+    choice = scores if correction_bias is None else scores + correction_bias  # selection only
+    grouped = choice.view(-1, n_group, E // n_group)  # (N, groups, E / groups)
+    group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # (N, groups)
+    best_groups = group_score.topk(topk_group, dim=-1).indices  # (N, topk_group)
+    in_best = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best_groups, True)
+    in_best = in_best[:, :, None].expand_as(grouped).reshape(-1, E)  # (N, E)
+    # Experts outside the best groups score 0, as DeepSeek-V3 does (not -inf: where an
+    # in-group expert's s + b < 0, an expert outside the best groups can still win).
+    experts = choice.masked_fill(~in_best, 0.0).topk(top_k, dim=-1).indices  # (N, k)
+    gates = scores.gather(1, experts)  # (N, k): the scores, not the biased choice
+    if norm_topk_prob:
+        gates = gates / (gates.sum(-1, keepdim=True) + 1e-20)
+    return gates * routed_scaling_factor, experts, scores
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """The Switch Transformer's auxiliary loss ``E * sum_i f_i * P_i``.
+
+    ``probs (N, E)``: router probabilities; ``experts (N, k)``: the chosen experts.
+    ``f_i``: the number of assignments to expert ``i`` over ``N`` (the ``f_i`` sum to ``k``;
+    for ``k = 1`` the share of tokens); ``P_i``: ``probs[:, i]`` averaged over the tokens.
+    Equals ``transformers``' ``load_balancing_loss_func`` without an attention mask.
+    """
+    require_tensor("probs", probs)
+    if probs.dim() != 2 or experts.dim() != 2 or experts.shape[0] != probs.shape[0]:
+        raise ValueError(
+            f"probs must be (N, E) and experts (N, k) with the same N; got "
+            f"{tuple(probs.shape)} and {tuple(experts.shape)}"
+        )
+    N, E = probs.shape
+    counts = torch.zeros(E, dtype=probs.dtype, device=probs.device)
+    counts.index_add_(0, experts.flatten(), torch.ones_like(experts.flatten(), dtype=probs.dtype))
+    f = counts / N  # (E,)
+    P = probs.mean(0)  # (E,)
+    return E * (f * P).sum()
+
+
+class ClampedSwiGLU(nn.Module):
+    """GPT-OSS's expert: a SwiGLU with biases, clamped, and a sharper sigmoid::
+
+        g = min(w_gate(x), limit)            u = clamp(w_up(x), -limit, limit)
+        out = w_down((u + 1) * g * sigmoid(alpha * g))
+
+    (``alpha = 1.702``, ``limit = 7``). Attributes ``w_gate``, ``w_up``, ``w_down``
+    (``nn.Linear`` with biases). forward(x ``(..., d_model)``) returns ``(..., d_model)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, alpha: float = 1.702, limit: float = 7.0) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(d_model, d_ff)
+        self.w_up = nn.Linear(d_model, d_ff)
+        self.w_down = nn.Linear(d_ff, d_model)
+        self.alpha, self.limit = float(alpha), float(limit)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.w_gate(x).clamp(max=self.limit)  # (..., d_ff)
+        u = self.w_up(x).clamp(-self.limit, self.limit)
+        return self.w_down((u + 1) * g * torch.sigmoid(self.alpha * g))  # (..., d_model)
+
+
+class MoEFeedForward(nn.Module):
+    """A mixture-of-experts feed-forward network.
+
+    Attributes: ``gate`` (``nn.Linear(d_model, n_experts, bias=router_bias)``, the router),
+    ``experts`` (``n_experts`` of ``expert(d_model, d_ff)``, :class:`SwiGLU` by default),
+    ``e_score_correction_bias`` (buffer ``(n_experts,)``, DeepSeek-V3 only), ``shared``
+    (``expert(d_model, n_shared * d_ff)`` or None). The routing options are those of
+    :func:`route`.
+
+    forward(x ``(..., d_model)``) returns ``(..., d_model)``. After each call,
+    ``last_routing`` holds ``(gates, experts, probs)`` (for :func:`load_balancing_loss`)
+    and ``tokens_per_expert`` ``(n_experts,)`` how many tokens each expert ran on.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        n_experts: int,
+        top_k: int,
+        router: str = "mixtral",
+        *,
+        norm_topk_prob: bool = True,
+        n_group: int = 1,
+        topk_group: int = 1,
+        routed_scaling_factor: float = 1.0,
+        n_shared: int = 0,
+        router_bias: bool = False,
+        expert: Callable[..., nn.Module] = SwiGLU,
+    ) -> None:
+        super().__init__()
+        for name, n in (("d_model", d_model), ("d_ff", d_ff), ("n_experts", n_experts)):
+            _positive(name, n)
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}; got {router!r}")
+        if not 1 <= _positive("top_k", top_k) <= n_experts:
+            raise ValueError(f"top_k={top_k} must be between 1 and n_experts={n_experts}")
+        self.d_model, self.n_experts, self.top_k, self.router = d_model, n_experts, top_k, router
+        self.options = dict(
+            norm_topk_prob=norm_topk_prob,
+            n_group=n_group,
+            topk_group=topk_group,
+            routed_scaling_factor=routed_scaling_factor,
+        )
+        self.gate = nn.Linear(d_model, n_experts, bias=router_bias)
+        self.experts = nn.ModuleList(expert(d_model, d_ff) for _ in range(n_experts))
+        if router == "deepseek_v3":
+            self.register_buffer("e_score_correction_bias", torch.zeros(n_experts))
+        else:
+            self.e_score_correction_bias = None
+        self.shared = expert(d_model, n_shared * d_ff) if n_shared else None
+        self.last_routing: tuple[torch.Tensor, ...] | None = None
+        self.tokens_per_expert: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        require_tensor("x", x)
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (..., d_model={self.d_model}); got {tuple(x.shape)}")
+        flat = x.reshape(-1, self.d_model)  # (N, D)
+        gates, experts, probs = route(
+            self.gate(flat), self.top_k, self.router,
+            correction_bias=self.e_score_correction_bias, **self.options,
+        )  # fmt: skip
+        out = torch.zeros_like(flat)  # (N, D)
+        counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(experts == e)  # the rows that chose e, and in which slot
+            counts[e] = token.numel()
+            if token.numel() == 0:
+                continue
+            y = expert(flat.index_select(0, token))  # (n_e, D): only its tokens
+            out.index_add_(0, token, y * gates[token, slot, None])
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        self.last_routing, self.tokens_per_expert = (gates, experts, probs), counts
+        return out.view(x.shape)
+
+
+__all__ = ["route", "load_balancing_loss", "ClampedSwiGLU", "MoEFeedForward", "ROUTERS"]

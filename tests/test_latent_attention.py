@@ -1,0 +1,108 @@
+"""Multi-head latent attention (notebook 15): the absorbed form equals the explicit one,
+the cache holds only the latent and the rotary key, the cache bytes of MHA, GQA and MLA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention_ref.latent_attention import (
+    MultiHeadLatentAttention,
+    cache_bytes_table,
+    cache_values_per_token,
+)
+
+
+def _mla(q_lora_rank: int | None = 12) -> MultiHeadLatentAttention:
+    torch.manual_seed(0)
+    mla = MultiHeadLatentAttention(32, 4, kv_lora_rank=10, d_nope=6, d_rope=4, d_v=5,
+                                   q_lora_rank=q_lora_rank)  # fmt: skip
+    return mla.double().eval()
+
+
+def _x(T: int = 9, seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, T, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("q_lora_rank", [None, 12])
+@pytest.mark.parametrize("chunks", [[9], [4, 1, 1, 3], [1] * 9])
+def test_the_absorbed_form_with_the_cache_equals_the_explicit_form(q_lora_rank, chunks):
+    mla, x = _mla(q_lora_rank), _x()
+    explicit = mla(x)[0]
+    cache, outs, start = mla.new_cache(9), [], 0
+    for t in chunks:
+        outs.append(mla.step(x[:, start : start + t], cache))
+        start += t
+    torch.testing.assert_close(torch.cat(outs, 1), explicit, rtol=0, atol=1e-12)
+
+
+def test_the_cache_holds_only_the_latent_and_the_rotary_key():
+    mla, x = _mla(), _x()
+    cache = mla.new_cache(9)
+    mla.step(x, cache)
+    assert cache.k.shape == (2, 1, 9, 10)  # c_kv: kv_lora_rank per token, no heads
+    assert cache.v.shape == (2, 1, 9, 4)  # k_rope: d_rope per token, shared by the heads
+    c_kv, k_rope = mla.latents(x, torch.arange(9))
+    torch.testing.assert_close(cache.k[:, 0], c_kv)
+    torch.testing.assert_close(cache.v[:, 0], k_rope)
+
+
+def test_the_rotary_key_carries_the_positions():
+    """Shifting every position by the same offset changes nothing (only differences of
+    positions reach the scores); spreading them apart does."""
+    mla, x = _mla(), _x()
+    out = mla(x)[0]
+    torch.testing.assert_close(mla(x, positions=torch.arange(9) + 5)[0], out)
+    assert (mla(x, positions=torch.arange(9) * 2)[0] - out).abs().max() > 1e-6
+
+
+def test_the_latent_is_normalised():
+    mla, x = _mla(), _x()
+    with torch.no_grad():
+        mla.kv_a_layernorm.weight.fill_(1.0)
+    c_kv, _ = mla.latents(x, torch.arange(9))
+    torch.testing.assert_close(
+        c_kv.pow(2).mean(-1), torch.ones(2, 9, dtype=torch.float64), atol=1e-4, rtol=0
+    )  # fmt: skip (eps)
+
+
+def test_absorbing_without_folding_w_uv_would_differ():
+    """The absorbed step's output projection is W_o W_uv; W_o alone would not fit."""
+    mla, x = _mla(), _x()
+    W_uk, W_uv = mla.up_weights()
+    assert W_uk.shape == (4, 6, 10) and W_uv.shape == (4, 5, 10)
+    explicit = mla(x)[0]
+    with torch.no_grad():
+        mla.kv_b_proj.weight.view(4, 11, 10)[:, 6:] *= 2  # scale W_uv only
+    assert (mla(x)[0] - explicit).abs().max() > 1e-3
+
+
+def test_cache_bytes_per_token_mha_gqa_mla():
+    """DeepSeek-V3's shape: 61 layers, 128 heads of 128, latent 512 + rotary key 64."""
+    rows = cache_bytes_table(61, 128, 128, n_kv_heads=8, kv_lora_rank=512, d_rope=64)
+    by = {r["attention"]: r for r in rows}
+    assert by["MHA"]["bytes"] == 61 * 2 * 128 * 128 * 2
+    assert by["GQA"]["bytes"] == 61 * 2 * 8 * 128 * 2
+    assert by["MLA"]["bytes"] == 61 * 576 * 2  # 70,272 bytes per token
+    assert by["MLA"]["vs_mha"] == pytest.approx(576 / 32768)
+    assert cache_values_per_token(1, kv_lora_rank=10, d_rope=4) == 14
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="d_rope"):
+        MultiHeadLatentAttention(32, 4, 10, 6, 3, 5)
+    with pytest.raises(ValueError, match="d_model=32"):
+        _mla()(torch.zeros(1, 3, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="d_head"):
+        cache_values_per_token(2, n_heads=4)
+
+
+def test_padding_through_the_absorbed_cache_equals_the_masked_explicit_form():
+    mla, x = _mla(), _x()
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, :3] = False  # left padding: its rows are fully masked at first
+    explicit = mla(x, keep[:, None, None, :])[0]
+    cache = mla.new_cache(9)
+    got = torch.cat([mla.step(x[:, i : i + 1], cache, keep[:, i : i + 1]) for i in range(9)], 1)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got[keep], explicit[keep], rtol=0, atol=1e-12)
