@@ -319,3 +319,66 @@ def test_a_remote_scheduler_without_tls_is_refused(pristine, tmp_path, how):
     assert "can run any code on its workers" in proc.stderr
     assert "--allow-plaintext-scheduler" in proc.stderr
     assert not (course / "gradebook.db").exists() and not (course / "autograded").exists()
+
+
+def test_a_tls_scheduler_is_reached_with_the_courses_certificates(pristine, tmp_path):
+    """Over tls:// the command uses ATTENTION_REF_TLS_* (a CA of the course's own); without
+    them it refuses before grading anything, and says what to set."""
+    from certipy import Certipy
+    from distributed import Client
+
+    from attention_ref.course.cluster import TLS_ENV, ClusterConfig
+
+    store = Certipy(store_dir=str(tmp_path / "certs"))
+    store.create_ca("grading-ca")
+    pair = store.create_signed_pair("grading", "grading-ca")
+    files = {
+        "tls_ca_file": pair["files"]["ca"],
+        "tls_client_cert": pair["files"]["cert"],
+        "tls_client_key": pair["files"]["key"],
+    }
+    info = tmp_path / "scheduler.json"
+    tls = [f"--tls-ca-file={files['tls_ca_file']}", f"--tls-cert={files['tls_client_cert']}",
+           f"--tls-key={files['tls_client_key']}"]  # fmt: skip
+    scheduler = subprocess.Popen(
+        [
+            BIN / "dask",
+            "scheduler",
+            "--protocol",
+            "tls",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            info,
+            *tls,
+        ],  # fmt: skip
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not info.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        address = json.loads(info.read_text())["address"]
+        assert address.startswith("tls://")
+        course = copy_of(pristine, tmp_path / "course")
+        proc = run_course(course, "grade", "--scheduler", address, timeout=120)
+        assert proc.returncode == 2
+        assert "speaks TLS, and no certificates were given" in proc.stderr
+        assert "ATTENTION_REF_TLS_CA" in proc.stderr
+        env = {TLS_ENV[k]: str(v) for k, v in files.items()}
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            config = ClusterConfig(address)
+            config.check()  # encrypted: no flag needed
+            with Client(address, security=config.security(), timeout="20s") as client:
+                assert client.scheduler_info()["address"] == address
+    finally:
+        os.killpg(scheduler.pid, signal.SIGTERM)
+        scheduler.wait(timeout=20)

@@ -128,7 +128,15 @@ class ClusterConfig:
 
         files = {k: os.environ[v] for k, v in TLS_ENV.items() if os.environ.get(v)}
         if not files:
-            return Security()  # Dask's configuration (distributed.comm.tls.*)
+            configured = Security()  # Dask's configuration (distributed.comm.tls.*)
+            if not configured.tls_ca_file:
+                raise ClusterRefusedError(
+                    f"grading refused: the scheduler {self.address} speaks TLS, and no "
+                    f"certificates were given: set {', '.join(TLS_ENV.values())} (the CA, "
+                    "this machine's certificate and its key; docs/INSTRUCTOR_GUIDE.md, "
+                    "'Grading on a cluster') or Dask's distributed.comm.tls configuration"
+                )
+            return configured
         missing = [v for k, v in TLS_ENV.items() if k not in files]
         if missing:
             raise ClusterRefusedError(
@@ -435,9 +443,10 @@ def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
             client.register_plugin(Quiet(), name="attention-ref-quiet")
             yield client
         return
+    security = config.security()
     try:
-        client = Client(config.address, security=config.security(), timeout="30s")
-    except (OSError, TimeoutError) as err:
+        client = Client(config.address, security=security, timeout="30s")
+    except Exception as err:  # unreachable, refused, a TLS handshake that failed
         raise ClusterRefusedError(
             f"grading refused: could not reach the scheduler {config.address}: {err}"
         ) from err

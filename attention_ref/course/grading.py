@@ -19,16 +19,16 @@ nbgrader does the grading. This module adds what an instructor needs around it:
 - cells that hit their time limit, or a cap of the sandbox (memory, processes, bytes
   written), are listed (the limits: attention_ref/course/cell_limits.py);
 - submissions are graded ``jobs`` at a time (default: one per core), each by nbgrader's own
-  autograde code in a worker process; the grades are those of a sequential run (the
-  report lists the submissions in the same order, whatever the order they finished in);
+  autograde code, as a job on a Dask cluster (:mod:`attention_ref.course.cluster`: a local
+  one started by the command, or a running scheduler's): a job grades in a private copy of
+  the course holding its assignment and its one submission, and the command alone writes
+  the gradebook and ``autograded/``; the grades are those of a sequential run (the report
+  lists the submissions in the same order, whatever the order they finished in);
 - the grades are exported to a CSV (``nbgrader export``).
 
-Concurrent workers share the gradebook. PostgreSQL handles concurrent writers itself; a
-sqlite gradebook is opened with a long busy timeout (a writer waits for another's short
-transaction instead of failing), and a submission whose grading still failed on a locked
-database is graded again (with ``--force``: nbgrader replaces the grades it wrote). Every
-student is put in the gradebook before the workers start, so that no two workers add the
-same student at once.
+Every student is put in the gradebook before grading starts. The command writes the
+gradebook one submission at a time; a sqlite gradebook is still opened with a long busy
+timeout, and a write that met a locked database (formgrader open on it, say) is tried again.
 """
 
 from __future__ import annotations
@@ -410,6 +410,7 @@ def grade(
 
     try:
         where = ClusterConfig.from_env()
+        where.security()  # a tls:// scheduler's certificates, before anything is graded
     except ClusterRefusedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
