@@ -382,3 +382,31 @@ def test_a_tls_scheduler_is_reached_with_the_courses_certificates(pristine, tmp_
     finally:
         os.killpg(scheduler.pid, signal.SIGTERM)
         scheduler.wait(timeout=20)
+
+
+class _Lost:
+    """A future whose result cannot come: ``result()`` raises ``err``."""
+
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+    def result(self):
+        raise self.err
+
+
+def test_a_job_the_cluster_lost_is_reported_with_its_reason():
+    """A scheduler gone (its futures cancelled) or a job whose workers all died: the
+    submission is named as not graded, with the reason, never dropped."""
+    from distributed.client import FutureCancelledError
+    from distributed.scheduler import KilledWorker
+
+    from attention_ref.course.cluster import _result_of
+
+    gone = _result_of(_Lost(FutureCancelledError("k", "scheduler-connection-lost")), AID, "ada")
+    assert (gone.outcome.student, gone.outcome.assignment) == ("ada", AID)
+    assert gone.outcome.status == "failed" and not gone.executed
+    assert "not graded: the cluster lost its job" in gone.outcome.notes[0]
+    assert "scheduler-connection-lost" in gone.outcome.notes[0]
+    killed = _result_of(_Lost(KilledWorker("k", "tcp://w", [])), AID, "bob")
+    assert killed.outcome.status == "failed"
+    assert "the workers grading it died 4 times" in killed.outcome.notes[0]
