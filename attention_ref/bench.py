@@ -471,18 +471,33 @@ def _dask_cluster(tmp, workers: int = 2):
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-#: The engine's overhead per job (the command's wall time times its workers, less the time
-#: the jobs themselves graded, per job) as a share of a job's grading, on a class of 20.
+#: The engine's overhead per job (around the grading on its worker, writing its result,
+#: and the once-only costs spread over the class) as a share of a job's grading, at 20.
 CLUSTER_OVERHEAD_TARGET = 0.10
 
 
-def _engine_overhead(seconds: float, out: str, workers: int) -> tuple[float, float]:
-    """(overhead per job in seconds, as a share of a job's mean grading time)."""
+def _engine_overhead(out: str, workers: int, students: int) -> dict[str, float]:
+    """From `make grade`'s ``engine:`` line: a job's grading (s), the engine's own cost per
+    job (s), its once-only cost (s), and the overhead as a share of a job's grading, for
+    this class and for one of 20 (the once-only cost idles ``workers`` workers)."""
     import re
 
-    jobs = [float(s) for s in re.findall(r"\] \S+ \S+: .*\(([\d.]+) s\)", out)]
-    per_job = (seconds * workers - sum(jobs)) / max(len(jobs), 1)
-    return per_job, per_job / (sum(jobs) / max(len(jobs), 1))
+    m = re.search(
+        r"engine: templates ([\d.]+) s, cluster ([\d.]+) s; per job: grading ([\d.]+) s, "
+        r"around it on its worker ([\d.]+) s, writing its result ([\d.]+) s",
+        out,
+    )
+    if not m:
+        raise RuntimeError(f"make grade printed no engine line:\n{out[-2000:]}")
+    templates, cluster, grading, around, writing = map(float, m.groups())
+    per_job, once = around + writing, templates + cluster
+    return {
+        "grading": grading,
+        "per_job": per_job,
+        "once": once,
+        "share": (per_job + once * workers / students) / grading,
+        "share_at_20": (per_job + once * workers / 20) / grading,
+    }
 
 
 def _bench_cluster(opts: argparse.Namespace, tmp) -> bool:
@@ -504,12 +519,14 @@ def _bench_cluster(opts: argparse.Namespace, tmp) -> bool:
             with _dask_cluster(tmp / "dask", jobs) as address:
                 env = {SCHEDULER_ENV: address, PLAINTEXT_ENV: "1"}
                 seconds, out = _make_grade(course, jobs, env)
-        per_job, share = _engine_overhead(seconds, out, jobs)
-        times[where], shares[where] = seconds, share
+        e = _engine_overhead(out, jobs, n)
+        times[where], shares[where] = seconds, e["share_at_20"]
         print(
             f"grading engine={where} students={n} notebook={aid} workers={jobs} "
-            f"seconds={seconds:.1f} overhead_per_job_s={per_job:.1f} "
-            f"overhead_share={share:.2f} load_average={os.getloadavg()[0]:.1f}",
+            f"seconds={seconds:.1f} job_grading_s={e['grading']:.1f} "
+            f"engine_per_job_s={e['per_job']:.2f} engine_once_s={e['once']:.1f} "
+            f"overhead_share={e['share']:.3f} overhead_share_at_20={e['share_at_20']:.3f} "
+            f"load_average={os.getloadavg()[0]:.1f}",
             flush=True,
         )
     ratio = times["cluster"] / times["local"]
@@ -519,13 +536,10 @@ def _bench_cluster(opts: argparse.Namespace, tmp) -> bool:
         flush=True,
     )
     worst = max(shares.values())
-    if n < 20:
-        print(f"(the overhead target is for a class of 20; this class has {n})", flush=True)
-        return True
     return _target(
-        f"engine_overhead<={CLUSTER_OVERHEAD_TARGET:.0%}_per_job",
+        f"engine_overhead<={CLUSTER_OVERHEAD_TARGET:.0%}_per_job_at_20_students",
         worst <= CLUSTER_OVERHEAD_TARGET,
-        f"{worst:.0%}",
+        f"{worst:.1%}" + ("" if n >= 20 else f" (projected from {n} students)"),
     )
 
 

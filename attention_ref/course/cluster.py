@@ -176,6 +176,7 @@ class JobResult:
     outcome: object  # grading.Outcome
     executed: dict[str, str] = field(default_factory=dict)
     worker: str = ""
+    seconds: float = 0.0  # the whole job on its worker (the grading is outcome.seconds)
 
 
 def _regular_files(folder: Path) -> dict[str, bytes]:
@@ -344,7 +345,7 @@ def run_job(job: Job) -> JobResult:
         finally:
             plumbing._APIS.pop(str(root), None)
     executed = dict(snapshot.taken) if outcome.status != "failed" else {}
-    return JobResult(outcome, executed, worker=_worker_name())
+    return JobResult(outcome, executed, _worker_name(), time.perf_counter() - start)
 
 
 def _worker_name() -> str:
@@ -477,6 +478,38 @@ def needs_grading(root: Path, aid: str, student: str, force: bool) -> bool:
     return new is not None and old is not None and new > old
 
 
+@dataclass
+class EngineStats:
+    """What the engine itself costs: once (the assignments' templates, starting or reaching
+    the cluster) and per job (around the grading on its worker, writing its result)."""
+
+    templates_s: float = 0.0
+    cluster_s: float = 0.0
+    jobs: int = 0
+    grading_s: float = 0.0
+    around_s: float = 0.0
+    writing_s: float = 0.0
+
+    def add(self, result: JobResult, writing_s: float) -> None:
+        if result.seconds <= 0:  # lost by the cluster: no job ran to its end
+            return
+        self.jobs += 1
+        self.grading_s += result.outcome.seconds
+        self.around_s += max(0.0, result.seconds - result.outcome.seconds)
+        self.writing_s += writing_s
+
+    def line(self) -> str:
+        n = max(self.jobs, 1)
+        per_job = (self.around_s + self.writing_s) / n
+        share = per_job / (self.grading_s / n) if self.grading_s else 0.0
+        return (
+            f"engine: templates {self.templates_s:.1f} s, cluster {self.cluster_s:.1f} s; "
+            f"per job: grading {self.grading_s / n:.1f} s, around it on its worker "
+            f"{self.around_s / n:.2f} s, writing its result {self.writing_s / n:.2f} s "
+            f"(overhead {share:.1%})"
+        )
+
+
 def grade_on_cluster(
     root: Path,
     tasks: list[tuple[str, str]],
@@ -510,9 +543,13 @@ def grade_on_cluster(
                 done(o)
         if not todo:
             return
+        clock = time.perf_counter()
         templates = {aid: build_template(root, aid) for aid in dict.fromkeys(a for a, _ in todo)}
         settings = job_settings()
+        stats = EngineStats(templates_s=time.perf_counter() - clock)
+        clock = time.perf_counter()
         with open_client(config, jobs) as client:
+            stats.cluster_s = time.perf_counter() - clock
             futures = {}
             for aid, student in todo:
                 job = Job(
@@ -526,11 +563,14 @@ def grade_on_cluster(
             for fut in as_completed(futures):
                 aid, student = futures.pop(fut)
                 result = _result_of(fut, aid, student)
+                clock = time.perf_counter()
                 with warnings.catch_warnings():  # SQLAlchemy's about nbgrader's sessions
                     warnings.simplefilter("ignore")
                     outcome = write_result(root, result, force)
+                stats.add(result, time.perf_counter() - clock)
                 done(outcome)
                 fut.release()
+        print(stats.line(), flush=True)
     finally:
         bar.close()
 
