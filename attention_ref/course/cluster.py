@@ -426,6 +426,9 @@ def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
 
     if config.address is None:
         with (
+            # The workers' scratch folder is the command's own: Dask's default,
+            # /tmp/dask-scratch-space, belongs to whoever used Dask first on the machine.
+            tempfile.TemporaryDirectory(prefix="grading-workers-") as scratch,
             LocalCluster(
                 n_workers=jobs,
                 threads_per_worker=1,
@@ -433,6 +436,7 @@ def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
                 memory_limit=0,  # a kernel's memory is the sandbox's to cap
                 dashboard_address=None,
                 silence_logs=logging.ERROR,
+                local_directory=scratch,
             ) as cluster,
             Client(cluster) as client,
         ):
