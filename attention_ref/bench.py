@@ -24,7 +24,13 @@
   grading is a sum over students, each graded alone); and the same class graded once more
   with the most workers without the sandbox (``ATTENTION_REF_SANDBOX=off``), for the
   sandbox's cost, and once more judged by the kernel itself as nbgrader alone does
-  (``ATTENTION_REF_TRUSTED_CHECKER=off``), for the trusted checker's cost. Takes minutes.
+  (``ATTENTION_REF_TRUSTED_CHECKER=off``), for the trusted checker's cost. First, the
+  engine of ``make grade`` (Dask): ``--cluster-students`` solutions of notebook 01 graded on
+  the command's own local cluster of two workers and on a running two-worker cluster (a
+  ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1), the seconds, their
+  ratio and each one's overhead per job (its wall time times two workers, less the seconds
+  the jobs graded, per job) as a share of a job's time: the target is 10% on a class of 20
+  (``--cluster-only`` runs this part alone). Takes minutes.
 
 Benchmarks are registered in :data:`BENCHMARKS` with :func:`benchmark`; each takes the
 parsed command-line options, prints its lines and returns True when it ran without error
@@ -46,6 +52,7 @@ thread count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import itertools
 import math
@@ -410,6 +417,132 @@ def _seconds_of(out: str, student: str) -> float:
     return sum(float(s) for s in found)
 
 
+@contextlib.contextmanager
+def _dask_cluster(tmp, workers: int = 2):
+    """A `dask scheduler` and ``workers`` `dask worker` processes (one thread each) on
+    127.0.0.1, each worker in an empty folder of its own; yields the scheduler's address."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    env.pop("NBGRADER_DB_URL", None)
+    tmp.mkdir(parents=True, exist_ok=True)
+    info = tmp / "scheduler.json"
+    procs = []
+
+    def start(argv, cwd):
+        procs.append(
+            subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+
+    dask = os.path.join(bindir, "dask")
+    try:
+        start([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+               "--scheduler-file", str(info)], tmp)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not info.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        address = json.loads(info.read_text())["address"]
+        for i in range(workers):
+            folder = tmp / f"worker{i + 1}"
+            folder.mkdir()
+            start([dask, "worker", address, "--nthreads", "1", "--nworkers", "1",
+                   "--memory-limit", "0", "--no-dashboard", "--local-directory",
+                   str(folder)], folder)  # fmt: skip
+        yield address
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+#: The engine's overhead per job (around the grading on its worker, writing its result,
+#: and the once-only costs spread over the class) as a share of a job's grading, at 20.
+CLUSTER_OVERHEAD_TARGET = 0.10
+
+
+def _engine_overhead(out: str, workers: int, students: int) -> dict[str, float]:
+    """From `make grade`'s ``engine:`` line: a job's grading (s), the engine's own cost per
+    job (s), its once-only cost (s), and the overhead as a share of a job's grading, for
+    this class and for one of 20 (the once-only cost idles ``workers`` workers)."""
+    import re
+
+    m = re.search(
+        r"engine: templates ([\d.]+) s, cluster ([\d.]+) s; per job: grading ([\d.]+) s, "
+        r"around it on its worker ([\d.]+) s, writing its result ([\d.]+) s",
+        out,
+    )
+    if not m:
+        raise RuntimeError(f"make grade printed no engine line:\n{out[-2000:]}")
+    templates, cluster, grading, around, writing = map(float, m.groups())
+    per_job, once = around + writing, templates + cluster
+    return {
+        "grading": grading,
+        "per_job": per_job,
+        "once": once,
+        "share": (per_job + once * workers / students) / grading,
+        "share_at_20": (per_job + once * workers / 20) / grading,
+    }
+
+
+def _bench_cluster(opts: argparse.Namespace, tmp) -> bool:
+    """The same class (``--cluster-students`` solutions of notebook 01) graded by `make
+    grade` on its local cluster of two workers and on a running two-worker cluster."""
+    import os
+
+    from .course.cluster import PLAINTEXT_ENV, SCHEDULER_ENV
+
+    n, aid, jobs = opts.cluster_students, "01_dot_product_attention", 2
+    times, shares = {}, {}
+    for where in ("local", "cluster"):
+        course = _grading_course(tmp / f"cluster-{where}", [aid])
+        for k in range(n):
+            _submit(course, f"student{k + 1:03d}", aid, _solved(aid))
+        if where == "local":
+            seconds, out = _make_grade(course, jobs)
+        else:
+            with _dask_cluster(tmp / "dask", jobs) as address:
+                env = {SCHEDULER_ENV: address, PLAINTEXT_ENV: "1"}
+                seconds, out = _make_grade(course, jobs, env)
+        e = _engine_overhead(out, jobs, n)
+        times[where], shares[where] = seconds, e["share_at_20"]
+        print(
+            f"grading engine={where} students={n} notebook={aid} workers={jobs} "
+            f"seconds={seconds:.1f} job_grading_s={e['grading']:.1f} "
+            f"engine_per_job_s={e['per_job']:.2f} engine_once_s={e['once']:.1f} "
+            f"overhead_share={e['share']:.3f} overhead_share_at_20={e['share_at_20']:.3f} "
+            f"load_average={os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    ratio = times["cluster"] / times["local"]
+    print(
+        f"grading cluster students={n} local_s={times['local']:.1f} "
+        f"two_worker_cluster_s={times['cluster']:.1f} ratio={ratio:.2f}",
+        flush=True,
+    )
+    worst = max(shares.values())
+    return _target(
+        f"engine_overhead<={CLUSTER_OVERHEAD_TARGET:.0%}_per_job_at_20_students",
+        worst <= CLUSTER_OVERHEAD_TARGET,
+        f"{worst:.1%}" + ("" if n >= 20 else f" (projected from {n} students)"),
+    )
+
+
 @benchmark(
     "grading",
     "cost of a looping submission; a class graded with 1 vs 2 workers, with and without sandbox",
@@ -431,6 +564,12 @@ def bench_grading(opts: argparse.Namespace) -> bool:
         sandbox.student_edition()  # built once for these sources, before any run is timed
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         tmp = Path(tmp)
+        # 6. (first, so that --cluster-only runs it alone) make grade's engine: the same
+        #    class on its own local cluster and on a running two-worker Dask cluster.
+        if opts.cluster_students > 0:
+            met.append(_bench_cluster(opts, tmp))
+        if opts.cluster_only:
+            return all(met) or not opts.strict
         # 1. One submission of notebook 01 whose sdpa loops forever, next to a solution:
         #    both graded one at a time, so the difference is what the loop costs.
         course = _grading_course(tmp / "loop", [loop_aid])
@@ -712,6 +851,18 @@ def _parser() -> argparse.ArgumentParser:
         dest="trusted_compare",
         action="store_false",
         help="grading: skip grading the class again without the trusted checker",
+    )
+    p.add_argument(
+        "--cluster-students",
+        type=int,
+        default=2,
+        help="grading: students of notebook 01 graded on the local and on a two-worker Dask "
+        "cluster (the overhead target is for 20); 0: skip",
+    )
+    p.add_argument(
+        "--cluster-only",
+        action="store_true",
+        help="grading: only the local against the two-worker cluster",
     )
     p.add_argument("--strict", action="store_true", help="a missed target is an error")
     return p

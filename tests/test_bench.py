@@ -179,7 +179,7 @@ def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch,
 
     monkeypatch.setattr(bench, "_make_grade", fake_make_grade)
     monkeypatch.setattr(bench, "_interrupted", lambda path: (["30", "10"], 1))
-    argv = ["grading", "--students", "4", "--baseline-students", "2"]
+    argv = ["grading", "--students", "4", "--baseline-students", "2", "--cluster-students", "0"]
     assert bench.main([*argv, "--strict"]) == 1  # a missed target fails with --strict
     out = capsys.readouterr().out
     baseline = [c for c in calls if c[0] == "baseline"]
@@ -207,3 +207,46 @@ def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch,
     assert "old_sequential_s=600 (measured in this run: 150.0 s per student x 4) ratio=0.42" in out
     assert "target class<=1/3_old_sequential: MISSED (0.42x)" in out
     assert bench.main(argv) == 0  # and only then
+
+
+def test_grading_benchmark_compares_the_local_and_a_two_worker_cluster(monkeypatch, capsys):
+    """The same class graded by make grade on its local cluster and on a running two-worker
+    cluster: both times, their ratio, and the engine's overhead read from make grade's
+    engine line, spread over a class of 20 for the target (grading faked, as above)."""
+    import contextlib
+
+    calls = []
+    engine = (
+        "engine: templates 1.0 s, cluster {once} s; per job: grading 20.0 s, around it on "
+        "its worker 0.30 s, writing its result 0.50 s (overhead 4.0%)\n"
+    )
+
+    def fake_make_grade(course, jobs, env=None):
+        students = sorted(p.name for p in (course / "submitted").iterdir())
+        calls.append((course.name, jobs, dict(env or {}), students))
+        once = "9.0" if course.name == "cluster-local" else "3.0"
+        return (60.0 if course.name == "cluster-local" else 66.0), engine.format(once=once)
+
+    @contextlib.contextmanager
+    def fake_cluster(tmp, workers=2):
+        calls.append(("dask", workers, {}, []))
+        yield "tcp://127.0.0.1:9999"
+
+    monkeypatch.setattr(bench, "_make_grade", fake_make_grade)
+    monkeypatch.setattr(bench, "_dask_cluster", fake_cluster)
+    argv = ["grading", "--cluster-only", "--cluster-students", "4"]
+    assert bench.main([*argv, "--strict"]) == 0  # 9.0% at 20 students: met
+    out = capsys.readouterr().out
+    assert [c[:2] for c in calls] == [("cluster-local", 2), ("dask", 2), ("cluster-cluster", 2)]
+    assert calls[0][2] == {} and len(calls[0][3]) == 4
+    assert calls[2][2] == {
+        "ATTENTION_REF_SCHEDULER": "tcp://127.0.0.1:9999",
+        "ATTENTION_REF_ALLOW_PLAINTEXT_SCHEDULER": "1",
+    }
+    # local: (0.8 + 10.0 * 2 / 4) / 20 = 0.29; at 20 students (0.8 + 10.0 * 2 / 20) / 20 = 0.09
+    assert "engine_per_job_s=0.80 engine_once_s=10.0 overhead_share=0.290" in out
+    assert "overhead_share_at_20=0.090" in out
+    assert "overhead_share_at_20=0.060" in out  # the cluster: (0.8 + 4.0 * 2 / 20) / 20
+    assert "grading cluster students=4 local_s=60.0 two_worker_cluster_s=66.0 ratio=1.10" in out
+    assert "target engine_overhead<=10%_per_job_at_20_students: met (9.0%" in out
+    assert bench.main(argv) == 0

@@ -2,9 +2,11 @@
 
     python -m attention_ref.course release [ASSIGNMENT ...]
         regenerate notebooks/NN_name/ (student versions) from solutions/ with nbgrader.
-    python -m attention_ref.course grade [--jobs N] [--force] [ASSIGNMENT ...]
+    python -m attention_ref.course grade [--jobs N] [--force] [--scheduler ADDRESS
+            [--allow-plaintext-scheduler]] [ASSIGNMENT ...]
         autograde every submission under submitted/ into the gradebook, each in its own
-        sandbox, N at a time (default: the number of cores); report any submission whose
+        sandbox, N at a time (default: the number of cores) on a local Dask cluster, or on
+        the Dask cluster of ADDRESS (tls://host:8786); report any submission whose
         kernel crashed, that hit a time limit or a resource cap; export grades.csv.
     python -m attention_ref.course report [--out DIR] [--names] [ASSIGNMENT ...]
         the class report: per exercise, who passed, failed, hit a limit or did not
@@ -19,7 +21,10 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
 
 - ``plumbing``: the course root, its assignments, nbgrader's command line and API;
 - ``release``: ``make release``;
-- ``grading``: ``make grade`` (parallel workers, the report, the salvage of a dead kernel);
+- ``grading``: ``make grade`` (one submission's grading, the report, the salvage of a dead
+  kernel);
+- ``cluster``: ``make grade``'s jobs on Dask (a local or a remote cluster; the command alone
+  writes the gradebook);
 - ``report``: ``make report`` (the class report, the Canvas and Moodle grade files);
 - ``similarity``: answers similar between submissions (a page of ``make report``);
 - ``sandbox``: the bubblewrap sandbox every graded notebook runs in, and its caps;

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __doc__ as course_doc
@@ -30,6 +31,17 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="submissions graded at a time (default: the number of cores)",
+    )
+    p_grade.add_argument(
+        "--scheduler",
+        default=None,
+        help="grade on the Dask cluster of this scheduler (tls://host:8786; default: "
+        "ATTENTION_REF_SCHEDULER, else a local cluster of --jobs workers)",
+    )
+    p_grade.add_argument(
+        "--allow-plaintext-scheduler",
+        action="store_true",
+        help="accept a scheduler address that is not tls:// (a network only you can reach)",
     )
     p_rep = sub.add_parser(
         "report",
@@ -72,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         for p in write_similarity(root, args.assignments or assignments(root), out, args.names):
             print(f"wrote {p}")
         return 0
+    from .cluster import PLAINTEXT_ENV, SCHEDULER_ENV  # noqa: PLC0415
     from .grading import grade  # noqa: PLC0415
+
+    if args.scheduler:
+        os.environ[SCHEDULER_ENV] = args.scheduler
+    if args.allow_plaintext_scheduler:
+        os.environ[PLAINTEXT_ENV] = "1"
 
     return grade(root, args.assignments, csv_path=args.csv, force=args.force, jobs=args.jobs)
 

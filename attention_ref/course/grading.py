@@ -19,29 +19,27 @@ nbgrader does the grading. This module adds what an instructor needs around it:
 - cells that hit their time limit, or a cap of the sandbox (memory, processes, bytes
   written), are listed (the limits: attention_ref/course/cell_limits.py);
 - submissions are graded ``jobs`` at a time (default: one per core), each by nbgrader's own
-  autograde code in a worker process; the grades are those of a sequential run (the
-  report lists the submissions in the same order, whatever the order they finished in);
+  autograde code, as a job on a Dask cluster (:mod:`attention_ref.course.cluster`: a local
+  one started by the command, or a running scheduler's): a job grades in a private copy of
+  the course holding its assignment and its one submission, and the command alone writes
+  the gradebook and ``autograded/``; the grades are those of a sequential run (the report
+  lists the submissions in the same order, whatever the order they finished in);
 - the grades are exported to a CSV (``nbgrader export``).
 
-Concurrent workers share the gradebook. PostgreSQL handles concurrent writers itself; a
-sqlite gradebook is opened with a long busy timeout (a writer waits for another's short
-transaction instead of failing), and a submission whose grading still failed on a locked
-database is graded again (with ``--force``: nbgrader replaces the grades it wrote). Every
-student is put in the gradebook before the workers start, so that no two workers add the
-same student at once.
+Every student is put in the gradebook before grading starts. The command writes the
+gradebook one submission at a time; a sqlite gradebook is still opened with a long busy
+timeout, and a write that met a locked database (formgrader open on it, say) is tried again.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,6 +252,31 @@ OVER_BUDGET = (
 )
 
 
+def note_graded(graded: Path, outcome: Outcome) -> None:
+    """Add to ``outcome`` what its graded notebooks (in ``graded``) show went wrong: outputs
+    over the budget, cells stopped by a time limit or a cap of the sandbox."""
+    for nb_path in sorted(graded.glob("*.ipynb")):
+        text = nb_path.read_text(errors="replace")
+        if OUTPUT_CUT_SIGN in text:
+            outcome.notes.append(
+                f"{nb_path.name}: its outputs reached the budget of a graded notebook "
+                "(ATTENTION_REF_OUTPUT_BYTES); later outputs were not kept"
+            )
+        if MESSAGE_CUT_SIGN in text:
+            outcome.notes.append(
+                f"{nb_path.name}: its kernel sent a message over what a graded notebook "
+                "keeps (ATTENTION_REF_OUTPUT_BYTES); the grader stopped reading its "
+                "outputs"
+            )
+        for what, cells in _stopped_cells(nb_path).items():
+            limit = (
+                f"the per-cell time limit ({CellLimits().describe()})"
+                if what == "time"
+                else f"the sandbox's cap on {what} ({sandbox.Caps.from_env().describe()})"
+            )
+            outcome.notes.append(f"{nb_path.name}: {', '.join(cells)} hit {limit}")
+
+
 def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
     """Autograde one submission (salvaging it if its kernel died, within its time budget);
     runs in a worker."""
@@ -270,26 +293,7 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
             )
         graded = root_path / "autograded" / student / aid
         if graded.is_dir():
-            for nb_path in sorted(graded.glob("*.ipynb")):
-                text = nb_path.read_text(errors="replace")
-                if OUTPUT_CUT_SIGN in text:
-                    outcome.notes.append(
-                        f"{nb_path.name}: its outputs reached the budget of a graded notebook "
-                        "(ATTENTION_REF_OUTPUT_BYTES); later outputs were not kept"
-                    )
-                if MESSAGE_CUT_SIGN in text:
-                    outcome.notes.append(
-                        f"{nb_path.name}: its kernel sent a message over what a graded notebook "
-                        "keeps (ATTENTION_REF_OUTPUT_BYTES); the grader stopped reading its "
-                        "outputs"
-                    )
-                for what, cells in _stopped_cells(nb_path).items():
-                    limit = (
-                        f"the per-cell time limit ({CellLimits().describe()})"
-                        if what == "time"
-                        else f"the sandbox's cap on {what} ({sandbox.Caps.from_env().describe()})"
-                    )
-                    outcome.notes.append(f"{nb_path.name}: {', '.join(cells)} hit {limit}")
+            note_graded(graded, outcome)
         else:
             outcome.log = _result_text(result)
             if time.monotonic() > deadline:
@@ -327,31 +331,32 @@ def enrol(api, students: list[str]) -> None:
 def _grade_all(
     root: Path, tasks: list[tuple[str, str]], force: bool, jobs: int
 ) -> dict[tuple[str, str], Outcome]:
-    """Grade ``tasks`` [(assignment, student)], ``jobs`` at a time; print each as it ends."""
+    """Grade ``tasks`` [(assignment, student)] on a Dask cluster (a local one of ``jobs``
+    workers, or the scheduler of ``ATTENTION_REF_SCHEDULER``: :mod:`.cluster`); print each
+    as its grades are written."""
+    from tqdm import tqdm
+
+    from . import cluster
+
     done: dict[tuple[str, str], Outcome] = {}
 
     def finished(o: Outcome) -> None:
+        if (o.assignment, o.student) in done:  # never written twice
+            raise RuntimeError(f"{o.assignment} {o.student} was graded twice")
         done[(o.assignment, o.student)] = o
-        print(
+        tqdm.write(
             f"   [{len(done)}/{len(tasks)}] {o.assignment} {o.student}: {o.status} "
             f"({o.seconds:.1f} s)",
-            flush=True,
+            file=sys.stdout,
         )
+        sys.stdout.flush()
 
     # Workers copy students' files: no hub credential reaches them (nor their kernels).
     for name in [k for k in os.environ if HUB_CREDENTIALS.match(k)]:
         del os.environ[name]
     if not tasks:
         return done
-    # Worker processes even for one job, so that JOBS=1 grades exactly as JOBS=N does.
-    # spawn, not fork: a worker starts clean (no copied event loops, sockets or threads).
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=min(jobs, len(tasks)), mp_context=ctx, initializer=_quiet_worker
-    ) as pool:
-        futures = [pool.submit(grade_submission, str(root), a, s, force) for a, s in tasks]
-        for fut in as_completed(futures):
-            finished(fut.result())
+    cluster.grade_on_cluster(root, tasks, force, jobs, cluster.ClusterConfig.from_env(), finished)
     return done
 
 
@@ -401,6 +406,14 @@ def grade(
         )
         return 1
     jobs = jobs or default_jobs()
+    from .cluster import ClusterConfig, ClusterRefusedError
+
+    try:
+        where = ClusterConfig.from_env()
+        where.security()  # a tls:// scheduler's certificates, before anything is graded
+    except ClusterRefusedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     # Each kernel gets its share of the cores (PyTorch would take them all, and two
     # workers would run four busy threads on two cores), unless the grader set it.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, default_jobs() // jobs)))
@@ -459,14 +472,22 @@ def grade(
             if why:
                 refused[(aid, student)] = Outcome(student, aid, "refused", [f"not graded: {why}"])
             tasks.append((aid, student))
+    at_a_time = (
+        f"{min(jobs, max(len(tasks), 1))} at a time"
+        if where.address is None
+        else f"on the cluster at {where.address}"
+    )
     print(
-        f"grading {len(tasks)} submission(s), {min(jobs, max(len(tasks), 1))} at a time; "
-        f"time limits: {CellLimits().describe()}",
+        f"grading {len(tasks)} submission(s), {at_a_time}; time limits: {CellLimits().describe()}",
         flush=True,
     )
     graded = [t for t in tasks if t not in refused]
     enrol(api, sorted({student for _, student in graded}))
-    done = _grade_all(root, graded, force, jobs)
+    try:
+        done = _grade_all(root, graded, force, jobs)
+    except ClusterRefusedError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     done.update(refused)
     outcomes = [done[t] for t in tasks]
     for o in outcomes:

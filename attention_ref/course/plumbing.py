@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT_MARKER = "nbgrader_config.py"
@@ -62,22 +63,43 @@ def nbgrader_api(root: Path):
     would be (nbgrader_config.py of the course and of the user), one per process."""
     key = str(root)
     if key not in _APIS:
-        from nbgrader.apps.api import NbGraderAPI
-        from nbgrader.apps.baseapp import NbGrader
-
-        os.chdir(root)
-        # nbgrader runs `alembic` and starts kernels: both must come from this environment.
-        bindir = os.path.dirname(sys.executable)
-        if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
-            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-        app = NbGrader()
-        app.initialize([])
-        url = app.coursedir.db_url
-        if url.startswith("sqlite") and "?" not in url:
-            # Wait up to 2 minutes for another worker's write instead of failing at once.
-            app.coursedir.db_url = url + "?timeout=120"
-        _APIS[key] = NbGraderAPI(coursedir=app.coursedir, parent=app)
+        _APIS[key] = new_nbgrader_api(root)
     return _APIS[key]
+
+
+def new_nbgrader_api(
+    root: Path,
+    *,
+    db_url: str | None = None,
+    edit_autograde: Callable[[list], list] | None = None,
+):
+    """A new nbgrader API for the course at ``root`` (not cached): ``db_url`` replaces the
+    configured gradebook; ``edit_autograde`` maps the configured list of autograde
+    preprocessors to the list this API grades with (a cluster's worker and head do:
+    :mod:`attention_ref.course.cluster`)."""
+    from nbgrader.apps.api import NbGraderAPI
+    from nbgrader.apps.baseapp import NbGrader
+    from nbgrader.converters import Autograde
+
+    os.chdir(root)
+    # nbgrader runs `alembic` and starts kernels: both must come from this environment.
+    bindir = os.path.dirname(sys.executable)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    app = NbGrader()
+    app.initialize([])
+    if edit_autograde is not None:
+        configured = app.config.Autograde.get("autograde_preprocessors")
+        if configured is None:
+            configured = Autograde.class_traits()["autograde_preprocessors"].default()
+        app.config.Autograde.autograde_preprocessors = edit_autograde(list(configured))
+    if db_url is not None:
+        app.coursedir.db_url = db_url
+    url = app.coursedir.db_url
+    if url.startswith("sqlite") and "?" not in url:
+        # Wait up to 2 minutes for another worker's write instead of failing at once.
+        app.coursedir.db_url = url + "?timeout=120"
+    return NbGraderAPI(coursedir=app.coursedir, parent=app)
 
 
 #: What an error output says when a cap of the sandbox stopped the cell: (the cap, the
