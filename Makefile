@@ -13,7 +13,9 @@
 #   make release   regenerate notebooks/ (student versions) from solutions/
 #   make grade     autograde new submissions under submitted/ and export grades.csv
 #                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it;
-#                  JOBS=N grades N submissions at a time, default: one per core)
+#                  JOBS=N grades N submissions at a time, default: one per core;
+#                  SCHEDULER=tls://host:8786 grades on that Dask cluster (instructor guide,
+#                  "Grading on a cluster"); ALLOW_PLAINTEXT_SCHEDULER=1 accepts a tcp:// one)
 #   make report    the class report (report/report.html, report.csv; NAMES=1 names the
 #                  students), similar answers worth a look (report/similarity.html, .csv)
 #                  and the grades for Canvas and Moodle (report/*_grades.csv)
@@ -36,18 +38,21 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 # `make test` runs two pytest processes side by side, one per core: the grading tests (a
 # class graded into sqlite and PostgreSQL, every solution graded; they grade with two
-# workers themselves) and everything else. Each one's report appears when it ends. The
-# browser, check time-limit and exchange tests run in the grading lane too, to balance the
-# two lanes (the hub, the student edition, the checks and the unit tests are the other).
+# workers themselves; a class graded on Dask clusters, local and of two workers) and
+# everything else. Each one's report appears when it ends. The browser and exchange tests
+# run in the grading lane too, to balance the two lanes (the hub, the student edition, the
+# check time limits, the checks and the unit tests are the other).
 # Both leave out the marks every_notebook and later: make test-later runs those.
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
-	tests/test_browser.py tests/test_check_timeouts.py tests/test_report.py tests/test_exchange.py
+	tests/test_browser.py tests/test_report.py tests/test_exchange.py tests/test_cluster.py
 # Whole hostile classes graded (forgers of grades, injections into the instructor's views):
 # `make test-hostile`, which .ci/run runs after make test (a few minutes).
 HOSTILE_LANE = tests/test_forgery.py tests/test_inert_views.py
 ASSIGNMENTS ?=
 JOBS ?=
+SCHEDULER ?=
+ALLOW_PLAINTEXT_SCHEDULER ?=
 
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
@@ -109,7 +114,9 @@ release: $(STAMP)
 	$(BIN)/python -m attention_ref.course release
 
 grade: $(STAMP)
-	$(BIN)/python -m attention_ref.course grade $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),) $(ASSIGNMENTS)
+	$(BIN)/python -m attention_ref.course grade $(if $(FORCE),--force,) $(if $(JOBS),--jobs $(JOBS),) \
+		$(if $(SCHEDULER),--scheduler $(SCHEDULER),) \
+		$(if $(ALLOW_PLAINTEXT_SCHEDULER),--allow-plaintext-scheduler,) $(ASSIGNMENTS)
 
 report: $(STAMP)
 	$(BIN)/python -m attention_ref.course report $(if $(NAMES),--names,) $(ASSIGNMENTS)
