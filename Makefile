@@ -85,7 +85,7 @@ test-other-lane: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook and not later" \
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE))
 
-# What make test leaves out: the per-notebook tests on every notebook but tests/conftest.py's
+# What make test leaves out: the per-notebook tests on every notebook but conftest.py's
 # QUICK_NOTEBOOKS (the solutions executed by nbval | the student notebooks executed and the
 # solutions graded), and the tests marked later. Two lanes, side by side. .ci/run runs it
 # after make test.

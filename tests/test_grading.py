@@ -1,5 +1,5 @@
 """The autograder, end to end through `make grade`'s code path, on every assignment (make
-test: the quick notebooks of tests/conftest.py; make test-later: the others): the
+test: the quick notebooks of conftest.py; make test-later: the others): the
 solutions earn every automatic mark under the default time limits (training cells run a
 token version of themselves under autograde), graded by two workers.
 
@@ -321,7 +321,7 @@ def test_a_kernel_that_dies_before_any_cell_is_replaced_and_the_grade_is_whole(t
 
 
 def test_the_tests_own_kernels_are_replaced_too(tmp_path, monkeypatch):
-    """nbval's kernel start (patched in conftest.py) and the tests' notebook runner."""
+    """nbval's kernel start (patched in tests/conftest.py) and the tests' notebook runner."""
     import nbval.kernel
 
     from course_tools import execute
