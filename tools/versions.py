@@ -62,6 +62,9 @@ ENDS = ("oldest", "newest")
 UNIT_TESTS_SKIP = {
     "tests/test_hub.py": "a real JupyterHub; needs configurable-http-proxy from npm",
     "tests/test_environment.py": "asserts the locked versions, which these envs are not",
+    # in make test's grading lane until 2026-11-28 (moved to balance the lanes), so never run
+    # here: its kernels import the checkout's attention_ref in the oldest environment
+    "tests/test_student_edition.py": "the grading machinery's student edition, as the lane",
 }
 # Printed first in the summary; every other direct requirement follows.
 KEY_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "nbgrader", "jupyterlab")
