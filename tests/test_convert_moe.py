@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
+# The converters read transformers 4.57's weight layouts (the lock's); 5.x fuses the
+# experts' weights (make versions' newest environment): not yet read (issue 31).
+pytestmark = pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) >= 5,
+    reason=f"the MoE converters read transformers 4.57's layouts, not {transformers.__version__}'s",
+)
 
 from attention_ref import convert_moe  # noqa: E402
 from attention_ref.convert import float64_internals, max_logit_difference  # noqa: E402

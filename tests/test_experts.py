@@ -100,6 +100,17 @@ def test_the_load_balancing_loss_is_one_per_slot_when_balanced_and_more_when_not
     torch.testing.assert_close(loss, torch.tensor(4 * 0.7).double())
 
 
+def _transformers_major() -> int:
+    try:
+        import transformers
+    except ImportError:
+        return 0
+    return int(transformers.__version__.split(".")[0])
+
+
+@pytest.mark.skipif(
+    _transformers_major() >= 5, reason="compared with transformers 4.57's loss (the lock's)"
+)
 def test_the_load_balancing_loss_equals_transformers():
     mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
     z = _logits(N=12, E=8)
