@@ -28,6 +28,18 @@ from .decoder import DecoderLayer
 from .multihead import MultiHeadAttention, merge_heads, split_heads
 
 
+def require_kv(k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise unless ``k`` and ``v`` are tensors ``(batch, heads, t, d)`` with the same batch,
+    heads and t (what a KV cache appends)."""
+    require_tensor("k", k)
+    require_tensor("v", v)
+    if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            "k and v must be (batch, heads, t, d) with the same batch, heads and t; got "
+            f"k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+
+
 class KVCache:
     """Keys and values of one attention layer for the positions processed so far.
 
@@ -68,13 +80,7 @@ class KVCache:
             ValueError: if the cache would hold more than ``max_len`` positions, or the
                 shapes do not match what is cached.
         """
-        require_tensor("k", k)
-        require_tensor("v", v)
-        if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
-            raise ValueError(
-                "k and v must be (batch, heads, t, d) with the same batch, heads and t; got "
-                f"k {tuple(k.shape)} and v {tuple(v.shape)}"
-            )
+        require_kv(k, v)
         t = k.shape[2]
         if self.length + t > self.max_len:
             raise ValueError(

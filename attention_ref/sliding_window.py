@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ._validate import describe, require_tensor
+from .kv_cache import require_kv
 from .modern import RMSNorm, RotaryAttention
 from .positional import rope
 
@@ -138,13 +139,7 @@ class RollingKVCache:
             the stored slots (in slot order, empty ones with position -1) followed by the
             ``t`` new positions, ``n = size + t``.
         """
-        require_tensor("k", k)
-        require_tensor("v", v)
-        if k.dim() != 4 or v.dim() != 4 or k.shape[:3] != v.shape[:3]:
-            raise ValueError(
-                "k and v must be (batch, heads, t, d) with the same batch, heads and t; got "
-                f"k {tuple(k.shape)} and v {tuple(v.shape)}"
-            )
+        require_kv(k, v)
         B, H, t, d_k = k.shape
         if keep is None:
             keep = torch.ones(B, t, dtype=torch.bool, device=k.device)

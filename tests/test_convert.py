@@ -9,6 +9,9 @@ import torch
 
 pytest.importorskip("transformers")
 
+from logit_batches import V  # noqa: E402
+from logit_batches import batches as _batches  # noqa: E402
+
 from attention_ref import convert  # noqa: E402
 from attention_ref.convert import (  # noqa: E402
     float64_internals,
@@ -22,18 +25,6 @@ from attention_ref.positional import frequencies, rope  # noqa: E402
 from attention_ref.sampling import generate  # noqa: E402
 
 from catalog.nb13 import RMSRsqrt, RMSVectorNormEpsBuffer, SwiGLUEinsum  # noqa: E402
-
-V = 97
-
-
-def _batches(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    out = [(torch.randint(0, V, (3, T), generator=g), None) for T in (1, 7, 33)]
-    ids = torch.randint(0, V, (3, 12), generator=g)
-    right = torch.ones(3, 12, dtype=torch.long)
-    right[0, 8:] = 0
-    right[2, 3:] = 0
-    out += [(ids, right), (ids, right.flip(1))]  # right- and left-padded
-    return out
 
 
 def _worst(ours, theirs, g) -> float:

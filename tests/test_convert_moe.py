@@ -16,6 +16,9 @@ pytestmark = pytest.mark.skipif(
     reason=f"the MoE converters read transformers 4.57's layouts, not {transformers.__version__}'s",
 )
 
+from logit_batches import V  # noqa: E402
+from logit_batches import batches as _batches  # noqa: E402
+
 from attention_ref import convert_moe  # noqa: E402
 from attention_ref.convert import float64_internals, max_logit_difference  # noqa: E402
 from attention_ref.convert_moe import (  # noqa: E402
@@ -25,18 +28,6 @@ from attention_ref.convert_moe import (  # noqa: E402
     greedy_generate,
     tiny_moe_model,
 )
-
-V = 97
-
-
-def _batches(g: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    out = [(torch.randint(0, V, (3, T), generator=g), None) for T in (1, 7, 33)]
-    ids = torch.randint(0, V, (3, 12), generator=g)
-    right = torch.ones(3, 12, dtype=torch.long)
-    right[0, 8:] = 0
-    right[2, 3:] = 0
-    out += [(ids, right), (ids, right.flip(1))]  # right- and left-padded
-    return out
 
 
 def _worst(ours, theirs, seed: int) -> float:
