@@ -12,7 +12,9 @@ ways and every grade, comment and report line is compared:
   ``--local-directory``), none with the course folder; one worker is killed in the middle
   of a submission, and every submission is still graded, once.
 
-A remote scheduler without TLS is refused with a message that says why.
+A remote scheduler without TLS is refused with a message that says why. Later in CI (marked
+``later``): a scheduler killed in the middle of the class, and a job over the command's own
+time limit; in both, every submission ends graded or named in the report with its reason.
 """
 
 from __future__ import annotations
@@ -235,9 +237,9 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def kill_a_worker_mid_job(self, timeout: float = 300) -> str | None:
-        """SIGKILL the first worker process (its nanny restarts it) seen grading: a
-        sandboxed kernel (bwrap) among its descendants. Returns what was killed."""
+    def grading_worker(self, timeout: float = 300):
+        """The first worker process (under its nanny) seen grading: a sandboxed kernel
+        (bwrap) among its descendants; None if none is seen within ``timeout``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for nanny in self.workers:
@@ -245,13 +247,30 @@ class Cluster:
                 for worker in with_children:
                     try:
                         if any(p.name() == "bwrap" for p in worker.children(recursive=True)):
-                            time.sleep(1.0)  # well inside the submission's grading
-                            worker.send_signal(signal.SIGKILL)
-                            return f"worker process {worker.pid}"
+                            return worker
                     except psutil.NoSuchProcess:
                         continue
             time.sleep(0.2)
         return None
+
+    def kill_a_worker_mid_job(self, timeout: float = 300) -> str | None:
+        """SIGKILL the first worker process (its nanny restarts it) seen grading. Returns
+        what was killed."""
+        worker = self.grading_worker(timeout)
+        if worker is None:
+            return None
+        time.sleep(1.0)  # well inside the submission's grading
+        worker.send_signal(signal.SIGKILL)
+        return f"worker process {worker.pid}"
+
+    def kill_the_scheduler_mid_job(self, timeout: float = 300) -> str | None:
+        """SIGKILL the scheduler once a worker is seen grading. Returns what was killed."""
+        if self.grading_worker(timeout) is None:
+            return None
+        time.sleep(1.0)
+        scheduler = self.procs[0]
+        os.killpg(scheduler.pid, signal.SIGKILL)
+        return f"scheduler process {scheduler.pid}"
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -410,3 +429,80 @@ def test_a_job_the_cluster_lost_is_reported_with_its_reason():
     killed = _result_of(_Lost(KilledWorker("k", "tcp://w", [])), AID, "bob")
     assert killed.outcome.status == "failed"
     assert "the workers grading it died 4 times" in killed.outcome.notes[0]
+
+
+def assert_each_graded_or_reported(course: Path, proc, reason: str) -> list[str]:
+    """Every student has one report line: graded, or not graded with ``reason``; those
+    not graded have nothing written (make grade grades them next time). Returns them."""
+    lines = dict(re.findall(rf"\] {AID} (\S+): (\S+)", proc.stdout))
+    assert sorted(lines) == sorted(STUDENTS), proc.stdout + proc.stderr
+    missed = [s for s, status in lines.items() if status != "graded"]
+    assert missed, "every submission was graded: the fault came too late"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for student in missed:
+        assert lines[student] == "failed", lines
+        assert reason in proc.stdout, proc.stdout
+        assert not (course / "autograded" / student / AID).exists(), student
+    # nbgrader's autograde of a submission whose execution failed (as in local grading):
+    # the submission is in the gradebook, with no automatic points.
+    rows = gradebook_rows(course)
+    for student in missed:
+        grades = rows[(student, AID)]["grades"]
+        assert all(auto in (None, 0) for _, auto, _, _ in grades), (student, grades)
+    return missed
+
+
+@pytest.mark.later
+def test_a_scheduler_killed_mid_class_leaves_every_submission_graded_or_reported(
+    pristine, tmp_path, cluster
+):
+    course = copy_of(pristine, tmp_path / "course")
+    killed: list[str | None] = []
+    killer = threading.Thread(target=lambda: killed.append(cluster.kill_the_scheduler_mid_job()))
+    killer.start()
+    proc = run_course(
+        course,
+        "grade",
+        "--scheduler",
+        cluster.address,
+        "--allow-plaintext-scheduler",
+        env_extra=LIMITS,
+        timeout=600,
+    )
+    killer.join()
+    assert killed and killed[0], "no worker was seen grading, so the scheduler was not killed"
+    assert_each_graded_or_reported(course, proc, "not graded: the cluster lost its job")
+
+
+@pytest.mark.later
+def test_a_job_over_the_commands_time_limit_is_stopped_its_worker_restarted_and_reported(
+    pristine, tmp_path
+):
+    """ATTENTION_REF_JOB_SECONDS=3: every job runs longer than that (a kernel starts, the
+    notebook runs), so each is stopped and reported, on the local cluster, and the command
+    still ends."""
+    course = copy_of(pristine, tmp_path / "course")
+    start = time.monotonic()
+    proc = run_course(
+        course,
+        "grade",
+        "--jobs",
+        "2",
+        env_extra={**LIMITS, "ATTENTION_REF_JOB_SECONDS": "3"},
+        timeout=600,
+    )
+    seconds = time.monotonic() - start
+    missed = assert_each_graded_or_reported(course, proc, "its grading job ran over 3 s")
+    assert sorted(missed) == sorted(STUDENTS)
+    assert "its worker restarted" in proc.stdout
+    assert seconds < 120, f"the command took {seconds:.0f} s to stop two 3 s jobs"
+
+
+@pytest.mark.parametrize("value", ["soon", "-5", "0", "inf", "nan"])
+def test_a_bad_job_time_limit_is_refused_with_what_was_expected(pristine, tmp_path, value):
+    course = copy_of(pristine, tmp_path / "course")
+    proc = run_course(course, "grade", env_extra={"ATTENTION_REF_JOB_SECONDS": value})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ATTENTION_REF_JOB_SECONDS must be a positive number of seconds" in proc.stderr
+    assert repr(value) in proc.stderr
+    assert not (course / "autograded").exists()

@@ -29,7 +29,11 @@ copy of its notebooks. Each submission is written once, by the command.
 **Faults.** A worker that dies mid-job: the scheduler gives the job to another worker
 (``distributed.scheduler.allowed-failures`` times, default 3); after that, or when the
 scheduler goes away, the submission is reported as not graded, with the reason, and
-``make grade`` grades it next time. Every submission ends graded or named in the report.
+``make grade`` grades it next time. A job that runs longer on its worker than the command
+allows (``ATTENTION_REF_JOB_SECONDS``; by default the submission's budget plus 300 s) is
+stopped, its worker restarted, and the submission reported the same way: the budget is the
+kernels', this limit catches a job stuck outside them. Every submission ends graded or
+named in the report.
 
 **A remote scheduler runs code.** Whoever can reach a scheduler can run anything on its
 workers and send anything back; so the command refuses an address that is not encrypted
@@ -60,6 +64,11 @@ from .exchange import HUB_CREDENTIALS
 from .plumbing import ROOT_MARKER, new_nbgrader_api
 
 SCHEDULER_ENV = "ATTENTION_REF_SCHEDULER"
+#: The command's own time limit on one job, from the moment its worker starts it (seconds).
+JOB_SECONDS_ENV = "ATTENTION_REF_JOB_SECONDS"
+#: By default a job may run the submission's budget plus this, for its worker's own work
+#: (building the private course, starting the sandbox, the trusted checker's imports).
+JOB_GRACE_SECONDS = 300.0
 PLAINTEXT_ENV = "ATTENTION_REF_ALLOW_PLAINTEXT_SCHEDULER"
 TLS_ENV = {
     "tls_ca_file": "ATTENTION_REF_TLS_CA",
@@ -97,6 +106,16 @@ class ClusterConfig:
 
     address: str | None = None
     allow_plaintext: bool = False
+    job_seconds: float = 0.0  # 0: the submission's budget + JOB_GRACE_SECONDS
+
+    @property
+    def job_limit(self) -> float:
+        """Seconds a job may run on its worker before the command stops it and reports it."""
+        if self.job_seconds > 0:
+            return self.job_seconds
+        from .grading import submission_seconds
+
+        return submission_seconds() + JOB_GRACE_SECONDS
 
     @classmethod
     def from_env(cls) -> ClusterConfig:
@@ -104,7 +123,17 @@ class ClusterConfig:
         (the command line sets them); refuses a plaintext remote scheduler."""
         address = os.environ.get(SCHEDULER_ENV, "").strip() or None
         allow = os.environ.get(PLAINTEXT_ENV, "").strip().lower() in ("1", "yes", "true", "on")
-        config = cls(address, allow)
+        raw = os.environ.get(JOB_SECONDS_ENV, "").strip()
+        try:
+            job_seconds = float(raw) if raw else 0.0
+        except ValueError:
+            job_seconds = -1.0
+        if raw and not 0 < job_seconds < float("inf"):
+            raise ClusterRefusedError(
+                f"grading refused: {JOB_SECONDS_ENV} must be a positive number of seconds "
+                f"(the longest one submission's grading job may run on its worker); got {raw!r}"
+            )
+        config = cls(address, allow, job_seconds)
         config.check()
         return config
 
@@ -320,6 +349,7 @@ def run_job(job: Job) -> JobResult:
     aid = job.template.aid
     outcome = grading.Outcome(job.student, aid)
     start = time.perf_counter()
+    _announce_start()
     snapshot, _ = _preprocessors()
     snapshot.taken = {}
     with (
@@ -346,6 +376,20 @@ def run_job(job: Job) -> JobResult:
             plumbing._APIS.pop(str(root), None)
     executed = dict(snapshot.taken) if outcome.status != "failed" else {}
     return JobResult(outcome, executed, _worker_name(), time.perf_counter() - start)
+
+
+#: The topic of the event a job logs when its worker starts it (the command's clock of it).
+STARTED = "attention-ref-job-started"
+
+
+def _announce_start() -> None:
+    """Tell the scheduler that this worker has started the job (its key and address): the
+    command's time limit counts from here, not from when the job was queued."""
+    with contextlib.suppress(Exception):  # run outside a worker (tests): nothing to tell
+        from distributed import get_worker
+
+        worker = get_worker()
+        worker.log_event(STARTED, {"key": worker.get_current_task(), "worker": worker.address})
 
 
 def _worker_name() -> str:
@@ -524,7 +568,6 @@ def grade_on_cluster(
 ) -> None:
     """Grade ``tasks`` [(assignment, student)] on the cluster; ``finished(outcome)`` for
     each, as its grades are written."""
-    from distributed import as_completed
     from tqdm import tqdm
 
     from . import grading
@@ -564,9 +607,9 @@ def grade_on_cluster(
                 )
                 key = f"grade-{aid}-{student}-{uuid.uuid4().hex[:8]}"
                 futures[client.submit(run_job, job, key=key, pure=False)] = (aid, student)
-            for fut in as_completed(futures):
+            for fut, result in _finished(client, futures, config.job_limit):
                 aid, student = futures.pop(fut)
-                result = _result_of(fut, aid, student)
+                result = result or _result_of(fut, aid, student)
                 clock = time.perf_counter()
                 with warnings.catch_warnings():  # SQLAlchemy's about nbgrader's sessions
                     warnings.simplefilter("ignore")
@@ -577,6 +620,52 @@ def grade_on_cluster(
         print(stats.line(), flush=True)
     finally:
         bar.close()
+
+
+def _finished(client, futures: dict, limit: float, poll: float = 2.0) -> Iterator[tuple]:
+    """Each future as it ends, with None; or, for a job that has run on its worker longer
+    than ``limit`` seconds, the future (cancelled, its worker restarted) with a failed
+    JobResult that says so. A job's clock starts when its worker starts it (a retried job
+    starts again on its new worker), so a long queue costs nothing."""
+    from distributed import wait
+
+    from . import grading
+
+    key_of = {fut.key: fut for fut in futures}
+    started: dict[object, tuple[float, str]] = {}
+    pending = set(futures)
+    while pending:
+        try:
+            wait(list(pending), timeout=poll, return_when="FIRST_COMPLETED")
+        except TimeoutError:  # none ended in time
+            pass
+        except Exception:  # futures cancelled (the scheduler gone): each says why below
+            if not any(f.done() for f in pending):
+                time.sleep(poll)
+        for fut in [f for f in pending if f.done()]:
+            pending.discard(fut)
+            yield fut, None
+        with contextlib.suppress(Exception):  # no events: the futures' own end still comes
+            for when, msg in client.get_events(STARTED):
+                if isinstance(msg, dict) and msg.get("key") in key_of:
+                    fut = key_of[msg["key"]]
+                    if started.get(fut, (0.0, ""))[0] < when:
+                        started[fut] = (when, str(msg.get("worker", "")))
+        now = time.time()
+        for fut in [f for f in pending if f in started and now - started[f][0] > limit]:
+            pending.discard(fut)
+            fut.cancel()
+            worker = started[fut][1]
+            with contextlib.suppress(Exception):  # a hung job keeps its worker busy
+                client.restart_workers([worker], timeout=60, raise_for_error=False)
+            aid, student = futures[fut]
+            why = (
+                f"not graded: its grading job ran over {limit:g} s on its worker "
+                f"({JOB_SECONDS_ENV}; by default the submission's budget plus "
+                f"{JOB_GRACE_SECONDS:g} s) and was stopped, its worker restarted; "
+                "make grade grades it next time"
+            )
+            yield fut, JobResult(grading.Outcome(student, aid, "failed", [why]))
 
 
 def _result_of(fut, aid: str, student: str) -> JobResult:
