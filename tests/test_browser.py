@@ -402,6 +402,7 @@ def test_a_learner_opens_and_runs_the_student_notebook(browser, lab):
     page.close()
 
 
+@pytest.mark.later
 def test_the_solution_notebook_passes_every_test_in_the_browser(browser, lab):
     rel = f"solutions/{NOTEBOOK}/{NOTEBOOK}.ipynb"
     page = open_notebook(browser, lab, rel)
@@ -443,6 +444,7 @@ def test_the_solution_notebook_passes_every_test_in_the_browser(browser, lab):
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
+@pytest.mark.later
 def test_a_training_cell_shows_a_progress_bar_widget_that_finishes(browser, lab):
     """tqdm.auto draws the training progress as a JupyterLab widget (not lines of text),
     and the bar reaches 100%."""

@@ -301,6 +301,7 @@ def flaky_kernel(share, marker):
     return share
 
 
+@pytest.mark.later
 def test_a_kernel_that_dies_before_any_cell_is_replaced_and_the_grade_is_whole(tmp_path):
     aid = "02_masking"
     course = make_course(tmp_path / "course", [aid])

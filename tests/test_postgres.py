@@ -252,6 +252,7 @@ def test_the_gradebook_is_in_postgresql_not_sqlite(graded_on_postgres, postgres)
     assert set(rows) == set(expected)
 
 
+@pytest.mark.later
 def test_postgresql_exports_exactly_the_grades_of_sqlite(graded_on_postgres, tmp_path_factory):
     pg_course, expected, pg_proc = graded_on_postgres
     assert pg_proc.returncode == 0, pg_proc.stdout + pg_proc.stderr

@@ -269,6 +269,7 @@ def student_kernel(edition: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.later
 def test_gate_holds_with_kernels_importing_the_student_edition(edition, tmp_path, monkeypatch):
     """Every solution of GATE earns every automatic mark and a blank none, graded by `make
     grade`'s code path with kernels that import the student edition."""
