@@ -42,7 +42,9 @@ PYTEST_ARGS ?=
 # everything else. Each one's report appears when it ends. The browser and exchange tests
 # run in the grading lane too, to balance the two lanes (the hub, the student edition, the
 # check time limits, the checks and the unit tests are the other).
-# Both leave out the marks every_notebook and later: make test-later runs those.
+# Both leave out the marks every_notebook and later: make test-later runs those (the
+# whole hostile class, the hub's whole workflow, the Triton catalog beyond one mistake and one
+# alternative per exercise, the cluster's faults beyond a killed worker).
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
 	tests/test_browser.py tests/test_report.py tests/test_exchange.py tests/test_cluster.py
@@ -86,18 +88,20 @@ test-other-lane: $(STAMP)
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE))
 
 # What make test leaves out: the per-notebook tests on every notebook but conftest.py's
-# QUICK_NOTEBOOKS (the solutions executed by nbval | the student notebooks executed and the
-# solutions graded), and the tests marked later. Two lanes, side by side. .ci/run runs it
-# after make test.
+# QUICK_NOTEBOOKS (the solutions executed by nbval, with the hub's workflow and the Triton
+# catalog to balance the lanes | the student notebooks executed and the solutions graded, and
+# the other tests marked later). Two lanes, side by side. .ci/run runs it after make test.
+LATER_WITH_SOLUTIONS = tests/test_hub.py tests/test_catalog.py
 test-later: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-later-solutions test-later-runs
 
 test-later-solutions: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m every_notebook solutions
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "every_notebook or later" \
+		solutions $(LATER_WITH_SOLUTIONS)
 
 test-later-runs: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "every_notebook or later" \
-		$(addprefix --ignore=,$(HOSTILE_LANE)) tests
+		$(addprefix --ignore=,$(HOSTILE_LANE) $(LATER_WITH_SOLUTIONS)) tests
 
 # Classes of forgers and injectors graded in the sandbox (tests/test_forgery.py,
 # tests/test_inert_views.py). .ci/run runs it after make test.

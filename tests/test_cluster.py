@@ -499,10 +499,29 @@ def test_a_job_over_the_commands_time_limit_is_stopped_its_worker_restarted_and_
 
 
 @pytest.mark.parametrize("value", ["soon", "-5", "0", "inf", "nan"])
-def test_a_bad_job_time_limit_is_refused_with_what_was_expected(pristine, tmp_path, value):
+def test_a_bad_job_time_limit_is_refused_with_what_was_expected(monkeypatch, value):
+    from attention_ref.course.cluster import ClusterConfig, ClusterRefusedError
+
+    monkeypatch.setenv("ATTENTION_REF_JOB_SECONDS", value)
+    with pytest.raises(ClusterRefusedError) as refused:
+        ClusterConfig.from_env()
+    assert "ATTENTION_REF_JOB_SECONDS must be a positive number of seconds" in str(refused.value)
+    assert repr(value) in str(refused.value)
+
+
+def test_make_grade_refuses_a_bad_job_time_limit_before_grading(pristine, tmp_path):
     course = copy_of(pristine, tmp_path / "course")
-    proc = run_course(course, "grade", env_extra={"ATTENTION_REF_JOB_SECONDS": value})
+    proc = run_course(course, "grade", env_extra={"ATTENTION_REF_JOB_SECONDS": "soon"})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "ATTENTION_REF_JOB_SECONDS must be a positive number of seconds" in proc.stderr
-    assert repr(value) in proc.stderr
     assert not (course / "autograded").exists()
+
+
+def test_a_job_time_limit_defaults_to_the_budget_and_a_grace(monkeypatch):
+    from attention_ref.course.cluster import JOB_GRACE_SECONDS, ClusterConfig
+
+    monkeypatch.delenv("ATTENTION_REF_JOB_SECONDS", raising=False)
+    monkeypatch.setenv("ATTENTION_REF_SUBMISSION_SECONDS", "120")
+    assert ClusterConfig.from_env().job_limit == 120 + JOB_GRACE_SECONDS
+    monkeypatch.setenv("ATTENTION_REF_JOB_SECONDS", "45.5")
+    assert ClusterConfig.from_env().job_limit == 45.5

@@ -25,6 +25,10 @@ and a notebook that is a link. The tests assert what became of each: the report 
 names the student and why, nothing leaked, nothing aborted, and every honest student
 graded and given their own feedback, which is all the exchange publishes.
 
+make test starts the hub and checks that each user's server and kernel run as that user
+(a student's on the student edition); the workflow above is marked later (make test-later,
+which CI runs after make test).
+
 Needs root, nodejs and configurable-http-proxy (`.ci/run` installs them). Under CI (env CI
 set) a missing requirement fails the test; elsewhere it skips with the reason. Accounts,
 homes, exchange and processes are removed afterwards, also when a step fails.

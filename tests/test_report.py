@@ -108,6 +108,7 @@ def reported(tmp_path_factory):
     return course, expected
 
 
+@pytest.mark.later
 def test_the_report_counts_exactly_what_the_class_submitted(reported):
     course, expected = reported
     got = read_counts(course / "report" / "report.csv")
@@ -122,6 +123,7 @@ def test_the_report_counts_exactly_what_the_class_submitted(reported):
     assert {k[3] for k in want if k[2] == "outcome"} == set(OUTCOMES) - {"resource cap"}
 
 
+@pytest.mark.later
 def test_the_report_counts_the_submissions_a_cap_or_a_time_limit_stopped(reported):
     course, _ = reported
     stopped = read_counts(course / "report" / "report.csv", kinds=("submissions stopped",))
@@ -136,6 +138,7 @@ def test_the_report_counts_the_submissions_a_cap_or_a_time_limit_stopped(reporte
     }
 
 
+@pytest.mark.later
 def test_mistakes_are_listed_most_common_first_with_an_example(reported):
     course, _ = reported
     page = (course / "report" / "report.html").read_text()
@@ -153,6 +156,7 @@ def students_of(expected: dict) -> set[str]:
     return {s for s, _ in expected}
 
 
+@pytest.mark.later
 def test_nothing_names_a_student_without_names(reported):
     course, expected = reported
     students = students_of(expected)
@@ -184,6 +188,7 @@ def test_anonymise_removes_what_identifies_a_student():
     assert "sdpa is wrong on Q (2, 3, 4)" in out
 
 
+@pytest.mark.later
 def test_the_report_renders_in_chromium_with_its_figures(reported, browser):  # noqa: F811
     course, _ = reported
     page_path = course / "report" / "report.html"
@@ -216,6 +221,7 @@ def read_table(path: Path) -> tuple[list[str], list[dict]]:
         return list(reader.fieldnames or []), list(reader)
 
 
+@pytest.mark.later
 def test_the_canvas_file_has_canvas_columns_and_the_grades(reported):
     course, _ = reported
     grades = nbgrader_scores(course)
@@ -225,6 +231,7 @@ def test_the_canvas_file_has_canvas_columns_and_the_grades(reported):
     assert all(r["Student"] and r["SIS User ID"] == r["SIS Login ID"] for r in rows)
 
 
+@pytest.mark.later
 def test_the_moodle_file_has_moodle_columns_and_the_grades(reported):
     course, _ = reported
     grades = nbgrader_scores(course)
@@ -239,6 +246,7 @@ def nbgrader_scores(course: Path) -> dict[tuple[str, str], float]:
         return {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
 
 
+@pytest.mark.later
 def test_names_in_the_gradebook_reach_the_grade_files_only(reported, tmp_path):
     """Students with names and email addresses in the gradebook (a copy of the graded
     class): the Canvas and Moodle files carry them; the report, without --names, does

@@ -79,6 +79,7 @@ def hostile_class(tmp_path_factory):
             os.kill(int(pid), 9)
 
 
+@pytest.mark.later
 def test_the_attackers_are_graded_with_the_class_and_gain_nothing(hostile_class):
     course, proc, *_ = hostile_class
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -106,6 +107,7 @@ READS = [
 
 
 @pytest.mark.parametrize("attack", READS)
+@pytest.mark.later
 def test_a_submission_reads_nothing_that_is_not_its_own(hostile_class, attack):
     course = hostile_class[0]
     lines = attack_lines(course, "hostile-read")
@@ -124,6 +126,7 @@ WRITES = [
 
 
 @pytest.mark.parametrize("attack", WRITES)
+@pytest.mark.later
 def test_a_submission_writes_and_sends_nothing_outside_its_sandbox(hostile_class, attack):
     course, _, listener, _ = hostile_class
     lines = attack_lines(course, "hostile-write")
@@ -135,6 +138,7 @@ def test_a_submission_writes_and_sends_nothing_outside_its_sandbox(hostile_class
     assert not (Path(attention_ref.checks.__file__).parent / "pwned.py").exists()
 
 
+@pytest.mark.later
 def test_nothing_a_submission_starts_outlives_its_notebook(hostile_class):
     course, _, _, survivors = hostile_class
     lines = attack_lines(course, "hostile-outlive")
@@ -150,6 +154,7 @@ def test_nothing_a_submission_starts_outlives_its_notebook(hostile_class):
         ("disk", "OSError: [Errno 28] No space left on device", "bytes written"),
     ],
 )
+@pytest.mark.later
 def test_each_resource_cap_stops_its_attack_with_an_error_the_report_names(
     hostile_class, attack, error, cap
 ):
@@ -167,6 +172,7 @@ def test_each_resource_cap_stops_its_attack_with_an_error_the_report_names(
     assert any(f"cell {index} hit the sandbox's cap on {cap}" in n for n in notes), notes
 
 
+@pytest.mark.later
 def test_feedback_shows_hidden_tests_ran_and_their_points_never_their_code(hostile_class):
     course = hostile_class[0]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
@@ -192,6 +198,7 @@ def test_feedback_shows_hidden_tests_ran_and_their_points_never_their_code(hosti
     assert shown == points, (shown, points)
 
 
+@pytest.mark.later
 def test_nbgrader_autograde_run_directly_is_sandboxed_too(hostile_class, tmp_path):
     """The configuration does it (nbgrader_config.py), so formgrader's autograde button,
     which calls the same nbgrader API as `make grade`, is sandboxed as well."""
