@@ -14,7 +14,8 @@
   equal parameter count, 60 s of training each on two seeds (cross-entropy over the floor
   and grammatical samples per seed), and ``app=convert``, the Hugging Face models converted
   (the max |logit difference| per architecture and dtype, and whether 32 greedy tokens are
-  equal).
+  equal). Notebook 15 adds ``app=variants``: Mixtral, Qwen3-MoE, GPT-OSS and DeepSeek-V3
+  converted (the same figures, float64 to 1e-12) and the experts' load.
 - ``grading`` (``make grade``): what one submission of notebook 01 that loops forever in
   ``sdpa`` costs (its grading time minus a solution's); then, in the same run, the grading
   of issue 13 (one worker, every model trained in full: ``ATTENTION_REF_GRADING_STEPS=all``)
@@ -281,10 +282,11 @@ APPS = (
     ("gpt", "attention_ref.apps.language_model", "train_gpt"),
     ("modern", "attention_ref.apps.modern_lm", "train_modern"),
     ("convert", "attention_ref.convert", "bench_convert"),
+    ("variants", "attention_ref.apps.variants", "bench_variants"),
 )
 
 
-@benchmark("apps", "train the application models of notebooks 08-11 and 13")
+@benchmark("apps", "train the application models of notebooks 08-11, 13 and 15")
 def bench_apps(opts: argparse.Namespace) -> bool:
     ok = True
     for app, module_name, fn_name in APPS:
@@ -294,8 +296,10 @@ def bench_apps(opts: argparse.Namespace) -> bool:
             if train is None:
                 raise LookupError(f"{module_name} has no {fn_name}()")
             result = train()
+            v = float(result.value)
+            shown = f"{v:.1e}" if 0 < abs(v) < 1e-3 else f"{v:.3f}"  # a logit difference
             line = (
-                f"app={app} metric={result.metric} value={float(result.value):.3f} "
+                f"app={app} metric={result.metric} value={shown} "
                 f"train_seconds={float(result.train_seconds):.1f}"
             )
             if getattr(result, "bleu", None) is not None:  # sacrebleu corpus BLEU, 0-100

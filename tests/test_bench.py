@@ -118,6 +118,9 @@ def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
         "attention_ref.convert": types.SimpleNamespace(
             bench_convert=_fake_app("max_logit_diff_float32", 3.6e-6, 6.6)
         ),
+        "attention_ref.apps.variants": types.SimpleNamespace(
+            bench_variants=_fake_app("max_logit_diff_float32", 5.0e-6, 3.1)
+        ),
     }
     monkeypatch.setattr(bench.importlib, "import_module", modules.__getitem__)
     assert bench.main(["apps"]) == 0
@@ -128,7 +131,8 @@ def test_apps_benchmark_prints_one_line_per_app(monkeypatch, capsys):
         "app=summarization metric=sentence_f1 value=0.875 train_seconds=12.0",
         "app=gpt metric=cross_entropy_over_floor value=1.008 train_seconds=49.0",
         "app=modern metric=modern_cross_entropy_over_floor value=1.014 train_seconds=64.2",
-        "app=convert metric=max_logit_diff_float32 value=0.000 train_seconds=6.6",
+        "app=convert metric=max_logit_diff_float32 value=3.6e-06 train_seconds=6.6",
+        "app=variants metric=max_logit_diff_float32 value=5.0e-06 train_seconds=3.1",
     ]
 
 
