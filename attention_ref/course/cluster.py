@@ -455,10 +455,20 @@ def write_result(root: Path, result: JobResult, force: bool):
 
 
 def _quiet() -> None:
-    """A local worker's stderr (and its kernels') carries only noise, as before."""
-    from . import grading
+    """A local worker's stderr (and its kernels') carries only noise: kernel start-up
+    warnings, SQLAlchemy's about nbgrader's sessions; what matters, nbgrader's log, comes
+    back in the Outcome. Cheap: the plugin that runs it holds up the cluster's start."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
 
-    grading._quiet_worker()
+
+def _warm_up() -> None:
+    """What every job imports (nbgrader, the grading code), imported on a worker while the
+    command builds the assignments' templates, rather than in the first job."""
+    from . import grading, plumbing, sandbox  # noqa: F401
+
+    _preprocessors()
 
 
 @contextlib.contextmanager
@@ -590,13 +600,20 @@ def grade_on_cluster(
                 done(o)
         if not todo:
             return
-        clock = time.perf_counter()
-        templates = {aid: build_template(root, aid) for aid in dict.fromkeys(a for a, _ in todo)}
-        settings = job_settings()
-        stats = EngineStats(templates_s=time.perf_counter() - clock)
+        stats = EngineStats()
         clock = time.perf_counter()
         with open_client(config, jobs) as client:
             stats.cluster_s = time.perf_counter() - clock
+            # The workers import what grading needs while the templates are built here
+            # (after the workers started: building one changes this process's folder).
+            with contextlib.suppress(Exception):
+                client.run(_warm_up, wait=False)
+            clock = time.perf_counter()
+            templates = {
+                aid: build_template(root, aid) for aid in dict.fromkeys(a for a, _ in todo)
+            }
+            settings = job_settings()
+            stats.templates_s = time.perf_counter() - clock
             futures = {}
             for aid, student in todo:
                 job = Job(

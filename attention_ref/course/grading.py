@@ -222,15 +222,6 @@ def _salvage(
 LOCKED_RETRIES = 4
 
 
-def _quiet_worker() -> None:
-    """A worker's stderr (and its kernels') carries only noise: kernel start-up warnings,
-    SQLAlchemy's about nbgrader's sessions. What matters, nbgrader's log, comes back in
-    the :class:`Outcome`."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-
-
 def _result_text(result: dict) -> str:
     return (result.get("log") or "") + (result.get("error") or "")
 
