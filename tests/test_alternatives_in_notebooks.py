@@ -10,12 +10,14 @@ alternative into every answer cell that has one, so a notebook needs as many run
 longest list of alternatives.
 
 They run in `make test-alternatives` (marked `all_alternatives`), which `.ci/run` runs after
-`make test`: the 61 runs take several minutes on two cores, which `make test` (within 10
-minutes, install included) cannot spare.
+`make test`: the runs (65 on 2026-11-28) take several minutes, which `make test` (within 10
+minutes, install included) cannot spare. Two lanes side by side (ALTERNATIVES_LANE=1/2 and
+2/2), since each notebook runs on one core.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -74,6 +76,31 @@ CASES = [
     for aid in LEARNER_RUN
     for r in range(len(_runs(aid)))
 ]
+
+
+def lane(cases: list, spec: str | None) -> list:
+    """The cases of lane ``spec`` ("K/N": every N-th case from the K-th, K from 1), all of
+    them for None: `make test-alternatives` runs two lanes side by side, one per core (each
+    notebook runs with one PyTorch thread)."""
+    if not spec:
+        return cases
+    m = re.fullmatch(r"(\d+)/(\d+)", spec.strip())
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(f"ALTERNATIVES_LANE must be K/N with 1 <= K <= N (e.g. 1/2); got {spec!r}")
+    k, n = int(m.group(1)), int(m.group(2))
+    return cases[k - 1 :: n]
+
+
+CASES = lane(CASES, os.environ.get("ALTERNATIVES_LANE"))
+
+
+def test_lanes_split_the_cases_exactly():
+    every = list(range(7))
+    assert lane(every, None) == every
+    halves = lane(every, "1/2") + lane(every, "2/2")
+    assert sorted(halves) == every and lane(every, "1/2") == [0, 2, 4, 6]
+    with pytest.raises(ValueError, match="K/N"):
+        lane(every, "3/2")
 
 
 def test_the_notebooks_run_as_learners_run_them_exist():
