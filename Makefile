@@ -39,15 +39,15 @@ PYTEST_ARGS ?=
 # `make test` runs two pytest processes side by side, one per core: the grading tests (a
 # class graded into sqlite and PostgreSQL, every solution graded; they grade with two
 # workers themselves; a class graded on Dask clusters, local and of two workers) and
-# everything else. Each one's report appears when it ends. The browser and exchange tests
-# run in the grading lane too, to balance the two lanes (the hub, the student edition, the
+# everything else. Each one's report appears when it ends. The exchange tests run in the
+# grading lane too, to balance the two lanes (the hub, the browser, the student edition, the
 # check time limits, the checks and the unit tests are the other).
 # Both leave out the marks every_notebook and later: make test-later runs those (the
 # whole hostile class, the hub's whole workflow, the Triton catalog beyond one mistake and one
 # alternative per exercise, the cluster's faults beyond a killed worker).
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
-	tests/test_browser.py tests/test_report.py tests/test_exchange.py tests/test_cluster.py
+	tests/test_report.py tests/test_exchange.py tests/test_cluster.py
 # Whole hostile classes graded (forgers of grades, injections into the instructor's views):
 # `make test-hostile`, which .ci/run runs after make test (a few minutes).
 HOSTILE_LANE = tests/test_forgery.py tests/test_inert_views.py

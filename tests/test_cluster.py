@@ -175,6 +175,7 @@ def test_today_grades_the_class_as_expected(today):
     assert scores["ada"] > scores["bob"] > 0, scores
 
 
+@pytest.mark.later  # the same code path as the remote cluster's test, below
 def test_the_local_cluster_grades_exactly_as_today(pristine, today, tmp_path):
     course = copy_of(pristine, tmp_path / "course")
     proc = run_course(course, "grade", "--jobs", "2", env_extra=LIMITS, timeout=600)
