@@ -388,3 +388,25 @@ def test_an_error_of_the_kernels_own_in_a_cell_that_makes_checks_costs_its_point
     clean = nbformat.v4.new_code_cell("check('sdpa', sdpa)")
     apply_record(clean, record, failed_here=kernel_error(clean))
     assert [o.output_type for o in clean.outputs] == ["stream"], clean.outputs
+
+
+@pytest.mark.parametrize("how", ["terminated", "its grader gone"])
+def test_the_checker_removes_its_folder_however_it_is_stopped(how):
+    """A grading worker ends without atexit handlers, and a worker's process group is
+    terminated as a whole: the checker's socket folder goes with the checker either way."""
+    import signal
+    import time
+
+    from attention_ref.course.trusted import CheckerProcess
+
+    checker = CheckerProcess()
+    assert (checker.dir / "checker.sock").exists()
+    if how == "terminated":
+        checker.proc.send_signal(signal.SIGTERM)
+    else:
+        checker.proc.stdin.close()  # as when the grading process dies
+    checker.proc.wait(timeout=30)
+    deadline = time.monotonic() + 5
+    while checker.dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not checker.dir.exists(), sorted(p.name for p in checker.dir.iterdir())

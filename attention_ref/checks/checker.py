@@ -26,6 +26,7 @@ import io
 import json
 import os
 import pickle
+import signal
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -162,6 +163,8 @@ def main(argv: list[str]) -> int:
     record after each ``end``. Check requests that come outside a cell are refused.
     """
     path = argv[0]
+    # Stopped with its process group (a worker shut down): end through the finally below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         return _serve(path)
     finally:  # the socket and its folder go with the checker, however it ends

@@ -463,6 +463,16 @@ def _quiet() -> None:
     os.close(devnull)
 
 
+def _stop_checker() -> None:
+    """As a worker closes: stop its trusted checker (started once per process, for every job
+    it grades), which also removes the checker's folder; a worker process ends without
+    running atexit handlers, so that folder would be left behind."""
+    from . import trusted
+
+    while trusted._SHARED:
+        trusted._SHARED.pop().stop()
+
+
 def _warm_up() -> None:
     """What every job imports (nbgrader, the grading code), imported on a worker while the
     command builds the assignments' templates, rather than in the first job."""
@@ -499,6 +509,9 @@ def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
                 def setup(self, worker):
                     _quiet()
 
+                def teardown(self, worker):
+                    _stop_checker()
+
             client.register_plugin(Quiet(), name="attention-ref-quiet")
             yield client
         return
@@ -517,6 +530,13 @@ def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
             raise ClusterRefusedError(
                 f"grading refused: the scheduler {config.address} has had no worker for 2 minutes"
             ) from err
+
+        class StopChecker(WorkerPlugin):
+            def teardown(self, worker):
+                _stop_checker()
+
+        with contextlib.suppress(Exception):  # a scheduler that refuses plugins: no cleanup
+            client.register_plugin(StopChecker(), name="attention-ref-stop-checker")
         yield client
 
 
