@@ -8,13 +8,16 @@ per-head query and key norms or none) and its feed-forward network a
 (:func:`greedy_generate`) keeps a :class:`~attention_ref.sliding_window.RollingKVCache` of
 ``window - 1`` positions for a windowed layer.
 
-The converters read the weights of a ``transformers`` 4.57 model by name, as notebook 13's
-(:mod:`attention_ref.convert`) do; queries and keys are reordered from the halves layout of
-rotary positions to adjacent pairs (:func:`~attention_ref.convert.rotate_half_permutation`),
-Qwen3's per-head norm weights with them:
+The converters read the weights of a ``transformers`` model by name, as notebook 13's
+(:mod:`attention_ref.convert`) do, in the layouts of 4.57 (one module per expert) and of 5.x
+(every expert's weights in one tensor, ``experts.gate_up_proj``, the gates' rows first);
+queries and keys are reordered from the halves layout of rotary positions to adjacent
+pairs (:func:`~attention_ref.convert.rotate_half_permutation`), Qwen3's per-head norm
+weights with them:
 
-- :func:`from_mixtral`: ``MixtralForCausalLM`` (``block_sparse_moe.experts.j.w1`` is the
-  gate, ``w3`` the up and ``w2`` the down projection; router ``"mixtral"``);
+- :func:`from_mixtral`: ``MixtralForCausalLM`` (4.57: ``block_sparse_moe.experts.j.w1`` is
+  the gate, ``w3`` the up and ``w2`` the down projection; 5.x: ``mlp.experts``; router
+  ``"mixtral"``);
 - :func:`from_qwen3_moe`: ``Qwen3MoeForCausalLM`` (``q_norm``/``k_norm`` per head; dense
   layers where ``mlp_only_layers`` or ``decoder_sparse_step`` say; router ``"qwen3"``);
 - :func:`from_gpt_oss`: ``GptOssForCausalLM`` (sliding and full layers alternating,
@@ -163,11 +166,16 @@ def greedy_generate(
 
 # ----------------------------------------------------------------------------- converters
 #: A weight each converter reads, by ``model_type``: the layout of ``transformers`` 4.57.
+#: A weight each architecture has in the layouts the converters read (transformers 4.57:
+#: one module per expert; 5.x: every expert's weights in one tensor, ``experts.gate_up_proj``).
 LAYOUT = {
-    "mixtral": "model.layers.0.block_sparse_moe.experts.0.w1.weight",
-    "qwen3_moe": "model.layers.0.self_attn.q_norm.weight",
-    "gpt_oss": "model.layers.0.mlp.experts.gate_up_proj",
-    "deepseek_v3": "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+    "mixtral": (
+        "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+        "model.layers.0.mlp.experts.gate_up_proj",
+    ),
+    "qwen3_moe": ("model.layers.0.self_attn.q_norm.weight",),
+    "gpt_oss": ("model.layers.0.mlp.experts.gate_up_proj",),
+    "deepseek_v3": ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight",),
 }
 
 
@@ -176,12 +184,13 @@ def _state(hf_model: nn.Module) -> dict[str, torch.Tensor]:
     converters expect (other versions of ``transformers`` may store experts otherwise)."""
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
     kind = hf_model.config.model_type
-    if LAYOUT[kind] not in sd:
+    if not any(name in sd for name in LAYOUT[kind]):
         import transformers
 
         raise NotImplementedError(
-            f"this {kind} model of transformers {transformers.__version__} has no weight "
-            f"{LAYOUT[kind]!r}: the converters read the layout of transformers 4.57"
+            f"this {kind} model of transformers {transformers.__version__} has none of the "
+            f"weights {LAYOUT[kind]}: the converters read the layouts of transformers 4.57 "
+            "and 5.x"
         )
     return sd
 
@@ -219,14 +228,27 @@ def _swiglu(sd, prefix: str, names: tuple[str, str, str]) -> SwiGLU:
     return ff
 
 
+def _expert_weights(sd, prefix: str, j: int, names) -> tuple[torch.Tensor, ...]:
+    """Expert ``j``'s (gate, up, down) weights, ``(d_ff, D), (d_ff, D), (D, d_ff)``: from
+    its own module (transformers 4.57: ``experts.j.<name>.weight``) or from the tensors of
+    every expert (5.x: ``experts.gate_up_proj (E, 2 d_ff, D)``, the gate's rows first, and
+    ``experts.down_proj (E, D, d_ff)``)."""
+    fused = sd.get(prefix + "experts.gate_up_proj")
+    if fused is None:
+        return tuple(sd[f"{prefix}experts.{j}.{n}.weight"] for n in names)
+    gate, up = fused[j].chunk(2, dim=0)  # (2 d_ff, D) -> two (d_ff, D)
+    return gate, up, sd[prefix + "experts.down_proj"][j]
+
+
 def _moe(sd, prefix: str, n_experts: int, top_k: int, router: str, names, **kw):
     gate = sd[prefix + "gate.weight"]  # (E, D)
-    d_ff = sd[f"{prefix}experts.0.{names[0]}.weight"].shape[0]
+    d_ff = _expert_weights(sd, prefix, 0, names)[0].shape[0]
     moe = MoEFeedForward(gate.shape[1], d_ff, n_experts, top_k, router, **kw)
     new = {"gate.weight": gate}
     for j in range(n_experts):
-        for ours, theirs in zip(("w_gate", "w_up", "w_down"), names, strict=True):
-            new[f"experts.{j}.{ours}.weight"] = sd[f"{prefix}experts.{j}.{theirs}.weight"]
+        weights = _expert_weights(sd, prefix, j, names)
+        for ours, w in zip(("w_gate", "w_up", "w_down"), weights, strict=True):
+            new[f"experts.{j}.{ours}.weight"] = w
     if moe.shared is not None:  # DeepSeek's shared experts, one SwiGLU
         for ours, theirs in zip(("w_gate", "w_up", "w_down"), names, strict=True):
             new[f"shared.{ours}.weight"] = sd[f"{prefix}shared_experts.{theirs}.weight"]
@@ -283,7 +305,8 @@ def from_mixtral(hf_model: nn.Module) -> OpenGPT:
     for i in range(cfg.num_hidden_layers):
         h = f"model.layers.{i}."
         attn = _attention(cfg, sd, h, cfg.sliding_window, qk_norm=False)
-        ff = _moe(sd, h + "block_sparse_moe.", cfg.num_local_experts, cfg.num_experts_per_tok,
+        block = "block_sparse_moe." if h + "block_sparse_moe.gate.weight" in sd else "mlp."
+        ff = _moe(sd, h + block, cfg.num_local_experts, cfg.num_experts_per_tok,
                   "mixtral", ("w1", "w3", "w2"))  # fmt: skip
         blocks.append(OpenBlock(cfg.hidden_size, attn, ff, cfg.rms_norm_eps))
     return _model(cfg, sd, blocks)
@@ -399,10 +422,17 @@ def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
     float32 rounding. Their forward is replaced, on this model's instances only, by the same
     routing (:func:`~attention_ref.experts.route`) in the model's dtype. Returns the model."""
     float64_internals(hf_model)
+    if hasattr(hf_model, "set_experts_implementation"):  # 5.x: grouped matmuls, no float64
+        hf_model.set_experts_implementation("eager")
     cfg = hf_model.config
     for module in hf_model.modules():
-        if type(module).__name__ in ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock"):
+        name = type(module).__name__
+        if name in ("MixtralSparseMoeBlock", "Qwen3MoeSparseMoeBlock") and isinstance(
+            module.experts, nn.ModuleList
+        ):  # transformers 4.57: the block routes, then runs each expert
             module.forward = _moe_forward(module, cfg)
+        elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter"):  # 5.x: a router of its own
+            module.forward = _topk_router_forward(module, cfg)
         elif type(module).__name__ == "GptOssRotaryEmbedding":  # cos, sin of d_head / 2
             module.forward = _half_rotary_forward(rope_base(cfg), cfg.head_dim)
         elif type(module).__name__ == "DeepseekV3TopkRouter":  # logits in float32
@@ -411,6 +441,10 @@ def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
 
 
 def _deepseek_router_forward(router: nn.Module, cfg):
+    import transformers
+
+    three = int(transformers.__version__.split(".")[0]) >= 5  # 5.x: (logits, gates, experts)
+
     def forward(x: torch.Tensor):
         logits = x.reshape(-1, cfg.hidden_size) @ router.weight.T  # (N, E), the model's dtype
         gates, experts, _ = route(
@@ -418,7 +452,21 @@ def _deepseek_router_forward(router: nn.Module, cfg):
             correction_bias=router.e_score_correction_bias, n_group=cfg.n_group,
             topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
         )  # fmt: skip
-        return experts, gates
+        return (logits, gates, experts) if three else (experts, gates)
+
+    return forward
+
+
+def _topk_router_forward(router: nn.Module, cfg):
+    """transformers 5.x's Mixtral and Qwen3-MoE routers (softmax in float32), in the
+    model's dtype: ``(logits (N, E), gates (N, k), experts (N, k))``."""
+    kind = "mixtral" if cfg.model_type == "mixtral" else "qwen3"
+    norm = bool(getattr(cfg, "norm_topk_prob", True))
+
+    def forward(x: torch.Tensor):
+        logits = x.reshape(-1, router.weight.shape[1]) @ router.weight.T  # (N, E)
+        gates, experts, _ = route(logits, router.top_k, kind, norm_topk_prob=norm)
+        return logits, gates, experts
 
     return forward
 
@@ -461,8 +509,13 @@ def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int |
     key/value heads, 4 experts with 2 per token, ``sliding_window=window``.
     ``"mixtral"``: 2 layers; ``"qwen3_moe"``: 3 layers, head_dim 8 with q/k norms, the
     middle layer dense (``mlp_only_layers=[1]``), ``norm_topk_prob=True``. float32, eval.
+    Unscaled rotary positions (transformers 5.x gives GPT-OSS YaRN unless told otherwise)
+    and, on 5.x, its eager experts (a loop over the experts, as 4.57's; its default grouped
+    matrix products do not run in float64).
     """
     import transformers as tf
+
+    v5 = int(tf.__version__.split(".")[0]) >= 5
 
     common = dict(
         vocab_size=vocab_size, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
@@ -482,6 +535,7 @@ def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int |
         cfg = tf.GptOssConfig(
             num_hidden_layers=2, intermediate_size=24, head_dim=8, num_local_experts=4,
             sliding_window=window or 128, rope_scaling=None, **common,
+            **({"rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}} if v5 else {}),
         )  # fmt: skip
     elif kind == "deepseek_v3":
         common.pop("num_key_value_heads")
@@ -496,6 +550,8 @@ def tiny_moe_model(kind: str, seed: int = 0, vocab_size: int = 97, window: int |
         raise ValueError(f"kind must be one of {MOE_KINDS}; got {kind!r}")
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(cfg)
+    if v5 and hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
