@@ -84,7 +84,7 @@ def _window_cases(ctx: Context, rng: np.random.Generator) -> list[tuple]:
     if ctx.thorough:
         start = int(rng.integers(20, 60))
         cases += [
-            ("12 tokens from position %d, window=5" % start,
+            (f"12 tokens from position {start}, window=5",
              list(range(start, start + 12)), list(range(start, start + 12)), 5, None),
             ("3 new tokens at 13..15 against a cache of 6 slots, window=7",
              [13, 14, 15], [*_ring(6, 13), 13, 14, 15], 7, None),

@@ -152,9 +152,12 @@ def route_sorted_by_expert_float64(logits, top_k, router="mixtral", *, norm_topk
 @mistake("load_balancing_loss", id="aux_loss_wrong_axis")
 def balance_mean_over_experts(probs, experts):
     N, E = probs.shape
-    f = torch.zeros(E, dtype=probs.dtype).index_add_(
-        0, experts.flatten(), torch.ones(experts.numel(), dtype=probs.dtype)
-    ) / N
+    f = (
+        torch.zeros(E, dtype=probs.dtype).index_add_(
+            0, experts.flatten(), torch.ones(experts.numel(), dtype=probs.dtype)
+        )
+        / N
+    )
     P = probs.mean(dim=1, keepdim=True)  # (N, 1): the wrong axis
     return E * (f * P).sum()
 
