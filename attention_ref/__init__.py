@@ -14,7 +14,7 @@ from .attention import sdpa, sdpa_np, softmax_np
 from .decoder import Decoder, DecoderLayer
 from .efficient import naive_attention, online_softmax, online_softmax_attention
 from .encoder import Encoder, EncoderLayer, FeedForward
-from .experts import MoEFeedForward, load_balancing_loss
+from .experts import MoEFeedForward, load_balancing_loss, route
 from .flash import FlashAttention, flash_attention
 from .gpt import GPT, GPTBlock, GroupedQueryAttention
 from .kv_cache import KVCache, cached_self_attention
@@ -79,6 +79,7 @@ __all__ = [
     "MultiHeadLatentAttention",
     "MoEFeedForward",
     "load_balancing_loss",
+    "route",
     "sample_next_token",
     "generate",
     "FeedForward",

@@ -31,7 +31,7 @@ TESTS = Path(__file__).parent
 #: Also run as the learner runs them (no autograde: full sizes, and the `GRADING or ...`
 #: assertions about the learner's own code are checked), by `make test-alternatives`:
 #: notebooks cheap enough to run in full once per alternative.
-LEARNER_RUN = ["12_efficient_attention", "13_modern_llm"]
+LEARNER_RUN = ["12_efficient_attention", "13_modern_llm", "15_open_models"]
 AIDS = assignment_ids()
 _DEFINES = re.compile(r"^(?:def|class) (\w+)", re.MULTILINE)
 

@@ -53,6 +53,9 @@ REFERENCES = [
     "RMSNorm",
     "SwiGLU",
     "RotaryAttention",
+    "sliding_window_mask",
+    "route",
+    "load_balancing_loss",
 ]
 # Lines of the reference sdpa that must never show up in what a student can see.
 SDPA_LINES = ["def sdpa(", "softmax", "math.sqrt", "@"]

@@ -1102,6 +1102,51 @@ _TABLE = """
 [triton_future_tiles_loaded] the key tiles entirely in the future of a block of queries are
     still loaded (and only masked): causal attention should do about half the work.
   hint: end the loop over key tiles at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q) when causal.
+
+# --- 15 the attention of today's open models
+[window_not_causal] the window is symmetric or not causal: a query sees the keys after it
+    (within the window) as well as before.
+  hint: keep the causal condition too: allowed = (k <= q) & (k > q - window).
+[window_off_by_one_wide] the window is one too wide: each query sees window + 1 keys
+    (k >= q - window).
+  hint: a query sees window keys, itself included: q - window < k <= q, i.e. k > q - window.
+[window_off_by_one_narrow] the window is one too narrow: each query sees window - 1 keys
+    (k > q - window + 1), as with a window that counts the keys besides the query.
+  hint: a query sees window keys, itself included: q - window < k <= q, i.e. k > q - window.
+[window_empty_slots_attended] an empty slot of the rolling cache (position -1) is attended: it
+    passes the causal test -1 <= q.
+  hint: also require k >= 0: a negative key position marks a slot that holds nothing yet.
+[window_padding_ignored] key_padding is ignored: padded keys are attended.
+  hint: with key_padding (B, n_k) return allowed & key_padding[:, None, None, :], shape
+    (B, 1, n_q, n_k).
+[window_mask_not_boolean] the mask is not boolean (True = may attend).
+  hint: build it from comparisons (k <= q, k > q - window) combined with &, which give bool.
+[route_gates_not_renormalised] the gates are the top k of the softmax over all experts,
+    not renormalised: they sum to less than 1.
+  hint: Mixtral (and Qwen3 with norm_topk_prob=True) divide the chosen probabilities by their
+    sum; GPT-OSS takes the softmax of the top k logits only.
+[route_norm_topk_prob_ignored] norm_topk_prob=False is ignored: the chosen probabilities are
+    renormalised although the model does not do it.
+  hint: for router "qwen3", divide the gates by their sum only when norm_topk_prob is True.
+[route_softmax_over_tokens] the softmax runs over the tokens (dim 0), not over each token's
+    experts.
+  hint: probs = logits.softmax(dim=-1): each row (a token) sums to 1 over the experts.
+[route_experts_not_indices] experts must be each token's top_k distinct expert indices, an
+    integer tensor (N, top_k).
+  hint: gates, experts = probs.topk(top_k, dim=-1) gives the indices as torch.long.
+[aux_loss_wrong_axis] the mean router probability is taken over the wrong axis: over each
+    token's experts (a constant 1/E) instead of over the tokens, so the loss is always top_k.
+  hint: P = probs.mean(dim=0), shape (E,): expert i's mean probability over the tokens.
+[aux_loss_fraction_of_slots] f_i is divided by the number of slots (N * top_k), not by the
+    number of tokens N: the loss is top_k times too small.
+  hint: f_i = (assignments to expert i) / N, so the f_i sum to top_k (as in transformers'
+    load_balancing_loss_func).
+[aux_loss_missing_num_experts] the factor E (the number of experts) is missing: the loss is
+    E times too small and its balanced value depends on E.
+  hint: return E * (f * P).sum(), with E = probs.shape[-1].
+[aux_loss_probs_of_chosen_only] P_i averages only the probabilities of the experts each
+    token chose (the others counted as 0), not every token's probability of expert i.
+  hint: P = probs.mean(dim=0) over all tokens, whatever they chose.
 """
 
 

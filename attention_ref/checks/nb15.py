@@ -1,0 +1,322 @@
+"""Checks for notebook 15 (the attention of today's open models): the functions
+``sliding_window_mask``, ``route`` and ``load_balancing_loss``.
+
+Each is compared with a model of the right computation and of realistic mistakes, on seeded
+inputs: masks exactly (a window one too wide or too narrow, causality dropped, the padding
+or the empty slots of a rolling cache ignored), the router's gates and choices as one dense
+``(tokens, experts)`` matrix (so the order of the chosen experts is free), in float64 and
+float32, and the auxiliary loss in both dtypes (counts over the wrong axis, no factor E,
+shares of the slots instead of the tokens).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import experts as ref_experts
+from .. import sliding_window as ref_window
+from ._core import Context, Mistake, exercise
+from .toolkit import TOL, dtype_name, normal
+
+DTYPES = (torch.float64, torch.float32)
+
+
+# ----------------------------------------------------------------------------- sliding_window_mask
+def window_model(q, k, window, key_padding=None, mode: str = "correct") -> torch.Tensor:
+    """What a (possibly mistaken) sliding-window mask returns."""
+    q, k = q[:, None], k[None, :]
+    causal = k <= q
+    if mode in ("not_causal", "symmetric"):
+        causal = torch.ones_like(causal)
+    if mode == "symmetric" and window is not None:  # |q - k| < window
+        causal = k < q + window
+    allowed = causal if mode == "empty_slots" else causal & (k >= 0)
+    if window is not None:
+        edge = {"off_by_one_wide": window + 1, "off_by_one_narrow": window - 1}.get(mode, window)
+        allowed = allowed & (k > q - edge)
+    if key_padding is None:
+        return allowed
+    if mode == "padding_ignored":
+        return allowed.expand(key_padding.shape[0], 1, *allowed.shape)
+    return allowed & key_padding.bool()[:, None, None, :]
+
+
+WINDOW_MISTAKES = [
+    ("window_not_causal", "symmetric"),
+    ("window_not_causal", "not_causal"),
+    ("window_off_by_one_wide", "off_by_one_wide"),
+    ("window_off_by_one_narrow", "off_by_one_narrow"),
+    ("window_empty_slots_attended", "empty_slots"),
+    ("window_padding_ignored", "padding_ignored"),
+]
+
+
+def _ring(size: int, seen: int) -> list[int]:
+    """The positions a rolling cache of ``size`` slots holds after ``seen`` positions, in slot
+    order (position p in slot p % size; -1: an empty slot)."""
+    slots = [-1] * size
+    for p in range(max(0, seen - size), seen):
+        slots[p % size] = p
+    return slots
+
+
+def _window_cases(ctx: Context, rng: np.random.Generator) -> list[tuple]:
+    # label, q positions, k positions, window, padding lengths (None: no key_padding)
+    n = list(range(8))
+    cases = [
+        ("8 tokens, window=3", n, n, 3, None),
+        ("6 tokens, window=None (plain causal)", n[:6], n[:6], None, None),
+        ("one token, window=4", [0], [0], 4, None),
+        ("5 tokens, window=1 (each query sees itself only)", n[:5], n[:5], 1, None),
+        ("4 tokens, window=10 (wider than the text)", n[:4], n[:4], 10, None),
+        (
+            "decoding position 9 against a rolling cache of 4 slots then the new key, window=5",
+            [9], [*_ring(4, 9), 9], 5, None,
+        ),
+        (
+            "decoding position 2 against a rolling cache of 4 slots (two empty), window=5",
+            [2], [*_ring(4, 2), 2], 5, None,
+        ),
+        ("batch of 3, key lengths (7, 4, 2), 7 tokens, window=3", n[:7], n[:7], 3, [7, 4, 2]),
+        ("batch of 1, key length 3, 5 tokens, window=None", n[:5], n[:5], None, [3]),
+    ]  # fmt: skip
+    if ctx.thorough:
+        start = int(rng.integers(20, 60))
+        cases += [
+            (f"12 tokens from position {start}, window=5",
+             list(range(start, start + 12)), list(range(start, start + 12)), 5, None),
+            ("3 new tokens at 13..15 against a cache of 6 slots, window=7",
+             [13, 14, 15], [*_ring(6, 13), 13, 14, 15], 7, None),
+            ("batch of 2, key lengths (5, 9), 9 tokens, window=4", list(range(9)),
+             list(range(9)), 4, [5, 9]),
+            ("32 tokens, window=8", list(range(32)), list(range(32)), 8, None),
+        ]  # fmt: skip
+    return cases
+
+
+@exercise(
+    "sliding_window_mask",
+    forbidden=lambda: [
+        (ref_window.sliding_window_mask, "the reference attention_ref.sliding_window_mask")
+    ],
+    summary="True where q - window < k <= q, k not an empty slot, not padding",
+)
+def check_sliding_window_mask(candidate, ctx: Context) -> None:
+    rng = ctx.rng(1501)
+    for label, qp, kp, window, lengths in _window_cases(ctx, rng):
+        q = torch.tensor(qp, dtype=torch.long)
+        k = torch.tensor(kp, dtype=torch.long)
+        args = [q, k, window]
+        pad = None
+        if lengths is not None:
+            pad = torch.arange(len(kp))[None, :] < torch.tensor(lengths)[:, None]  # (B, n_k)
+            args.append(pad)
+        got = ctx.call(candidate, *args, case=label)
+        expected = window_model(q, k, window, pad)
+        if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
+            ctx.fail(
+                f"the mask must be boolean (True = may attend); got dtype {got.dtype}.",
+                case=label,
+                mistake="window_mask_not_boolean",
+            )
+        if pad is not None and isinstance(got, torch.Tensor) and got.shape == (len(qp), len(kp)):
+            ctx.fail(
+                f"with key_padding the mask has shape {tuple(got.shape)}, expected "
+                f"{tuple(expected.shape)}.",
+                case=label,
+                mistake="window_padding_ignored",
+            )
+        ctx.expect_array(got, expected, what="the mask", case=label)
+        mistakes = [
+            Mistake.of(i, model=lambda m=m: window_model(q, k, window, pad, mode=m))
+            for i, m in WINDOW_MISTAKES
+        ]
+        ctx.expect_close(got, expected, what="the mask", case=label, mistakes=mistakes,
+                         rtol=0, atol=0)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- route
+def dense_gates(gates: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """``(N, E)``: each token's gate at each chosen expert, 0 elsewhere (order-free)."""
+    out = torch.zeros(gates.shape[0], n_experts, dtype=torch.float64)
+    return out.scatter_add(1, experts.long().cpu(), gates.detach().double().cpu())
+
+
+def route_model(logits, top_k, router, norm_topk_prob=True, mode="correct"):
+    """``(dense gates (N, E), probs (N, E))`` of a (possibly mistaken) router, in float64."""
+    z = logits.double()
+    axis = 0 if mode == "softmax_tokens" else -1
+    probs = z.softmax(axis)
+    if router == "gpt_oss" and mode != "not_renormalised":
+        top, chosen = z.topk(top_k, dim=-1)
+        gates = top.softmax(-1)
+    else:
+        gates, chosen = probs.topk(top_k, dim=-1)
+        renorm = router == "mixtral" or norm_topk_prob
+        if mode == "norm_ignored":
+            renorm = True
+        if mode == "not_renormalised":
+            renorm = False
+        if renorm:
+            gates = gates / gates.sum(-1, keepdim=True)
+    if mode == "softmax_tokens" and router == "gpt_oss":
+        probs = z.softmax(0)
+    return dense_gates(gates, chosen, z.shape[1]), probs
+
+
+ROUTE_MISTAKES = [
+    ("route_gates_not_renormalised", "not_renormalised"),
+    ("route_norm_topk_prob_ignored", "norm_ignored"),
+    ("route_softmax_over_tokens", "softmax_tokens"),
+]
+
+
+def _route_cases(ctx: Context) -> list[tuple]:
+    # label, tokens N, experts E, top_k, router, norm_topk_prob (None: the default), scale
+    cases = [
+        ("mixtral: 10 tokens, 8 experts, top_k=2", 10, 8, 2, "mixtral", None, 1.0),
+        ("qwen3: 7 tokens, 6 experts, top_k=3, norm_topk_prob=True", 7, 6, 3, "qwen3", True, 1.0),
+        ("qwen3: 9 tokens, 8 experts, top_k=2, norm_topk_prob=False", 9, 8, 2, "qwen3", False,
+         1.0),
+        ("gpt_oss: 6 tokens, 4 experts, top_k=2", 6, 4, 2, "gpt_oss", None, 1.0),
+        ("mixtral: one token, 4 experts, top_k=1", 1, 4, 1, "mixtral", None, 1.0),
+        ("mixtral: 5 tokens, 3 experts, top_k=3 (every expert)", 5, 3, 3, "mixtral", None, 1.0),
+        ("gpt_oss: large logits (about 50), 8 tokens, 8 experts, top_k=4", 8, 8, 4, "gpt_oss",
+         None, 20.0),
+    ]  # fmt: skip
+    if ctx.thorough:
+        cases += [
+            ("mixtral: 64 tokens, 16 experts, top_k=2", 64, 16, 2, "mixtral", None, 2.0),
+            ("qwen3: 33 tokens, 12 experts, top_k=4, norm_topk_prob=False", 33, 12, 4, "qwen3",
+             False, 1.0),
+            ("gpt_oss: 40 tokens, 32 experts, top_k=4", 40, 32, 4, "gpt_oss", None, 3.0),
+        ]  # fmt: skip
+    return cases
+
+
+def _expect_experts(ctx: Context, experts, N: int, top_k: int, E: int, case: str) -> None:
+    if not isinstance(experts, torch.Tensor):
+        ctx.fail(f"experts must be a torch.Tensor; got {type(experts).__name__}.", case=case,
+                 mistake="wrong_type")  # fmt: skip
+    if tuple(experts.shape) != (N, top_k):
+        ctx.fail(f"experts has shape {tuple(experts.shape)}, expected {(N, top_k)}.", case=case,
+                 mistake="wrong_shape")  # fmt: skip
+    if experts.dtype.is_floating_point or experts.dtype == torch.bool:
+        ctx.fail(f"experts must hold integer indices (torch.long); got dtype {experts.dtype}.",
+                 case=case, mistake="route_experts_not_indices")  # fmt: skip
+    e = experts.long().cpu()
+    if bool(((e < 0) | (e >= E)).any()):
+        ctx.fail(f"experts holds indices outside 0..{E - 1}.", case=case,
+                 mistake="route_experts_not_indices")  # fmt: skip
+    if top_k > 1 and bool((e.sort(-1).values.diff(dim=-1) == 0).any()):
+        ctx.fail("a token chose the same expert twice: its top_k experts must be distinct.",
+                 case=case, mistake="route_experts_not_indices")  # fmt: skip
+
+
+@exercise(
+    "route",
+    forbidden=lambda: [(ref_experts.route, "the reference attention_ref.route")],
+    summary="top-k gates from the router's logits, as Mixtral, Qwen3-MoE and GPT-OSS do",
+)
+def check_route(candidate, ctx: Context) -> None:
+    rng = ctx.rng(1502)
+    for label, N, E, top_k, router, norm, scale in _route_cases(ctx):
+        z64 = torch.from_numpy(normal(rng, N, E, scale=scale))
+        for dtype in DTYPES:
+            case = f"{label}, {dtype_name(dtype)}"
+            z = z64.to(dtype)
+            kwargs = {} if norm is None else {"norm_topk_prob": norm}
+            got = ctx.call(candidate, z, top_k, router, case=case, **kwargs)
+            gates, experts, probs = ctx.expect_tuple(got, ("gates", "experts", "probs"),
+                                                     case=case)  # fmt: skip
+            ctx.expect_array(gates, z.new_zeros(N, top_k), what="gates", case=case)
+            ctx.expect_array(probs, z.new_zeros(N, E), what="probs", case=case)
+            _expect_experts(ctx, experts, N, top_k, E, case)
+            dense, want_probs = route_model(z, top_k, router, norm is not False)
+            models = {m: route_model(z, top_k, router, norm is not False, mode=m)
+                      for _, m in ROUTE_MISTAKES}  # fmt: skip
+            mistakes = [Mistake.of(i, model=lambda m=m: models[m][0]) for i, m in ROUTE_MISTAKES]
+            ctx.expect_close(dense_gates(gates, experts, E), dense,
+                             what="the gates (each token's gate at each chosen expert)",
+                             case=case, mistakes=mistakes, **TOL[dtype])  # fmt: skip
+            mistakes = [Mistake.of("route_softmax_over_tokens",
+                                   model=lambda: models["softmax_tokens"][1])]  # fmt: skip
+            ctx.expect_close(probs, want_probs, what="probs", case=case, mistakes=mistakes,
+                             **TOL[dtype])  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- load_balancing_loss
+def balance_model(probs, experts, mode: str = "correct") -> torch.Tensor:
+    """E * sum_i f_i * P_i (or what a mistaken version computes), in float64."""
+    p = probs.double()
+    N, E = p.shape
+    counts = torch.zeros(E, dtype=torch.float64).index_add_(
+        0, experts.flatten().long(), torch.ones(experts.numel(), dtype=torch.float64)
+    )
+    f = counts / N
+    P = p.mean(0)
+    if mode == "slots":
+        f = counts / experts.numel()
+    if mode == "no_E":
+        return (f * P).sum()
+    if mode == "wrong_axis":  # P averaged over the experts of each token: (N, 1)
+        return E * (f[None, :] * p.mean(1, keepdim=True)).sum()
+    if mode == "chosen_only":
+        chosen = torch.zeros_like(p).scatter_(1, experts.long(), 1.0)
+        P = (p * chosen).mean(0)
+    return E * (f * P).sum()
+
+
+BALANCE_MISTAKES = [
+    ("aux_loss_wrong_axis", "wrong_axis"),
+    ("aux_loss_fraction_of_slots", "slots"),
+    ("aux_loss_missing_num_experts", "no_E"),
+    ("aux_loss_probs_of_chosen_only", "chosen_only"),
+]
+
+
+def _balance_cases(ctx: Context) -> list[tuple]:
+    # label, tokens N, experts E, top_k, logit scale, how the experts are chosen
+    cases = [
+        ("12 tokens, 8 experts, top_k=2", 12, 8, 2, 1.0, "top"),
+        ("one token, 4 experts, top_k=1", 1, 4, 1, 1.0, "top"),
+        ("16 tokens, 4 experts, top_k=1, a skewed router", 16, 4, 1, 3.0, "top"),
+        ("10 tokens, 6 experts, top_k=3, experts drawn at random", 10, 6, 3, 1.0, "random"),
+        ("5 tokens, 3 experts, top_k=3 (every expert)", 5, 3, 3, 1.0, "top"),
+    ]
+    if ctx.thorough:
+        cases += [
+            ("128 tokens, 16 experts, top_k=4", 128, 16, 4, 2.0, "top"),
+            ("40 tokens, 8 experts, top_k=2, experts drawn at random", 40, 8, 2, 1.0, "random"),
+        ]
+    return cases
+
+
+@exercise(
+    "load_balancing_loss",
+    forbidden=lambda: [
+        (ref_experts.load_balancing_loss, "the reference attention_ref.load_balancing_loss")
+    ],
+    summary="the Switch Transformer's E * sum_i f_i * P_i",
+)
+def check_load_balancing_loss(candidate, ctx: Context) -> None:
+    rng = ctx.rng(1503)
+    for label, N, E, top_k, scale, how in _balance_cases(ctx):
+        probs64 = torch.from_numpy(normal(rng, N, E, scale=scale)).softmax(-1)
+        if how == "top":
+            experts = probs64.topk(top_k, dim=-1).indices
+        else:
+            experts = torch.from_numpy(np.stack([rng.permutation(E)[:top_k] for _ in range(N)]))
+        for dtype in DTYPES:
+            case = f"{label}, probs {dtype_name(dtype)}"
+            probs = probs64.to(dtype)
+            got = ctx.call(candidate, probs, experts.clone(), case=case)
+            expected = balance_model(probs, experts)
+            ctx.expect_array(got, probs.new_zeros(()), what="the loss", case=case)
+            mistakes = [
+                Mistake.of(i, model=lambda m=m: balance_model(probs, experts, m))
+                for i, m in BALANCE_MISTAKES
+            ]
+            ctx.expect_close(got, expected, what="the loss", case=case, mistakes=mistakes,
+                             **TOL[dtype])  # fmt: skip

@@ -1,0 +1,200 @@
+"""Catalog for notebook 15: sliding_window_mask, route, load_balancing_loss."""
+
+import torch
+
+from . import alternative, mistake
+
+# ----------------------------------------------------------------------------- sliding_window_mask
+
+
+def _window_mask(q_positions, k_positions, window, key_padding=None, *, wide=0, causal=True,
+                 empty=True, padding=True):  # fmt: skip
+    q, k = q_positions[:, None], k_positions[None, :]
+    allowed = k <= q if causal else torch.ones(len(q_positions), len(k_positions), dtype=bool)
+    if empty:
+        allowed = allowed & (k >= 0)
+    if window is not None:
+        allowed = allowed & (k > q - window - wide)
+    if key_padding is None or not padding:
+        return allowed
+    return allowed & key_padding[:, None, None, :]
+
+
+@mistake("sliding_window_mask", id="window_off_by_one_wide")
+def window_ge(q_positions, k_positions, window, key_padding=None):
+    return _window_mask(q_positions, k_positions, window, key_padding, wide=1)
+
+
+@mistake("sliding_window_mask", id="window_off_by_one_narrow")
+def window_flash_attention_count(q_positions, k_positions, window, key_padding=None):
+    # flash-attention's window_size=(left, right) counts the keys besides the query
+    return _window_mask(q_positions, k_positions, window, key_padding, wide=-1)
+
+
+@mistake("sliding_window_mask", id="window_not_causal")
+def window_abs_distance(q_positions, k_positions, window, key_padding=None):
+    q, k = q_positions[:, None], k_positions[None, :]
+    allowed = k >= 0
+    if window is not None:
+        allowed = allowed & ((q - k).abs() < window)
+    if key_padding is not None:
+        allowed = allowed & key_padding[:, None, None, :]
+    return allowed
+
+
+@mistake("sliding_window_mask", id="window_empty_slots_attended")
+def window_no_empty_slots(q_positions, k_positions, window, key_padding=None):
+    return _window_mask(q_positions, k_positions, window, key_padding, empty=False)
+
+
+@mistake("sliding_window_mask", id="window_padding_ignored")
+def window_padding_ignored(q_positions, k_positions, window, key_padding=None):
+    return _window_mask(q_positions, k_positions, window, key_padding, padding=False)
+
+
+@mistake("sliding_window_mask", id="window_mask_not_boolean")
+def window_float(q_positions, k_positions, window, key_padding=None):
+    return _window_mask(q_positions, k_positions, window, key_padding).float()
+
+
+@alternative("sliding_window_mask")
+def window_loops(q_positions, k_positions, window, key_padding=None):
+    n_q, n_k = len(q_positions), len(k_positions)
+    mask = torch.zeros(n_q, n_k, dtype=torch.bool)
+    for i, q in enumerate(q_positions.tolist()):
+        for j, k in enumerate(k_positions.tolist()):
+            mask[i, j] = 0 <= k <= q and (window is None or q - k < window)
+    if key_padding is not None:
+        mask = mask[None, None] & key_padding[:, None, None, :].bool()
+    return mask
+
+
+@alternative("sliding_window_mask")
+def window_distance(q_positions, k_positions, window, key_padding=None):
+    distance = q_positions.unsqueeze(-1) - k_positions.unsqueeze(0)  # (n_q, n_k)
+    limit = torch.iinfo(distance.dtype).max if window is None else window - 1
+    mask = (distance >= 0) & (distance <= limit) & (k_positions >= 0)
+    if key_padding is not None:
+        mask = torch.where(key_padding[:, None, None, :], mask, False)
+    return mask
+
+
+# ----------------------------------------------------------------------------- route
+
+
+def _route(logits, top_k, router, norm_topk_prob, renorm=None, dim=-1):
+    probs = logits.softmax(dim=dim)
+    gates, experts = probs.topk(top_k, dim=-1)
+    if renorm is None:
+        renorm = router in ("mixtral", "gpt_oss") or norm_topk_prob
+    if renorm:
+        gates = gates / gates.sum(-1, keepdim=True)
+    return gates, experts, probs
+
+
+@mistake("route", id="route_gates_not_renormalised")
+def route_not_renormalised(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    return _route(logits, top_k, router, norm_topk_prob, renorm=False)
+
+
+@mistake("route", id="route_norm_topk_prob_ignored")
+def route_always_renormalised(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    return _route(logits, top_k, router, norm_topk_prob, renorm=True)
+
+
+@mistake("route", id="route_softmax_over_tokens")
+def route_softmax_dim0(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    return _route(logits, top_k, router, norm_topk_prob, dim=0)
+
+
+@mistake("route", id="route_gates_not_renormalised")
+def route_gpt_oss_softmax_before_topk(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    # GPT-OSS's softmax runs over the top k logits; this takes the top k of the full softmax
+    probs = logits.softmax(-1)
+    gates, experts = probs.topk(top_k, dim=-1)
+    if router == "gpt_oss":
+        return gates, experts, probs
+    return _route(logits, top_k, router, norm_topk_prob)
+
+
+@mistake("route", id="route_experts_not_indices")
+def route_experts_as_float(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    gates, experts, probs = _route(logits, top_k, router, norm_topk_prob)
+    return gates, experts.to(logits.dtype), probs
+
+
+@alternative("route")
+def route_softmax_of_chosen_logits(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    # renormalising the top-k probabilities = softmax over the top-k logits
+    top, experts = logits.topk(top_k, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    if router == "qwen3" and not norm_topk_prob:
+        return probs.gather(-1, experts), experts, probs
+    return torch.softmax(top, dim=-1), experts, probs
+
+
+@alternative("route")
+def route_sorted_by_expert_float64(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    # float64 inside, experts listed in increasing index order (the order is free)
+    z = logits.double()
+    probs = torch.exp(z - z.max(-1, keepdim=True).values)
+    probs = probs / probs.sum(-1, keepdim=True)
+    experts = probs.argsort(-1, descending=True)[:, :top_k].sort(-1).values
+    gates = probs.gather(-1, experts)
+    if router != "qwen3" or norm_topk_prob:
+        gates = gates / gates.sum(-1, keepdim=True)
+    return gates.to(logits.dtype), experts, probs.to(logits.dtype)
+
+
+# ----------------------------------------------------------------------------- load_balancing_loss
+
+
+@mistake("load_balancing_loss", id="aux_loss_wrong_axis")
+def balance_mean_over_experts(probs, experts):
+    N, E = probs.shape
+    f = (
+        torch.zeros(E, dtype=probs.dtype).index_add_(
+            0, experts.flatten(), torch.ones(experts.numel(), dtype=probs.dtype)
+        )
+        / N
+    )
+    P = probs.mean(dim=1, keepdim=True)  # (N, 1): the wrong axis
+    return E * (f * P).sum()
+
+
+@mistake("load_balancing_loss", id="aux_loss_fraction_of_slots")
+def balance_one_hot_mean(probs, experts):
+    E = probs.shape[-1]
+    f = torch.nn.functional.one_hot(experts, E).to(probs.dtype).mean(dim=(0, 1))
+    return E * (f * probs.mean(0)).sum()
+
+
+@mistake("load_balancing_loss", id="aux_loss_missing_num_experts")
+def balance_no_e(probs, experts):
+    N, E = probs.shape
+    f = torch.bincount(experts.flatten(), minlength=E).to(probs.dtype) / N
+    return (f * probs.mean(0)).sum()
+
+
+@mistake("load_balancing_loss", id="aux_loss_probs_of_chosen_only")
+def balance_chosen_probs(probs, experts):
+    N, E = probs.shape
+    f = torch.bincount(experts.flatten(), minlength=E).to(probs.dtype) / N
+    chosen = torch.zeros_like(probs).scatter(1, experts, probs.gather(1, experts))
+    return E * (f * chosen.mean(0)).sum()
+
+
+@alternative("load_balancing_loss")
+def balance_bincount(probs, experts):
+    N, E = probs.shape
+    f = torch.bincount(experts.flatten(), minlength=E).to(probs.dtype) / N
+    return E * torch.dot(f, probs.mean(dim=0))
+
+
+@alternative("load_balancing_loss")
+def balance_transformers_style(probs, experts):
+    # as transformers' load_balancing_loss_func: one-hot (N, k, E), mean over tokens
+    E = probs.shape[-1]
+    tokens_per_expert = torch.nn.functional.one_hot(experts, E).to(probs.dtype).mean(dim=0)
+    router_prob_per_expert = probs.mean(dim=0)
+    return (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * E
