@@ -36,18 +36,24 @@ PIP_ARGS ?=
 # Running as root (a container) needs --allow-root for JupyterLab.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
-# `make test` runs two pytest processes side by side, one per core: the grading tests (a
-# class graded into sqlite and PostgreSQL, every solution graded; they grade with two
-# workers themselves; a class graded on Dask clusters, local and of two workers) and
-# everything else. Each one's report appears when it ends. The exchange tests run in the
-# grading lane too, to balance the two lanes (the hub, the browser, the student edition, the
-# check time limits, the checks and the unit tests are the other).
-# Both leave out the marks every_notebook and later: make test-later runs those (the
+# `make test` runs four pytest processes side by side (its tests wait on kernels, servers
+# and browsers as much as they compute: two lanes kept two cores half busy): the grading
+# tests, in two lanes (a few students graded into PostgreSQL, the sandbox, the report, the
+# exchange | a solution graded, a class graded on a Dask cluster; they grade with two
+# workers themselves), the lane of real servers (the hub, JupyterLab in Chromium, the
+# student edition's kernels, the check time limits, the trusted checker) and everything
+# else (the checks, the catalogs, the unit tests). Each one's report appears when it ends.
+# All leave out the marks every_notebook and later: make test-later runs those (the
 # whole hostile class, the hub's whole workflow, the Triton catalog beyond one mistake and one
 # alternative per exercise, the cluster's faults beyond a killed worker).
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
 	tests/test_report.py tests/test_exchange.py tests/test_cluster.py
+# The grading tests' second lane (the first: the rest of GRADING_LANE).
+CLUSTER_LANE = tests/test_grading.py tests/test_cluster.py
+SERVERS_LANE = tests/test_hub.py tests/test_browser.py tests/test_student_edition.py \
+	tests/test_check_timeouts.py tests/test_trusted_checker.py
+QUICK_MARKS = not all_alternatives and not every_notebook and not later
 # Whole hostile classes graded (forgers of grades, injections into the instructor's views):
 # `make test-hostile`, which .ci/run runs after make test (a few minutes).
 HOSTILE_LANE = tests/test_forgery.py tests/test_inert_views.py
@@ -59,7 +65,7 @@ ALLOW_PLAINTEXT_SCHEDULER ?=
 export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: lab test test-class-lane test-other-lane test-later test-later-solutions \
+.PHONY: lab test test-class-lane test-cluster-lane test-servers-lane test-other-lane test-later test-later-solutions \
 	test-later-runs test-hostile release grade report bench lint format lock venv clean \
 	student-edition versions test-alternatives
 
@@ -77,15 +83,22 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(ROOT_FLAG)
 
 test: $(STAMP)
-	@echo "make test: two lanes (grading | everything else); reports follow as each ends"
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-class-lane test-other-lane
+	@echo "make test: four lanes (grading | grading on a cluster | servers | everything else); reports follow as each ends"
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test-class-lane test-cluster-lane \
+		test-servers-lane test-other-lane
 
 test-class-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook and not later" $(GRADING_LANE)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "$(QUICK_MARKS)" $(filter-out $(CLUSTER_LANE),$(GRADING_LANE))
+
+test-cluster-lane: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "$(QUICK_MARKS)" $(CLUSTER_LANE)
+
+test-servers-lane: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "$(QUICK_MARKS)" $(SERVERS_LANE)
 
 test-other-lane: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook and not later" \
-		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE))
+		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE) $(SERVERS_LANE))
 
 # What make test leaves out: the per-notebook tests on every notebook but conftest.py's
 # QUICK_NOTEBOOKS (the solutions executed by nbval, with the hub's workflow and the Triton
