@@ -66,7 +66,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
 .PHONY: lab test test-class-lane test-cluster-lane test-servers-lane test-other-lane test-later test-later-solutions \
-	test-later-notebooks test-later-runs test-hostile release grade report bench lint format lock venv clean \
+	test-later-runs test-hostile release grade report bench lint format lock venv clean \
 	student-edition versions test-alternatives
 
 venv: $(STAMP)
@@ -101,30 +101,20 @@ test-other-lane: $(STAMP)
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE) $(SERVERS_LANE))
 
 # What make test leaves out: the per-notebook tests on every notebook but conftest.py's
-# QUICK_NOTEBOOKS and the tests marked later, in three lanes side by side (one lane of it
-# kept two cores one busy): the solutions executed by nbval, the hub's workflow and the
-# Triton catalog | the solutions graded, the student notebooks executed, the student
-# edition's gate, the browser | the whole class graded and the rest. .ci/run runs it after
-# make test.
+# QUICK_NOTEBOOKS (the solutions executed by nbval, with the hub's workflow and the Triton
+# catalog to balance the lanes | the student notebooks executed and the solutions graded, and
+# the other tests marked later). Two lanes, side by side. .ci/run runs it after make test.
 LATER_WITH_SOLUTIONS = tests/test_hub.py tests/test_catalog.py
-LATER_NOTEBOOKS = tests/test_grading.py tests/test_notebooks.py tests/test_student_edition.py \
-	tests/test_browser.py
-LATER_MARKS = every_notebook or later
 test-later: $(STAMP)
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-later-solutions \
-		test-later-notebooks test-later-runs
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-later-solutions test-later-runs
 
 test-later-solutions: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "$(LATER_MARKS)" \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "every_notebook or later" \
 		solutions $(LATER_WITH_SOLUTIONS)
 
-test-later-notebooks: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "$(LATER_MARKS)" \
-		$(LATER_NOTEBOOKS)
-
 test-later-runs: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "$(LATER_MARKS)" \
-		$(addprefix --ignore=,$(HOSTILE_LANE) $(LATER_WITH_SOLUTIONS) $(LATER_NOTEBOOKS)) tests
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "every_notebook or later" \
+		$(addprefix --ignore=,$(HOSTILE_LANE) $(LATER_WITH_SOLUTIONS)) tests
 
 # Classes of forgers and injectors graded in the sandbox (tests/test_forgery.py,
 # tests/test_inert_views.py). .ci/run runs it after make test.
