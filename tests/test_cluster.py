@@ -291,12 +291,11 @@ def cluster(tmp_path):
     c.stop()
 
 
-def test_a_remote_cluster_grades_exactly_as_today_though_a_worker_dies(
-    pristine, today, tmp_path, cluster
-):
-    course = copy_of(pristine, tmp_path / "course")
+def grade_remotely_while(cluster, course: Path, fault) -> tuple:
+    """`make grade` on ``cluster`` while ``fault()`` (a Cluster method) runs beside it:
+    (the grading process, what the fault killed or None)."""
     killed: list[str | None] = []
-    killer = threading.Thread(target=lambda: killed.append(cluster.kill_a_worker_mid_job()))
+    killer = threading.Thread(target=lambda: killed.append(fault()))
     killer.start()
     proc = run_course(
         course,
@@ -308,7 +307,15 @@ def test_a_remote_cluster_grades_exactly_as_today_though_a_worker_dies(
         timeout=600,
     )
     killer.join()
-    assert killed and killed[0], "no worker was seen grading, so none was killed"
+    return proc, killed[0] if killed else None
+
+
+def test_a_remote_cluster_grades_exactly_as_today_though_a_worker_dies(
+    pristine, today, tmp_path, cluster
+):
+    course = copy_of(pristine, tmp_path / "course")
+    proc, killed = grade_remotely_while(cluster, course, cluster.kill_a_worker_mid_job)
+    assert killed, "no worker was seen grading, so none was killed"
     assert f"on the cluster at {cluster.address}" in proc.stdout
     assert "dashboard:" in proc.stdout
     assert_same_grading(course, proc, today)
@@ -458,20 +465,8 @@ def test_a_scheduler_killed_mid_class_leaves_every_submission_graded_or_reported
     pristine, tmp_path, cluster
 ):
     course = copy_of(pristine, tmp_path / "course")
-    killed: list[str | None] = []
-    killer = threading.Thread(target=lambda: killed.append(cluster.kill_the_scheduler_mid_job()))
-    killer.start()
-    proc = run_course(
-        course,
-        "grade",
-        "--scheduler",
-        cluster.address,
-        "--allow-plaintext-scheduler",
-        env_extra=LIMITS,
-        timeout=600,
-    )
-    killer.join()
-    assert killed and killed[0], "no worker was seen grading, so the scheduler was not killed"
+    proc, killed = grade_remotely_while(cluster, course, cluster.kill_the_scheduler_mid_job)
+    assert killed, "no worker was seen grading, so the scheduler was not killed"
     assert_each_graded_or_reported(course, proc, "not graded: the cluster lost its job")
 
 

@@ -1147,6 +1147,9 @@ _TABLE = """
 [aux_loss_probs_of_chosen_only] P_i averages only the probabilities of the experts each
     token chose (the others counted as 0), not every token's probability of expert i.
   hint: P = probs.mean(dim=0) over all tokens, whatever they chose.
+[aux_loss_not_differentiable] the loss does not reach probs through autograd (detached, or
+    rebuilt from Python numbers), so it cannot train the router.
+  hint: compute it with torch operations on probs itself; only the counts f_i are constants.
 """
 
 

@@ -17,6 +17,7 @@ import torch
 from .. import experts as ref_experts
 from .. import sliding_window as ref_window
 from ._core import Context, Mistake, exercise
+from .remote import autograd_grad
 from .toolkit import TOL, dtype_name, normal
 
 DTYPES = (torch.float64, torch.float32)
@@ -80,6 +81,10 @@ def _window_cases(ctx: Context, rng: np.random.Generator) -> list[tuple]:
         ),
         ("batch of 3, key lengths (7, 4, 2), 7 tokens, window=3", n[:7], n[:7], 3, [7, 4, 2]),
         ("batch of 1, key length 3, 5 tokens, window=None", n[:5], n[:5], None, [3]),
+        (
+            "decoding position 2 against a cache of 5 slots (three empty), window=None",
+            [2], [*_ring(5, 2), 2], None, None,
+        ),
     ]  # fmt: skip
     if ctx.thorough:
         start = int(rng.integers(20, 60))
@@ -320,3 +325,33 @@ def check_load_balancing_loss(candidate, ctx: Context) -> None:
             ]
             ctx.expect_close(got, expected, what="the loss", case=case, mistakes=mistakes,
                              **TOL[dtype])  # fmt: skip
+        _expect_gradient(candidate, ctx, probs64, experts, label)
+
+
+def _expect_gradient(candidate, ctx: Context, probs64, experts, label: str) -> None:
+    """The loss trains the router: autograd reaches ``probs``, with E * f_i / N in every
+    row of column i (the counts f_i are constants)."""
+    case = f"{label}, probs float64 requiring grad"
+    probs = probs64.detach().clone().requires_grad_()
+    # Called through a lambda: ctx.call copies its arguments, which would cut them off
+    # from the leaf whose gradient is checked.
+    got = ctx.call(lambda: candidate(probs, experts.clone()), case=case,
+                   call_name="load_balancing_loss")  # fmt: skip
+    if not isinstance(got, torch.Tensor) or got.grad_fn is None:
+        ctx.fail(
+            "the loss is not connected to probs for autograd (it has no grad_fn): was it "
+            "detached, or rebuilt from Python numbers?",
+            case=case,
+            mistake="aux_loss_not_differentiable",
+        )
+    (grad,) = ctx.call(
+        lambda: autograd_grad(got, [probs], allow_unused=True),
+        case=case,
+        call_name="autograd's backward pass through load_balancing_loss",
+    )
+    if grad is None:
+        ctx.fail("no gradient reached probs.", case=case, mistake="aux_loss_not_differentiable")
+    leaf = probs64.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad(balance_model(leaf, experts), [leaf])
+    ctx.expect_close(grad, want, what="the gradient of the loss with respect to probs",
+                     case=case, **TOL[torch.float64])  # fmt: skip

@@ -60,7 +60,7 @@ def window_float(q_positions, k_positions, window, key_padding=None):
 @alternative("sliding_window_mask")
 def window_loops(q_positions, k_positions, window, key_padding=None):
     n_q, n_k = len(q_positions), len(k_positions)
-    mask = torch.zeros(n_q, n_k, dtype=torch.bool)
+    mask = torch.zeros(n_q, n_k, dtype=torch.bool, device=q_positions.device)
     for i, q in enumerate(q_positions.tolist()):
         for j, k in enumerate(k_positions.tolist()):
             mask[i, j] = 0 <= k <= q and (window is None or q - k < window)
@@ -182,6 +182,21 @@ def balance_chosen_probs(probs, experts):
     f = torch.bincount(experts.flatten(), minlength=E).to(probs.dtype) / N
     chosen = torch.zeros_like(probs).scatter(1, experts, probs.gather(1, experts))
     return E * (f * chosen.mean(0)).sum()
+
+
+@mistake("load_balancing_loss", id="aux_loss_not_differentiable")
+def balance_detached(probs, experts):
+    N, E = probs.shape
+    f = torch.bincount(experts.flatten(), minlength=E).to(probs.dtype) / N
+    return E * (f * probs.detach().mean(0)).sum()  # the right value, no gradient
+
+
+@mistake("sliding_window_mask", id="window_empty_slots_attended")
+def window_none_forgets_empty_slots(q_positions, k_positions, window, key_padding=None):
+    if window is None:  # plain causal: the empty slots (-1 <= q) slip through
+        mask = k_positions[None, :] <= q_positions[:, None]
+        return mask if key_padding is None else mask & key_padding[:, None, None, :]
+    return _window_mask(q_positions, k_positions, window, key_padding)
 
 
 @alternative("load_balancing_loss")

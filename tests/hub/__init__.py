@@ -253,7 +253,15 @@ class Hub:
 
         ws_url = self.url.replace("http://", "ws://")
         ws_url += f"/user/{acct.name}/api/kernels/{kid}/channels"
-        req = HTTPRequest(ws_url, headers={"Authorization": f"token {acct.token}"})
+        # The handshake waits for the kernel's first reply, which a loaded machine (CI runs
+        # notebooks beside this) can take longer than tornado's default 20 s to give.
+        wait = min(timeout, 180)
+        req = HTTPRequest(
+            ws_url,
+            headers={"Authorization": f"token {acct.token}"},
+            connect_timeout=wait,
+            request_timeout=wait,
+        )
         conn = await websocket_connect(req)
         msg_id = uuid.uuid4().hex
         conn.write_message(
