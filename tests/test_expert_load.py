@@ -1,0 +1,43 @@
+"""Notebook 15's expert-load experiment (attention_ref.apps.expert_load) and its bench line."""
+
+import torch
+
+from attention_ref.apps.expert_load import coefficient_of_variation, expert_load
+from attention_ref.apps.variants import VariantsResult
+from attention_ref.experts import load_balancing_loss
+
+
+def test_expert_load_gives_each_experts_share_and_trains_with_the_given_loss():
+    calls = []
+
+    def counting_loss(probs, experts):
+        calls.append((probs.shape, experts.shape))
+        return load_balancing_loss(probs, experts)
+
+    load = expert_load(counting_loss, alpha=0.1, seed=0, steps=3)
+    assert load.shape == (8,) and load.dtype == torch.float64
+    assert abs(load.sum().item() - 1) < 1e-12 and (load >= 0).all()
+    assert len(calls) == 3 and all(p[1] == 8 and e[1] == 2 for p, e in calls)
+
+
+def test_coefficient_of_variation_is_zero_when_balanced_and_grows_with_the_spread():
+    assert coefficient_of_variation(torch.full((8,), 1 / 8)) == 0
+    skewed = torch.tensor([0.5, 0.5, 0, 0, 0, 0, 0, 0], dtype=torch.float64)
+    assert abs(coefficient_of_variation(skewed) - 3**0.5) < 1e-12  # std 0.2165 / mean 0.125
+
+
+def _result(loads):
+    row = {"model": "mixtral", "float32": 1e-6, "float64": 1e-14, "greedy_equal": True}
+    return VariantsResult("max_logit_diff_float32", 1e-6, 1.0, [row], loads)
+
+
+def test_variants_line_reports_the_expert_load_and_whether_the_loss_balanced_each_seed():
+    even, skewed = [1 / 8] * 8, [0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05]
+    line = _result({(0.0, 0): skewed, (0.1, 0): even, (0.0, 1): skewed, (0.1, 1): even}).extras()
+    assert "busiest_expert_alpha0.0=30.0%/30.0%" in line
+    assert "busiest_expert_alpha0.1=12.5%/12.5%" in line
+    assert "load_cv_alpha0.1=0.00/0.00" in line
+    assert line.endswith("loss_balances_each_seed=True targets_met=True")
+    # Seed 1 got worse with the loss: the line says so, and the targets are not met.
+    line = _result({(0.0, 0): skewed, (0.1, 0): even, (0.0, 1): even, (0.1, 1): skewed}).extras()
+    assert line.endswith("loss_balances_each_seed=False targets_met=False")
