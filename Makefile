@@ -4,10 +4,10 @@
 #                  every kind of test, the per-notebook ones on the quick notebooks only
 #   make test-later  what make test leaves out: the per-notebook tests on every other
 #                  notebook (each solution executed, each student notebook executed, each
-#                  solution graded) and the longer runs of a kind make test covers (marked
-#                  later); CI runs it after make test
+#                  solution graded), the longer runs of a kind make test covers (marked
+#                  later) and the hostile classes; CI runs it after make test
 #   make test-hostile  classes of hostile submissions graded: forged grades, injected script
-#                  (CI runs it after make test)
+#                  (alone; make test-later runs them too)
 #   make test-alternatives  every catalogued correct alternative through its whole notebook
 #                  (slow; CI runs it after make test)
 #   make release   regenerate notebooks/ (student versions) from solutions/
@@ -55,7 +55,7 @@ SERVERS_LANE = tests/test_hub.py tests/test_browser.py tests/test_student_editio
 	tests/test_check_timeouts.py tests/test_trusted_checker.py
 QUICK_MARKS = not all_alternatives and not every_notebook and not later
 # Whole hostile classes graded (forgers of grades, injections into the instructor's views):
-# `make test-hostile`, which .ci/run runs after make test (a few minutes).
+# in make test-later's solutions lane (a few minutes), or alone with `make test-hostile`.
 HOSTILE_LANE = tests/test_forgery.py tests/test_inert_views.py
 ASSIGNMENTS ?=
 JOBS ?=
@@ -108,16 +108,25 @@ LATER_WITH_SOLUTIONS = tests/test_hub.py tests/test_catalog.py
 test-later: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-later-solutions test-later-runs
 
+# The solutions lane ends long before the other (514 | 920 s on a fresh clone), so the hostile
+# classes follow it there, in the same two lanes: both pytest runs report, and either failing
+# fails the lane. --durations names the slowest tests of each, to balance the lanes by.
+LATER_DURATIONS = --durations=8
 test-later-solutions: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "every_notebook or later" \
-		solutions $(LATER_WITH_SOLUTIONS)
+	@status=0; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(LATER_DURATIONS) \
+		-m "every_notebook or later" solutions $(LATER_WITH_SOLUTIONS) || status=1; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(LATER_DURATIONS) \
+		$(HOSTILE_LANE) || status=1; \
+	exit $$status
 
 test-later-runs: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider -m "every_notebook or later" \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(LATER_DURATIONS) \
+		-m "every_notebook or later" \
 		$(addprefix --ignore=,$(HOSTILE_LANE) $(LATER_WITH_SOLUTIONS)) tests
 
 # Classes of forgers and injectors graded in the sandbox (tests/test_forgery.py,
-# tests/test_inert_views.py). .ci/run runs it after make test.
+# tests/test_inert_views.py) alone; make test-later runs them too.
 test-hostile: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(HOSTILE_LANE)
 
