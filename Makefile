@@ -101,15 +101,16 @@ test-other-lane: $(STAMP)
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE) $(SERVERS_LANE))
 
 # What make test leaves out: the per-notebook tests on every notebook but conftest.py's
-# QUICK_NOTEBOOKS (the solutions executed by nbval, with the hub's workflow and the Triton
-# catalog to balance the lanes | the student notebooks executed and the solutions graded, and
-# the other tests marked later). Two lanes, side by side. .ci/run runs it after make test.
-LATER_WITH_SOLUTIONS = tests/test_hub.py tests/test_catalog.py
+# QUICK_NOTEBOOKS (the solutions executed by nbval, with the hub's workflow, the Triton
+# catalog and the trusted checker's sample to balance the lanes | the student notebooks
+# executed and the solutions graded, and the other tests marked later). Two lanes, side by
+# side. .ci/run runs it after make test.
+LATER_WITH_SOLUTIONS = tests/test_hub.py tests/test_catalog.py tests/test_trusted_checker.py
 test-later: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-later-solutions test-later-runs
 
-# The solutions lane ends long before the other (514 | 920 s on a fresh clone), so the hostile
-# classes follow it there, in the same two lanes: both pytest runs report, and either failing
+# The solutions lane ended long before the other (514 | 920 s on a fresh clone), so the
+# hostile classes follow it there (942 | 1100 s, then, on a machine busy with other work), in the same two lanes: both pytest runs report, and either failing
 # fails the lane. --durations names the slowest tests of each, to balance the lanes by.
 LATER_DURATIONS = --durations=8
 test-later-solutions: $(STAMP)
