@@ -53,6 +53,8 @@ GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_gra
 CLUSTER_LANE = tests/test_grading.py tests/test_cluster.py
 SERVERS_LANE = tests/test_hub.py tests/test_browser.py tests/test_student_edition.py \
 	tests/test_check_timeouts.py tests/test_trusted_checker.py
+# Each lane's report names its slowest tests: what to move between lanes, or to make test-later.
+DURATIONS = --durations=8
 QUICK_MARKS = not all_alternatives and not every_notebook and not later
 # Whole hostile classes graded (forgers of grades, injections into the instructor's views):
 # in make test-later's solutions lane (a few minutes), or alone with `make test-hostile`.
@@ -88,16 +90,16 @@ test: $(STAMP)
 		test-servers-lane test-other-lane
 
 test-class-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "$(QUICK_MARKS)" $(filter-out $(CLUSTER_LANE),$(GRADING_LANE))
+	$(BIN)/python -m pytest $(PYTEST_ARGS) $(DURATIONS) -m "$(QUICK_MARKS)" $(filter-out $(CLUSTER_LANE),$(GRADING_LANE))
 
 test-cluster-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "$(QUICK_MARKS)" $(CLUSTER_LANE)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) $(DURATIONS) -m "$(QUICK_MARKS)" $(CLUSTER_LANE)
 
 test-servers-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "$(QUICK_MARKS)" $(SERVERS_LANE)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) $(DURATIONS) -m "$(QUICK_MARKS)" $(SERVERS_LANE)
 
 test-other-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not all_alternatives and not every_notebook and not later" \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) $(DURATIONS) -m "not all_alternatives and not every_notebook and not later" \
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE) $(SERVERS_LANE))
 
 # What make test leaves out: the per-notebook tests on every notebook but conftest.py's
@@ -111,18 +113,17 @@ test-later: $(STAMP)
 
 # The solutions lane ended long before the other (514 | 920 s on a fresh clone), so the
 # hostile classes follow it there (942 | 1100 s, then, on a machine busy with other work), in the same two lanes: both pytest runs report, and either failing
-# fails the lane. --durations names the slowest tests of each, to balance the lanes by.
-LATER_DURATIONS = --durations=8
+# fails the lane.
 test-later-solutions: $(STAMP)
 	@status=0; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(LATER_DURATIONS) \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(DURATIONS) \
 		-m "every_notebook or later" solutions $(LATER_WITH_SOLUTIONS) || status=1; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(LATER_DURATIONS) \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(DURATIONS) \
 		$(HOSTILE_LANE) || status=1; \
 	exit $$status
 
 test-later-runs: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(LATER_DURATIONS) \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(DURATIONS) \
 		-m "every_notebook or later" \
 		$(addprefix --ignore=,$(HOSTILE_LANE) $(LATER_WITH_SOLUTIONS)) tests
 
