@@ -29,6 +29,7 @@ from .sliding_window import (
     RollingKVCache,
     SinkAttention,
     SlidingWindowAttention,
+    rolling_append,
     sliding_window_mask,
 )
 from .training import masked_cross_entropy
@@ -73,6 +74,7 @@ __all__ = [
     "ModernBlock",
     "ModernGPT",
     "sliding_window_mask",
+    "rolling_append",
     "RollingKVCache",
     "SlidingWindowAttention",
     "SinkAttention",

@@ -16,7 +16,8 @@ converter must know which count its checkpoint's ``sliding_window`` means.
 Since no query ever looks further back than ``window - 1`` positions, the cache of such a
 layer needs only the last ``window - 1`` keys and values (``transformers``'
 ``DynamicSlidingWindowLayer`` keeps as many): :class:`RollingKVCache` is a ring buffer of
-that size; position ``p`` is stored in slot ``p % size``, overwriting the oldest entry.
+that size; position ``p`` is stored in slot ``p % size``, overwriting the oldest entry
+(:func:`rolling_append`, an exercise of notebook 15, does the writing).
 Its memory stays constant however long the text grows (:func:`cache_bytes_as_text_grows`).
 
 Shapes: batch first; heads ``(B, H, T, d_head)``.
@@ -85,6 +86,46 @@ def sliding_window_mask(
     return allowed & key_padding.bool()[:, None, None, :]  # (B, 1, n_q, n_k)
 
 
+def rolling_append(
+    slots: torch.Tensor, positions: torch.Tensor, new: torch.Tensor, start: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Write ``t`` new entries into a ring buffer of ``size`` slots (position ``p`` in slot
+    ``p % size``, overwriting the oldest), and say what the new queries attend to.
+
+    Args:
+        slots: the ring ``(..., size, d)`` (keys, values, or any per-position data).
+        positions: ``(size,)`` ints, the absolute position held in each slot; -1: empty.
+        new: the entries of positions ``start .. start + t - 1``, ``(..., t, d)``; any
+            ``t >= 1``, even more than ``size`` (then only the last ``size`` are kept).
+        start: the absolute position of ``new``'s first entry.
+
+    Returns:
+        ``(attend (..., size + t, d), attend_positions (size + t,), slots, positions)``:
+        the ring as it was followed by the new entries, with their positions, then the
+        ring after writing. The inputs are not modified.
+    """
+    require_tensor("slots", slots, floating=False)
+    require_tensor("positions", positions, floating=False)
+    require_tensor("new", new, floating=False)
+    size, t = slots.shape[-2], new.shape[-2]
+    if positions.shape != (size,) or new.shape[:-2] + new.shape[-1:] != (
+        slots.shape[:-2] + slots.shape[-1:]
+    ):
+        raise ValueError(
+            f"slots (..., size, d), positions (size,) and new (..., t, d) must agree; got "
+            f"{tuple(slots.shape)}, {tuple(positions.shape)} and {tuple(new.shape)}"
+        )
+    new_positions = torch.arange(start, start + t, device=positions.device)  # (t,)
+    attend = torch.cat([slots, new], dim=-2)  # (..., size + t, d): read before writing
+    attend_positions = torch.cat([positions, new_positions.to(positions.dtype)])
+    kept = new_positions[-size:]  # only the last `size` new positions survive
+    where = kept % size  # their slots, all distinct
+    slots, positions = slots.clone(), positions.clone()
+    slots[..., where, :] = new[..., t - len(kept) :, :]
+    positions[where] = kept.to(positions.dtype)
+    return attend, attend_positions, slots, positions
+
+
 class RollingKVCache:
     """A key-value cache of fixed size that overwrites its oldest entry (a ring buffer).
 
@@ -93,7 +134,8 @@ class RollingKVCache:
     it is a real token. Position ``p`` lives in slot ``p % size``.
 
     :meth:`append` returns the cached positions *and* the new ones (so ``t`` new queries
-    can attend to all of them, whatever ``t``), then keeps only the last ``size``.
+    can attend to all of them, whatever ``t``), then keeps only the last ``size``: the
+    keys, the values and ``keep`` each go through :func:`rolling_append`.
 
     Example::
 
@@ -119,10 +161,6 @@ class RollingKVCache:
     def nbytes(self) -> int:
         """Bytes held by the keys and values (0 before the first append)."""
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
-
-    def slot(self, position: int) -> int:
-        """The slot position ``position`` is written to: ``position % size``."""
-        return position % self.size
 
     def append(
         self, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None = None
@@ -155,21 +193,15 @@ class RollingKVCache:
                 f"k {tuple(k.shape)} and v {tuple(v.shape)} do not match the cached keys "
                 f"{tuple(self.k.shape)} and values {tuple(self.v.shape)} (batch, heads, d)"
             )
-        new_pos = torch.arange(self.seen, self.seen + t, device=k.device)  # (t,)
-        out = (
-            torch.cat([self.k, k], dim=2),  # (B, H, size + t, d_k)
-            torch.cat([self.v, v], dim=2),  # (B, H, size + t, d_v)
-            torch.cat([self.positions, new_pos]),  # (size + t,)
-            torch.cat([self.keep, keep.bool()], dim=1),  # (B, size + t)
-        )
-        for i in range(max(0, t - self.size), t):  # only the last `size` survive
-            s = self.slot(self.seen + i)
-            self.k[:, :, s] = k[:, :, i]
-            self.v[:, :, s] = v[:, :, i]
-            self.positions[s] = self.seen + i
-            self.keep[:, s] = keep[:, i]
+        # rolling_append looked up when called: notebook 15 puts the learner's in its place
+        old = self.positions
+        k_all, pos_all, self.k, self.positions = rolling_append(self.k, old, k, self.seen)
+        v_all, _, self.v, _ = rolling_append(self.v, old, v, self.seen)
+        keep_all, _, kept, _ = rolling_append(self.keep[..., None], old, keep.bool()[..., None],
+                                              self.seen)  # fmt: skip
+        self.keep = kept[..., 0]  # (B, size)
         self.seen += t
-        return out
+        return k_all, v_all, pos_all, keep_all[..., 0]
 
 
 class SlidingWindowAttention(RotaryAttention):
@@ -307,6 +339,7 @@ def rolling_cache_size(window: int) -> int:
 
 __all__ = [
     "sliding_window_mask",
+    "rolling_append",
     "RollingKVCache",
     "SlidingWindowAttention",
     "SinkAttention",

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attention_ref import sliding_window as window_module
 from attention_ref.sliding_window import (
     RollingKVCache,
     SinkAttention,
     SlidingWindowAttention,
     cache_bytes_as_text_grows,
+    rolling_append,
     rolling_cache_size,
     sliding_window_mask,
 )
@@ -75,20 +77,43 @@ def test_the_rolling_cache_equals_full_recomputation(chunks):
     assert sorted(cache.positions.tolist()) == [8, 9, 10]
 
 
-class OverwritesTheNewest(RollingKVCache):
-    """A wrong ring buffer: once full, every position lands in the last slot written."""
+def overwrites_the_newest(slots, positions, new, start):
+    """A wrong ring buffer: once full, every position lands in the last slot."""
+    size, t = slots.shape[-2], new.shape[-2]
+    attend = torch.cat([slots, new], dim=-2)
+    attend_positions = torch.cat([positions, torch.arange(start, start + t)])
+    slots, positions = slots.clone(), positions.clone()
+    for i in range(t):
+        s = min(start + i, size - 1)
+        slots[..., s, :] = new[..., i, :]
+        positions[s] = start + i
+    return attend, attend_positions, slots, positions
 
-    def slot(self, position: int) -> int:
-        return min(position, self.size - 1)
 
-
-def test_a_cache_that_overwrites_its_newest_entry_differs():
+def test_a_cache_that_overwrites_its_newest_entry_differs(monkeypatch):
     attn = _attention(window=4)
     x = torch.randn(1, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     full = attn(x)[0]
-    got = _decode(attn, x, OverwritesTheNewest(3), [1] * 9)
+    monkeypatch.setattr(window_module, "rolling_append", overwrites_the_newest)
+    got = _decode(attn, x, RollingKVCache(3), [1] * 9)
     torch.testing.assert_close(got[:, :4], full[:, :4])  # the same until it is full
     assert (got[:, 5:] - full[:, 5:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("t", [1, 2, 5, 7])
+def test_rolling_append_keeps_the_last_size_positions_in_slot_p_mod_size(t):
+    slots = torch.arange(10.0).view(1, 5, 2)  # (B, size=5, d=2)
+    positions = torch.tensor([5, 6, 2, 3, 4])  # positions 2..6 seen
+    new = -torch.arange(1.0, 2 * t + 1).view(1, t, 2)
+    attend, attend_pos, got, got_pos = rolling_append(slots, positions, new, 7)
+    assert torch.equal(attend, torch.cat([slots, new], 1))
+    assert attend_pos.tolist() == [5, 6, 2, 3, 4, *range(7, 7 + t)]
+    want = dict(zip(positions.tolist(), slots[0], strict=True))
+    want.update({7 + i: new[0, i] for i in range(t)})
+    for s in range(5):
+        p = int(got_pos[s])
+        assert p % 5 == s and p > 6 + t - 5 - 1 and torch.equal(got[0, s], want[p])
+    assert torch.equal(slots, torch.arange(10.0).view(1, 5, 2))  # the inputs untouched
 
 
 def test_the_window_matters_beyond_it():

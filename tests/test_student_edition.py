@@ -54,6 +54,7 @@ REFERENCES = [
     "SwiGLU",
     "RotaryAttention",
     "sliding_window_mask",
+    "rolling_append",
     "route",
     "load_balancing_loss",
 ]

@@ -1121,6 +1121,29 @@ _TABLE = """
     (B, 1, n_q, n_k).
 [window_mask_not_boolean] the mask is not boolean (True = may attend).
   hint: build it from comparisons (k <= q, k > q - window) combined with &, which give bool.
+[ring_overwrites_newest] once the ring is full, each new position overwrites the newest
+    entry (the last slot written) instead of the oldest: the keys still in the window are lost.
+  hint: position p goes to slot p % size, the slot of position p - size, the oldest entry.
+[ring_slot_off_by_one] a position goes to the slot next to p % size (off by one).
+  hint: position p goes to slot p % size: p = start + i for the i-th new entry, counting from 0.
+[ring_positions_not_recorded] the ring's positions are not updated where a new entry was
+    written: those slots keep a stale position (or -1, empty), so the mask attends to the wrong
+    keys or skips the right ones.
+  hint: set positions[p % size] = p wherever you write slots[..., p % size, :].
+[ring_first_new_kept] with more new entries than slots, the ring keeps the first size of
+    them instead of the last size.
+  hint: only the last min(t, size) new positions survive: start + t - size .. start + t - 1
+    (or write them all in order, so that the later ones overwrite the earlier).
+[ring_written_before_read] what the queries attend to is the ring after writing, followed by
+    the new entries: the new ones appear twice and the overwritten ones, still in the window,
+    are lost.
+  hint: build attend = cat([slots, new], dim=-2) from the ring as it was, before writing into
+    a copy of it.
+[ring_new_entries_not_attended] attend holds only the size slots of the ring: the new entries
+    must follow the ring as it was (size + t of them), since a ring of window - 1 slots has no
+    room for both the new key and the oldest one still in the window.
+  hint: attend = torch.cat([slots, new], dim=-2), attend_positions = torch.cat([positions,
+    torch.arange(start, start + t)]).
 [route_gates_not_renormalised] the gates are the top k of the softmax over all experts,
     not renormalised: they sum to less than 1.
   hint: Mixtral (and Qwen3 with norm_topk_prob=True) divide the chosen probabilities by their

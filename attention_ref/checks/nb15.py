@@ -1,12 +1,14 @@
 """Checks for notebook 15 (the attention of today's open models): the functions
-``sliding_window_mask``, ``route`` and ``load_balancing_loss``.
+``sliding_window_mask``, ``rolling_append``, ``route`` and ``load_balancing_loss``.
 
 Each is compared with a model of the right computation and of realistic mistakes, on seeded
 inputs: masks exactly (a window one too wide or too narrow, causality dropped, the padding
-or the empty slots of a rolling cache ignored), the router's gates and choices as one dense
-``(tokens, experts)`` matrix (so the order of the chosen experts is free), in float64 and
-float32, and the auxiliary loss in both dtypes (counts over the wrong axis, no factor E,
-shares of the slots instead of the tokens).
+or the empty slots of a rolling cache ignored), the ring buffer of the rolling cache exactly
+(the newest entry overwritten, a slot off by one, positions not recorded, the ring written
+before it is read, the first of too many new entries kept), the router's gates and choices
+as one dense ``(tokens, experts)`` matrix (so the order of the chosen experts is free), in
+float64 and float32, and the auxiliary loss in both dtypes (counts over the wrong axis, no
+factor E, shares of the slots instead of the tokens).
 """
 
 from __future__ import annotations
@@ -139,6 +141,117 @@ def check_sliding_window_mask(candidate, ctx: Context) -> None:
         ]
         ctx.expect_close(got, expected, what="the mask", case=label, mistakes=mistakes,
                          rtol=0, atol=0)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- rolling_append
+def ring_model(slots, positions, new, start: int, mode: str = "correct") -> tuple:
+    """``(attend, attend_positions, slots, positions)`` of a (possibly mistaken) ring buffer,
+    written one position at a time (the last write to a slot wins)."""
+    size, t = slots.shape[-2], new.shape[-2]
+    ring, ring_pos = slots.clone(), positions.clone()
+    if mode == "positions_not_recorded":
+        ring_pos = positions.clone()
+    chosen = range(min(t, size)) if mode == "first_new_kept" else range(t)
+    for i in chosen:
+        p = start + i
+        slot = {
+            "newest": min(p, size - 1),
+            "slot_plus": (p + 1) % size,
+            "slot_minus": (p - 1) % size,
+        }.get(mode, p % size)
+        ring[..., slot, :] = new[..., i, :]
+        if mode != "positions_not_recorded":
+            ring_pos[slot] = p
+    read, read_pos = (ring, ring_pos) if mode == "written_first" else (slots, positions)
+    new_pos = torch.arange(start, start + t, dtype=positions.dtype, device=positions.device)
+    return torch.cat([read, new], dim=-2), torch.cat([read_pos, new_pos]), ring, ring_pos
+
+
+RING_MISTAKES = [
+    ("ring_overwrites_newest", "newest"),
+    ("ring_slot_off_by_one", "slot_plus"),
+    ("ring_slot_off_by_one", "slot_minus"),
+    ("ring_positions_not_recorded", "positions_not_recorded"),
+    ("ring_first_new_kept", "first_new_kept"),
+    ("ring_written_before_read", "written_first"),
+]
+RING_OUTPUTS = ("attend", "attend_positions", "slots", "positions")
+
+
+def _ring_cases(ctx: Context) -> list[tuple]:
+    # label, leading dims, size, d, positions seen before, t new, dtype
+    f32, f64 = torch.float32, torch.float64
+    cases = [
+        ("an empty ring of 3 slots, one new position", (1, 1), 3, 2, 0, 1, f32),
+        ("a ring of 3 slots holding positions 0..1, one new (position 2)", (2, 2), 3, 4, 2, 1,
+         f64),
+        ("a full ring of 3 slots (positions 4..6), one new (position 7)", (1, 2), 3, 2, 7, 1,
+         f32),
+        ("a full ring of 4 slots (positions 5..8), one new (position 9)", (2, 1), 4, 3, 9, 1,
+         f64),
+        ("a ring of 5 slots (positions 0..6 seen), 3 new at once (7..9)", (1, 2), 5, 2, 7, 3,
+         f32),
+        ("a ring of 3 slots, a prompt of 7 positions (more than the slots)", (2, 1), 3, 2, 0, 7,
+         f64),
+        ("a ring of 4 slots (positions 3..6), 6 new (7..12)", (1, 1), 4, 2, 7, 6, f32),
+        ("one slot (positions 0..3 seen), one new (position 4)", (1, 1), 1, 3, 4, 1, f64),
+        ("a bool buffer (B, size, 1) as the cache keeps for its padding: 4 slots, 2 new",
+         (2,), 4, 1, 5, 2, torch.bool),
+    ]  # fmt: skip
+    if ctx.thorough:
+        cases += [
+            ("a ring of 7 slots (positions 0..39 seen), one new (40)", (2, 3), 7, 4, 40, 1, f32),
+            ("a ring of 6 slots (positions 0..12 seen), 13 new (13..25)", (1, 2), 6, 3, 13, 13,
+             f64),
+            ("a ring of 8 slots (positions 0..4 seen), 5 new (5..9)", (3, 2), 8, 2, 5, 5, f32),
+        ]  # fmt: skip
+    return cases
+
+
+def _ring_inputs(rng, lead, size, d, seen, t, dtype):
+    positions = torch.tensor(_ring(size, seen), dtype=torch.long)  # (size,), -1: empty
+    if dtype == torch.bool:
+        slots = torch.from_numpy(normal(rng, *lead, size, d) > 0)
+        new = torch.from_numpy(normal(rng, *lead, t, d) > 0)
+    else:
+        slots = torch.from_numpy(normal(rng, *lead, size, d)).to(dtype)
+        new = torch.from_numpy(normal(rng, *lead, t, d)).to(dtype)
+    slots[..., positions < 0, :] = 0  # an empty slot holds nothing (zeros)
+    return slots, positions, new
+
+
+@exercise(
+    "rolling_append",
+    forbidden=lambda: [
+        (ref_window.rolling_append, "the reference attention_ref.rolling_append"),
+        (ref_window.RollingKVCache.append, "attention_ref's RollingKVCache.append"),
+    ],
+    summary="position p written to slot p % size, overwriting the oldest; the ring as it "
+    "was, then the new entries, attended",
+)
+def check_rolling_append(candidate, ctx: Context) -> None:
+    rng = ctx.rng(1504)
+    for label, lead, size, d, seen, t, dtype in _ring_cases(ctx):
+        case = f"{label}, {dtype_name(dtype) if dtype.is_floating_point else 'bool'}"
+        slots, positions, new = _ring_inputs(rng, lead, size, d, seen, t, dtype)
+        got = ctx.call(candidate, slots, positions, new, seen, case=case)
+        got = ctx.expect_tuple(got, RING_OUTPUTS, case=case)
+        want = ring_model(slots, positions, new, seen)
+        if isinstance(got[0], torch.Tensor) and tuple(got[0].shape[-2:]) == (size, d) and t:
+            ctx.fail(
+                f"attend has shape {tuple(got[0].shape)}, expected {tuple(want[0].shape)}.",
+                case=case,
+                mistake="ring_new_entries_not_attended",
+            )
+        for name, g, w in zip(RING_OUTPUTS, got, want, strict=True):
+            ctx.expect_array(g, w, what=name, case=case)
+        models = {m: ring_model(slots, positions, new, seen, m) for _, m in RING_MISTAKES}
+        # the ring first (where a write went wrong), then what the queries attend to
+        for i in (2, 3, 0, 1):
+            mistakes = [Mistake.of(mid, model=lambda m=m, i=i: models[m][i])
+                        for mid, m in RING_MISTAKES]  # fmt: skip
+            ctx.expect_close(got[i], want[i], what=RING_OUTPUTS[i], case=case,
+                             mistakes=mistakes, rtol=0, atol=0)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- route

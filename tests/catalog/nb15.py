@@ -1,4 +1,4 @@
-"""Catalog for notebook 15: sliding_window_mask, route, load_balancing_loss."""
+"""Catalog for notebook 15: sliding_window_mask, rolling_append, route, load_balancing_loss."""
 
 import torch
 
@@ -77,6 +77,82 @@ def window_distance(q_positions, k_positions, window, key_padding=None):
     if key_padding is not None:
         mask = torch.where(key_padding[:, None, None, :], mask, False)
     return mask
+
+
+# ----------------------------------------------------------------------------- rolling_append
+
+
+def _ring_loop(slots, positions, new, start, slot_of=None, record=True, read_after=False):
+    size, t = slots.shape[-2], new.shape[-2]
+    ring, ring_pos = slots.clone(), positions.clone()
+    for i in range(t):
+        p = start + i
+        s = p % size if slot_of is None else slot_of(p, size)
+        ring[..., s, :] = new[..., i, :]
+        if record:
+            ring_pos[s] = p
+    new_pos = torch.arange(start, start + t, device=positions.device)
+    read, read_pos = (ring, ring_pos) if read_after else (slots, positions)
+    return torch.cat([read, new], dim=-2), torch.cat([read_pos, new_pos]), ring, ring_pos
+
+
+@mistake("rolling_append", id="ring_overwrites_newest")
+def ring_fill_then_replace_last(slots, positions, new, start):
+    # fills the slots in order, then keeps replacing the last one (a full stack's top)
+    return _ring_loop(slots, positions, new, start, slot_of=lambda p, size: min(p, size - 1))
+
+
+@mistake("rolling_append", id="ring_slot_off_by_one")
+def ring_one_based_slots(slots, positions, new, start):
+    return _ring_loop(slots, positions, new, start, slot_of=lambda p, size: (p + 1) % size)
+
+
+@mistake("rolling_append", id="ring_positions_not_recorded")
+def ring_positions_forgotten(slots, positions, new, start):
+    return _ring_loop(slots, positions, new, start, record=False)
+
+
+@mistake("rolling_append", id="ring_written_before_read")
+def ring_attends_the_updated_ring(slots, positions, new, start):
+    return _ring_loop(slots, positions, new, start, read_after=True)
+
+
+@mistake("rolling_append", id="ring_first_new_kept")
+def ring_truncates_new(slots, positions, new, start):
+    size, t = slots.shape[-2], new.shape[-2]
+    n = min(t, size)  # only room for `size`: keeps the first n new entries
+    where = torch.arange(start, start + n) % size
+    ring, ring_pos = slots.clone(), positions.clone()
+    ring[..., where, :] = new[..., :n, :]
+    ring_pos[where] = torch.arange(start, start + n)
+    new_pos = torch.arange(start, start + t)
+    return torch.cat([slots, new], dim=-2), torch.cat([positions, new_pos]), ring, ring_pos
+
+
+@mistake("rolling_append", id="ring_new_entries_not_attended")
+def ring_attends_the_ring_only(slots, positions, new, start):
+    _, _, ring, ring_pos = _ring_loop(slots, positions, new, start)
+    return ring, ring_pos, ring, ring_pos  # as Mistral's ring of W slots, but with W - 1
+
+
+@alternative("rolling_append")
+def ring_one_position_at_a_time(slots, positions, new, start):
+    return _ring_loop(slots, positions, new, start)  # the later writes overwrite the earlier
+
+
+@alternative("rolling_append")
+def ring_rotated_with_torch_roll(slots, positions, new, start):
+    size, t = slots.shape[-2], new.shape[-2]
+    new_pos = torch.arange(start, start + t, device=positions.device)
+    attend = torch.cat([slots, new], dim=-2)
+    attend_positions = torch.cat([positions, new_pos])
+    n = min(t, size)  # the last n new entries survive; the first of them goes to slot r
+    r = (start + t - n) % size
+    ring = torch.roll(slots, -r, dims=-2)  # slot r first
+    ring_pos = torch.roll(positions, -r, dims=0)
+    ring = torch.cat([new[..., t - n :, :], ring[..., n:, :]], dim=-2)
+    ring_pos = torch.cat([new_pos[t - n :], ring_pos[n:]])
+    return attend, attend_positions, torch.roll(ring, r, dims=-2), torch.roll(ring_pos, r, 0)
 
 
 # ----------------------------------------------------------------------------- route
