@@ -298,6 +298,10 @@ def _route_cases(ctx: Context) -> list[tuple]:
         ("qwen3: 9 tokens, 8 experts, top_k=2, norm_topk_prob=False", 9, 8, 2, "qwen3", False,
          1.0),
         ("gpt_oss: 6 tokens, 4 experts, top_k=2", 6, 4, 2, "gpt_oss", None, 1.0),
+        ("qwen3: 8 tokens, 6 experts, top_k=2, norm_topk_prob left at its default (True)", 8, 6,
+         2, "qwen3", None, 1.0),
+        ("mixtral: 6 tokens, 4 experts, top_k=2, norm_topk_prob=False (mixtral renormalises "
+         "whatever it says)", 6, 4, 2, "mixtral", False, 1.0),
         ("mixtral: one token, 4 experts, top_k=1", 1, 4, 1, "mixtral", None, 1.0),
         ("mixtral: 5 tokens, 3 experts, top_k=3 (every expert)", 5, 3, 3, "mixtral", None, 1.0),
         ("gpt_oss: large logits (about 50), 8 tokens, 8 experts, top_k=4", 8, 8, 4, "gpt_oss",

@@ -193,6 +193,20 @@ def route_gpt_oss_softmax_before_topk(logits, top_k, router="mixtral", *, norm_t
     return _route(logits, top_k, router, norm_topk_prob)
 
 
+@mistake("route", id="route_gates_not_renormalised")
+def route_default_not_normalised(logits, top_k, router="mixtral", *, norm_topk_prob=False):
+    # the spec's default is norm_topk_prob=True: qwen3 called without it must renormalise
+    return _route(logits, top_k, router, norm_topk_prob)
+
+
+@mistake("route", id="route_gates_not_renormalised")
+def route_mixtral_obeys_norm_topk_prob(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    # norm_topk_prob is Qwen3's switch; Mixtral renormalises whatever it says
+    return _route(
+        logits, top_k, router, norm_topk_prob, renorm=router == "gpt_oss" or norm_topk_prob
+    )
+
+
 @mistake("route", id="route_experts_not_indices")
 def route_experts_as_float(logits, top_k, router="mixtral", *, norm_topk_prob=True):
     gates, experts, probs = _route(logits, top_k, router, norm_topk_prob)
