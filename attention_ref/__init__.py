@@ -18,7 +18,7 @@ from .experts import MoEFeedForward, load_balancing_loss, route
 from .flash import FlashAttention, flash_attention
 from .gpt import GPT, GPTBlock, GroupedQueryAttention
 from .kv_cache import KVCache, cached_self_attention
-from .latent_attention import MultiHeadLatentAttention
+from .latent_attention import MultiHeadLatentAttention, absorbed_scores
 from .masking import causal_mask, masked_softmax, padding_mask
 from .modern import ModernBlock, ModernGPT, RMSNorm, RotaryAttention, SwiGLU
 from .multihead import MultiHeadAttention, merge_heads, split_heads
@@ -79,6 +79,7 @@ __all__ = [
     "SlidingWindowAttention",
     "SinkAttention",
     "MultiHeadLatentAttention",
+    "absorbed_scores",
     "MoEFeedForward",
     "load_balancing_loss",
     "route",

@@ -22,8 +22,9 @@ The queries may go through their own low-rank bottleneck: ``q = W_uq RMSNorm(W_d
 . c_kv``, so each query is mapped into the latent space once and attends to the cached
 latents directly; and ``W_o[h] (sum_j a_j W_uv[h] c_kv_j) = (W_o[h] W_uv[h]) (sum_j a_j
 c_kv_j)``: ``W_uv`` folds into the output projection. No key or value is ever
-decompressed. :meth:`MultiHeadLatentAttention.step` computes it that way; it equals the
-explicit form (:meth:`~MultiHeadLatentAttention.forward`).
+decompressed. :meth:`MultiHeadLatentAttention.step` computes it that way (the scores with
+:func:`absorbed_scores`, an exercise of notebook 15); it equals the explicit form
+(:meth:`~MultiHeadLatentAttention.forward`).
 
 Parameter names follow DeepSeek's: ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/
 ``q_b_proj``; ``kv_a_proj_with_mqa`` (``x -> [c_kv, k_rope]``), ``kv_a_layernorm``,
@@ -184,9 +185,8 @@ class MultiHeadLatentAttention(nn.Module):
         c_kv, k_rope, k_pos, keep_all = cache.append(c_new[:, None], k_rope_new[:, None], keep)
         # c_kv (B, 1, n, r), k_rope (B, 1, n, d_rope): one "head", shared by all
         W_uk, W_uv = self.up_weights()  # (H, d_nope, r), (H, d_v, r)
-        q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, W_uk)  # (B, H, t, r): W_uk absorbed
-        scores = q_latent @ c_kv.transpose(-1, -2) + q_rope @ k_rope.transpose(-1, -2)
-        scores = scores * self.scale  # (B, H, t, n)
+        # looked up when called: notebook 15 puts the learner's absorbed_scores in its place
+        scores = absorbed_scores(q_nope, q_rope, c_kv[:, 0], k_rope[:, 0], W_uk)  # (B, H, t, n)
         allowed = sliding_window_mask(q_pos, k_pos, None, keep_all)  # (B, 1, t, n): causal
         weights = masked_softmax(scores, allowed)  # (B, H, t, n); a fully masked row: zeros
         out_latent = weights @ c_kv  # (B, H, t, r): values never decompressed
@@ -194,6 +194,55 @@ class MultiHeadLatentAttention(nn.Module):
         W_ov = torch.einsum("dhv,hvr->dhr", W_o, W_uv)  # (D, H, r): W_uv folded into W_o
         out = torch.einsum("bhtr,dhr->btd", out_latent, W_ov)  # (B, t, D)
         return out if self.o_proj.bias is None else out + self.o_proj.bias
+
+
+def absorbed_scores(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    c_kv: torch.Tensor,
+    k_rope: torch.Tensor,
+    w_uk: torch.Tensor,
+) -> torch.Tensor:
+    """Latent attention's scores in the absorbed form: no key is ever decompressed.
+
+    Args:
+        q_nope: the queries' parts without positions ``(B, H, t, d_nope)``.
+        q_rope: their rotary parts, already rotated, ``(B, H, t, d_rope)``.
+        c_kv: the latents of the ``n`` keys ``(B, n, r)``.
+        k_rope: the decoupled rotary key of each, already rotated, ``(B, n, d_rope)``;
+            shared by every head.
+        w_uk: the keys' up-projection ``(H, d_nope, r)``: head ``h``'s key part without
+            positions would be ``w_uk[h] @ c_kv[b, j]``.
+
+    Returns:
+        ``(B, H, t, n)``: ``(q_nope[h] . (w_uk[h] c_kv_j) + q_rope[h] . k_rope_j) /
+        sqrt(d_nope + d_rope)``, computed as ``(w_uk[h]^T q_nope[h]) . c_kv_j``: each
+        query is mapped into the latent space once (``w_uk`` absorbed into it).
+    """
+    for name, t, dims in (("q_nope", q_nope, 4), ("q_rope", q_rope, 4), ("c_kv", c_kv, 3),
+                          ("k_rope", k_rope, 3), ("w_uk", w_uk, 3)):  # fmt: skip
+        require_tensor(name, t)
+        if t.dim() != dims:
+            raise ValueError(f"{name} must have {dims} dimensions; got shape {tuple(t.shape)}")
+    B, H, t, d_nope = q_nope.shape
+    n, r = c_kv.shape[1], c_kv.shape[2]
+    d_rope = q_rope.shape[-1]
+    if (
+        q_rope.shape[:3] != (B, H, t)
+        or c_kv.shape[0] != B
+        or k_rope.shape != (B, n, d_rope)
+        or w_uk.shape != (H, d_nope, r)
+    ):
+        raise ValueError(
+            "expected q_nope (B, H, t, d_nope), q_rope (B, H, t, d_rope), c_kv (B, n, r), "
+            f"k_rope (B, n, d_rope) and w_uk (H, d_nope, r); got {tuple(q_nope.shape)}, "
+            f"{tuple(q_rope.shape)}, {tuple(c_kv.shape)}, {tuple(k_rope.shape)} and "
+            f"{tuple(w_uk.shape)}"
+        )
+    q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (B, H, t, r): w_uk absorbed
+    scores = q_latent @ c_kv[:, None].transpose(-1, -2)  # (B, H, t, n): against the latents
+    scores = scores + q_rope @ k_rope[:, None].transpose(-1, -2)  # the shared rotary key
+    return scores * (d_nope + d_rope) ** -0.5
 
 
 def cache_values_per_token(
@@ -240,4 +289,9 @@ def cache_bytes_table(
     return rows
 
 
-__all__ = ["MultiHeadLatentAttention", "cache_values_per_token", "cache_bytes_table"]
+__all__ = [
+    "MultiHeadLatentAttention",
+    "absorbed_scores",
+    "cache_values_per_token",
+    "cache_bytes_table",
+]

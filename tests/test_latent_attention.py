@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attention_ref.checks import CheckFailure, check
 from attention_ref.latent_attention import (
     MultiHeadLatentAttention,
+    absorbed_scores,
     cache_bytes_table,
     cache_values_per_token,
 )
@@ -106,3 +108,32 @@ def test_padding_through_the_absorbed_cache_equals_the_masked_explicit_form():
     got = torch.cat([mla.step(x[:, i : i + 1], cache, keep[:, i : i + 1]) for i in range(9)], 1)
     assert not got.isnan().any()
     torch.testing.assert_close(got[keep], explicit[keep], rtol=0, atol=1e-12)
+
+
+def test_absorbed_scores_equal_the_scores_of_the_decompressed_keys():
+    g = torch.Generator().manual_seed(2)
+    q_nope, q_rope = (torch.randn(2, 3, 4, d, generator=g, dtype=torch.float64) for d in (6, 4))
+    c_kv, k_rope = (torch.randn(2, 7, d, generator=g, dtype=torch.float64) for d in (10, 4))
+    w_uk = torch.randn(3, 6, 10, generator=g, dtype=torch.float64)
+    k_nope = torch.einsum("hnr,bjr->bhjn", w_uk, c_kv)  # (B, H, n, d_nope): decompressed
+    q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, t, 10)
+    k = torch.cat([k_nope, k_rope[:, None].expand(2, 3, 7, 4)], dim=-1)  # (B, H, n, 10)
+    explicit = q @ k.transpose(-1, -2) / 10**0.5
+    assert torch.allclose(absorbed_scores(q_nope, q_rope, c_kv, k_rope, w_uk), explicit)
+    with pytest.raises(ValueError, match="w_uk"):
+        absorbed_scores(q_nope, q_rope, c_kv, k_rope, w_uk.transpose(1, 2))
+
+
+def test_the_check_refuses_a_scale_wrong_only_where_d_nope_equals_r():
+    """Where d_nope = r the two scale mistakes give the same scores; the check waits for an
+    input that tells them apart, and still refuses an answer wrong only there."""
+
+    def wrong_only_where_square(q_nope, q_rope, c_kv, k_rope, w_uk):
+        d_nope, r = q_nope.shape[-1], c_kv.shape[-1]
+        width = d_nope if d_nope == r else d_nope + q_rope.shape[-1]
+        q = torch.cat([q_nope @ w_uk, q_rope], dim=-1)  # (B, H, t, r + d_rope)
+        k = torch.cat([c_kv, k_rope], dim=-1)[:, None]  # (B, 1, n, r + d_rope)
+        return q @ k.transpose(-1, -2) / width**0.5
+
+    with pytest.raises(CheckFailure, match="where d_nope = r, yet right on every other input"):
+        check("absorbed_scores", wrong_only_where_square)

@@ -55,6 +55,7 @@ REFERENCES = [
     "RotaryAttention",
     "sliding_window_mask",
     "rolling_append",
+    "absorbed_scores",
     "route",
     "load_balancing_loss",
 ]

@@ -1144,6 +1144,26 @@ _TABLE = """
     room for both the new key and the oldest one still in the window.
   hint: attend = torch.cat([slots, new], dim=-2), attend_positions = torch.cat([positions,
     torch.arange(start, start + t)]).
+[mla_scale_without_rope_dims] the scores are divided by sqrt(d_nope), the width of the
+    queries' parts without positions: the rotary part counts too.
+  hint: each head's query is d_nope + d_rope wide (the key's two parts as well): scale by
+    1 / sqrt(d_nope + d_rope).
+[mla_scale_by_latent_width] the scores are divided by sqrt(r), the latent's width: the
+    absorbed query lives in the latent space, but the score is still a dot product of
+    d_nope + d_rope features.
+  hint: absorbing w_uk changes how the score is computed, not its value: scale by
+    1 / sqrt(d_nope + d_rope), as the explicit form would.
+[mla_scores_not_scaled] the scores are not scaled.
+  hint: multiply them by 1 / sqrt(d_nope + d_rope), with d_nope = q_nope.shape[-1] and
+    d_rope = q_rope.shape[-1].
+[mla_rotary_part_dropped] the scores hold only the latent part q_nope . k_nope: the rotary
+    part, which carries the positions, is missing.
+  hint: add q_rope @ k_rope^T (k_rope shared by every head: k_rope[:, None] broadcasts over
+    them) before scaling.
+[mla_up_projection_transposed] the up-projection is used transposed: each head's key is
+    w_uk[h] @ c_kv (w_uk[h] is d_nope x r), so the query is absorbed as w_uk[h]^T @ q_nope.
+  hint: torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk) (or q_nope @ w_uk) maps each query into
+    the latent space; it then meets c_kv directly.
 [route_gates_not_renormalised] the gates are the top k of the softmax over all experts,
     not renormalised: they sum to less than 1.
   hint: Mixtral (and Qwen3 with norm_topk_prob=True) divide the chosen probabilities by their

@@ -1,11 +1,14 @@
 """Checks for notebook 15 (the attention of today's open models): the functions
-``sliding_window_mask``, ``rolling_append``, ``route`` and ``load_balancing_loss``.
+``sliding_window_mask``, ``rolling_append``, ``absorbed_scores``, ``route`` and
+``load_balancing_loss``.
 
 Each is compared with a model of the right computation and of realistic mistakes, on seeded
 inputs: masks exactly (a window one too wide or too narrow, causality dropped, the padding
 or the empty slots of a rolling cache ignored), the ring buffer of the rolling cache exactly
 (the newest entry overwritten, a slot off by one, positions not recorded, the ring written
-before it is read, the first of too many new entries kept), the router's gates and choices
+before it is read, the first of too many new entries kept), latent attention's absorbed
+scores against the explicit form in float64 (the wrong scale, the rotary part dropped, the
+up-projection transposed), the router's gates and choices
 as one dense ``(tokens, experts)`` matrix (so the order of the chosen experts is free), in
 float64 and float32, and the auxiliary loss in both dtypes (counts over the wrong axis, no
 factor E, shares of the slots instead of the tokens).
@@ -17,6 +20,7 @@ import numpy as np
 import torch
 
 from .. import experts as ref_experts
+from .. import latent_attention as ref_latent
 from .. import sliding_window as ref_window
 from ._core import Context, Mistake, exercise
 from .remote import autograd_grad
@@ -252,6 +256,91 @@ def check_rolling_append(candidate, ctx: Context) -> None:
                         for mid, m in RING_MISTAKES]  # fmt: skip
             ctx.expect_close(got[i], want[i], what=RING_OUTPUTS[i], case=case,
                              mistakes=mistakes, rtol=0, atol=0)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- absorbed_scores
+def scores_model(q_nope, q_rope, c_kv, k_rope, w_uk, mode: str = "correct") -> torch.Tensor:
+    """What a (possibly mistaken) ``absorbed_scores`` returns, in float64, computed the
+    explicit way (every head's key decompressed)."""
+    qn, qr, c, kr, w = (t.double() for t in (q_nope, q_rope, c_kv, k_rope, w_uk))
+    d_nope, d_rope, r = qn.shape[-1], qr.shape[-1], c.shape[-1]
+    if mode == "w_uk_transposed":  # w_uk[h]^T in place of w_uk[h] (shapes agree if d_nope == r)
+        w = w.transpose(-1, -2)
+    k_nope = torch.einsum("hnr,bjr->bhjn", w, c)  # (B, H, n, d_nope): the keys decompressed
+    nope = qn @ k_nope.transpose(-1, -2)  # (B, H, t, n)
+    rotary = qr @ kr[:, None].transpose(-1, -2)  # (B, H, t, n): the shared rotary key
+    width = {"scale_nope": d_nope, "scale_latent": r, "no_scale": 1}.get(mode, d_nope + d_rope)
+    return (nope if mode == "rope_dropped" else nope + rotary) * width**-0.5
+
+
+SCORES_MISTAKES = [
+    ("mla_scale_without_rope_dims", "scale_nope"),
+    ("mla_scale_by_latent_width", "scale_latent"),
+    ("mla_scores_not_scaled", "no_scale"),
+    ("mla_rotary_part_dropped", "rope_dropped"),
+    ("mla_up_projection_transposed", "w_uk_transposed"),
+]
+
+
+def _scores_cases(ctx: Context) -> list[tuple]:
+    # label, B, H, t new queries, n keys, d_nope, d_rope, r, input scale
+    cases = [
+        ("one new token against 6 cached, 2 heads, d_nope = r = 8", 1, 2, 1, 6, 8, 4, 8, 1.0),
+        ("a prompt of 5 tokens against itself, batch 2, 3 heads, r = 12", 2, 3, 5, 5, 8, 4, 12,
+         1.0),
+        ("3 new tokens against 7, 4 heads, d_nope = 16, d_rope = 8, r = 6", 1, 4, 3, 7, 16, 8, 6,
+         1.0),
+        ("one token against itself, one head, r = 6", 1, 1, 1, 1, 4, 2, 6, 1.0),
+    ]  # fmt: skip
+    if ctx.thorough:
+        cases += [
+            ("2 new tokens against 20, 8 heads, d_nope = 24, d_rope = 8, r = 32", 2, 8, 2, 20, 24,
+             8, 32, 1.0),
+            ("large values, 2 heads, d_nope = r = 16", 1, 2, 4, 9, 16, 4, 16, 4.0),
+        ]  # fmt: skip
+    return cases
+
+
+@exercise(
+    "absorbed_scores",
+    forbidden=lambda: [
+        (ref_latent.absorbed_scores, "the reference attention_ref.absorbed_scores"),
+        (ref_latent.MultiHeadLatentAttention.step, "attention_ref's MultiHeadLatentAttention"),
+    ],
+    summary="(w_uk^T q_nope) . c_kv + q_rope . k_rope, over sqrt(d_nope + d_rope)",
+)
+def check_absorbed_scores(candidate, ctx: Context) -> None:
+    rng = ctx.rng(1505)
+    deferred = None  # a case where the two scale mistakes agree and the scores matched both
+    for label, B, H, t, n, d_nope, d_rope, r, scale in _scores_cases(ctx):
+        inputs64 = [
+            torch.from_numpy(normal(rng, *shape, scale=scale))
+            for shape in ((B, H, t, d_nope), (B, H, t, d_rope), (B, n, r), (B, n, d_rope))
+        ] + [torch.from_numpy(normal(rng, H, d_nope, r)) / r**0.5]
+        modes = [(i, m) for i, m in SCORES_MISTAKES if m != "w_uk_transposed" or d_nope == r]
+        for dtype in DTYPES:
+            case = f"{label}, {dtype_name(dtype)}"
+            inputs = [x.to(dtype) for x in inputs64]
+            got = ctx.call(candidate, *[x.clone() for x in inputs], case=case)
+            want = scores_model(*inputs)
+            ctx.expect_array(got, inputs[0].new_zeros(B, H, t, n), what="the scores", case=case)
+            if d_nope == r and deferred in (None, label):
+                # 1/sqrt(d_nope) and 1/sqrt(r) are the same scale here: a later case (r !=
+                # d_nope) names which of the two it is
+                both = scores_model(*inputs, mode="scale_nope")
+                if torch.allclose(got.detach().cpu().double(), both, **TOL[dtype]):
+                    deferred = label
+                    continue
+            mistakes = [Mistake.of(i, model=lambda m=m: scores_model(*inputs, mode=m))
+                        for i, m in modes]  # fmt: skip
+            ctx.expect_close(got, want, what="the scores", case=case, mistakes=mistakes,
+                             **TOL[dtype])  # fmt: skip
+    if deferred is not None:
+        ctx.fail(
+            "the scores are scaled by 1/sqrt(d_nope) (= 1/sqrt(r) there) where d_nope = r, yet "
+            "right on every other input.",
+            case=deferred,
+        )
 
 
 # ----------------------------------------------------------------------------- route

@@ -1,4 +1,7 @@
-"""Catalog for notebook 15: sliding_window_mask, rolling_append, route, load_balancing_loss."""
+"""Catalog for notebook 15: sliding_window_mask, rolling_append, absorbed_scores, route,
+load_balancing_loss."""
+
+import math
 
 import torch
 
@@ -153,6 +156,63 @@ def ring_rotated_with_torch_roll(slots, positions, new, start):
     ring = torch.cat([new[..., t - n :, :], ring[..., n:, :]], dim=-2)
     ring_pos = torch.cat([new_pos[t - n :], ring_pos[n:]])
     return attend, attend_positions, torch.roll(ring, r, dims=-2), torch.roll(ring_pos, r, 0)
+
+
+# ----------------------------------------------------------------------------- absorbed_scores
+
+
+def _scores(q_nope, q_rope, c_kv, k_rope, w_uk, *, width=None, rotary=True, equation=None):
+    q_latent = torch.einsum(equation or "bhtn,hnr->bhtr", q_nope, w_uk)  # (B, H, t, r)
+    scores = q_latent @ c_kv[:, None].transpose(-1, -2)
+    if rotary:
+        scores = scores + q_rope @ k_rope[:, None].transpose(-1, -2)
+    return scores / math.sqrt(width or q_nope.shape[-1] + q_rope.shape[-1])
+
+
+@mistake("absorbed_scores", id="mla_scale_without_rope_dims")
+def scores_scaled_by_d_nope(q_nope, q_rope, c_kv, k_rope, w_uk):
+    return _scores(q_nope, q_rope, c_kv, k_rope, w_uk, width=q_nope.shape[-1])
+
+
+@mistake("absorbed_scores", id="mla_scale_by_latent_width")
+def scores_scaled_by_r(q_nope, q_rope, c_kv, k_rope, w_uk):
+    return _scores(q_nope, q_rope, c_kv, k_rope, w_uk, width=c_kv.shape[-1])
+
+
+@mistake("absorbed_scores", id="mla_scores_not_scaled")
+def scores_unscaled(q_nope, q_rope, c_kv, k_rope, w_uk):
+    return _scores(q_nope, q_rope, c_kv, k_rope, w_uk, width=1)
+
+
+@mistake("absorbed_scores", id="mla_rotary_part_dropped")
+def scores_latent_only(q_nope, q_rope, c_kv, k_rope, w_uk):
+    return _scores(q_nope, q_rope, c_kv, k_rope, w_uk, rotary=False)
+
+
+@mistake("absorbed_scores", id="mla_up_projection_transposed")
+def scores_w_uk_transposed(q_nope, q_rope, c_kv, k_rope, w_uk):
+    # w_uk[h] read as (r, d_nope): runs only where d_nope == r, and is wrong there
+    return _scores(q_nope, q_rope, c_kv, k_rope, w_uk, equation="bhtn,hrn->bhtr")
+
+
+@alternative("absorbed_scores")
+def scores_of_concatenated_parts(q_nope, q_rope, c_kv, k_rope, w_uk):
+    # one matmul: [w_uk^T q_nope, q_rope] . [c_kv, k_rope]; q_nope @ w_uk broadcasts over heads
+    q = torch.cat([q_nope @ w_uk, q_rope], dim=-1)  # (B, H, t, r + d_rope)
+    k = torch.cat([c_kv, k_rope], dim=-1)[:, None]  # (B, 1, n, r + d_rope)
+    return q @ k.transpose(-1, -2) * (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5
+
+
+@alternative("absorbed_scores")
+def scores_head_by_head_float64(q_nope, q_rope, c_kv, k_rope, w_uk):
+    # a loop over the heads, in float64, cast back at the end
+    d_q = q_nope.shape[-1] + q_rope.shape[-1]
+    heads = []
+    for h in range(w_uk.shape[0]):
+        q_latent = q_nope[:, h].double() @ w_uk[h].double()  # (B, t, r)
+        s = q_latent @ c_kv.double().transpose(1, 2) + q_rope[:, h].double() @ k_rope.double().mT
+        heads.append(s / math.sqrt(d_q))  # (B, t, n)
+    return torch.stack(heads, dim=1).to(q_nope.dtype)
 
 
 # ----------------------------------------------------------------------------- route
