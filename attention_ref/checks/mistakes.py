@@ -1164,10 +1164,16 @@ _TABLE = """
     w_uk[h] @ c_kv (w_uk[h] is d_nope x r), so the query is absorbed as w_uk[h]^T @ q_nope.
   hint: torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk) (or q_nope @ w_uk) maps each query into
     the latent space; it then meets c_kv directly.
+[ring_positions_wrong_device] the new positions are built on the CPU while the ring is on
+    another device (a GPU): torch.arange(start, start + t) without device= cannot be mixed
+    with them there.
+  hint: build them where the ring lives: torch.arange(start, start + t,
+    device=positions.device).
 [route_gates_not_renormalised] the gates are the top k of the softmax over all experts,
     not renormalised: they sum to less than 1.
-  hint: Mixtral (and Qwen3 with norm_topk_prob=True) divide the chosen probabilities by their
-    sum; GPT-OSS takes the softmax of the top k logits only.
+  hint: Mixtral (whatever norm_topk_prob says) and Qwen3 with norm_topk_prob=True (its
+    default) divide the chosen probabilities by their sum; GPT-OSS takes the softmax of the top
+    k logits only.
 [route_norm_topk_prob_ignored] norm_topk_prob=False is ignored: the chosen probabilities are
     renormalised although the model does not do it.
   hint: for router "qwen3", divide the gates by their sum only when norm_topk_prob is True.

@@ -22,7 +22,8 @@ import torch
 from .. import experts as ref_experts
 from .. import latent_attention as ref_latent
 from .. import sliding_window as ref_window
-from ._core import Context, Mistake, exercise
+from ._core import CheckFailure, Context, Mistake, exercise, naming
+from .mistakes import named
 from .remote import autograd_grad
 from .toolkit import TOL, dtype_name, normal
 
@@ -256,6 +257,40 @@ def check_rolling_append(candidate, ctx: Context) -> None:
                         for mid, m in RING_MISTAKES]  # fmt: skip
             ctx.expect_close(got[i], want[i], what=RING_OUTPUTS[i], case=case,
                              mistakes=mistakes, rtol=0, atol=0)  # fmt: skip
+    _check_ring_device(ctx, candidate)
+
+
+#: What PyTorch says when one operation mixes tensors of two devices.
+_DEVICE_MISMATCH = ("expected all tensors to be on the same device", "not on the expected device")
+
+
+def _check_ring_device(ctx: Context, candidate) -> None:
+    """Notebook 15 runs the cache on the GPU when there is one: the new positions must be
+    built on ``positions``' device. PyTorch's meta device (shapes, no data) stands in for a
+    second device, so this runs without a GPU: a tensor built on the CPU and mixed with a meta
+    tensor raises, as on a GPU. An answer that reads the data (``.item()``, which a meta
+    tensor has not) is not judged here: its values were checked above."""
+    meta = torch.device("meta")
+    case = (
+        "a ring of 3 slots (positions 0..2), 2 new (3..4), on PyTorch's meta device (tensors "
+        "without data, standing in for a GPU)"
+    )
+    slots, new = torch.empty(1, 3, 2, device=meta), torch.empty(1, 2, 2, device=meta)
+    positions = torch.empty(3, dtype=torch.long, device=meta)
+    try:
+        got = ctx.call(candidate, slots, positions, new, 3, case=case)
+    except CheckFailure as err:
+        if any(words in str(err).lower() for words in _DEVICE_MISMATCH):
+            raise naming(err, named("ring_positions_wrong_device")) from None
+        return  # it needs the data, which a meta tensor has not: judged on the values above
+    got = ctx.expect_tuple(got, RING_OUTPUTS, case=case)
+    for name, g in zip(RING_OUTPUTS, got, strict=True):
+        if isinstance(g, torch.Tensor) and g.device != meta:
+            ctx.fail(
+                f"{name} is on {g.device}, expected the inputs' device ({meta}).",
+                case=case,
+                mistake="ring_positions_wrong_device",
+            )
 
 
 # ----------------------------------------------------------------------------- absorbed_scores

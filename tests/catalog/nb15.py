@@ -85,7 +85,8 @@ def window_distance(q_positions, k_positions, window, key_padding=None):
 # ----------------------------------------------------------------------------- rolling_append
 
 
-def _ring_loop(slots, positions, new, start, slot_of=None, record=True, read_after=False):
+def _ring_loop(slots, positions, new, start, slot_of=None, record=True, read_after=False,
+               on=None):  # fmt: skip
     size, t = slots.shape[-2], new.shape[-2]
     ring, ring_pos = slots.clone(), positions.clone()
     for i in range(t):
@@ -94,7 +95,7 @@ def _ring_loop(slots, positions, new, start, slot_of=None, record=True, read_aft
         ring[..., s, :] = new[..., i, :]
         if record:
             ring_pos[s] = p
-    new_pos = torch.arange(start, start + t, device=positions.device)
+    new_pos = torch.arange(start, start + t, device=positions.device if on is None else on)
     read, read_pos = (ring, ring_pos) if read_after else (slots, positions)
     return torch.cat([read, new], dim=-2), torch.cat([read_pos, new_pos]), ring, ring_pos
 
@@ -130,6 +131,12 @@ def ring_truncates_new(slots, positions, new, start):
     ring_pos[where] = torch.arange(start, start + n)
     new_pos = torch.arange(start, start + t)
     return torch.cat([slots, new], dim=-2), torch.cat([positions, new_pos]), ring, ring_pos
+
+
+@mistake("rolling_append", id="ring_positions_wrong_device")
+def ring_new_positions_on_the_cpu(slots, positions, new, start):
+    # torch.arange(start, start + t) without device=: right on a CPU, raises on a GPU
+    return _ring_loop(slots, positions, new, start, on="cpu")
 
 
 @mistake("rolling_append", id="ring_new_entries_not_attended")
