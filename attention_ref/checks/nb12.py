@@ -32,7 +32,7 @@ from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import mistake_id, named
 from .remote import autograd_grad, watching
-from .toolkit import BUILTIN_ATTENTION, TOL, dtype_name, expect_tensor
+from .toolkit import BUILTIN_ATTENTION, DEVICE_MISMATCH, TOL, dtype_name, expect_tensor
 
 _SOFTMAXES = [
     (torch.softmax, "torch.softmax"),
@@ -614,10 +614,6 @@ def check_cached_self_attention(candidate, ctx: Context) -> None:
     _check_kv_device(ctx, candidate)
 
 
-#: What PyTorch says when one operation mixes tensors of two devices.
-_DEVICE_MISMATCH = ("expected all tensors to be on the same device", "not on the expected device")
-
-
 def _check_kv_device(ctx: Context, candidate) -> None:
     """Notebook cell 34 runs the learner's step on the GPU when there is one: whatever it
     builds (the mask above all) must be on ``x_new.device``. PyTorch's meta device (shapes,
@@ -637,7 +633,7 @@ def _check_kv_device(ctx: Context, candidate) -> None:
             with torch.no_grad():
                 got = ctx.call(candidate, mha, x, cache, case=case)
         except CheckFailure as err:
-            if any(words in str(err).lower() for words in _DEVICE_MISMATCH):
+            if any(words in str(err).lower() for words in DEVICE_MISMATCH):
                 raise naming(err, named("kv_mask_wrong_device")) from None
             raise
         expect_tensor(ctx, got, "the output", case, like=x)

@@ -25,7 +25,7 @@ from .. import sliding_window as ref_window
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named
 from .remote import autograd_grad
-from .toolkit import TOL, dtype_name, normal
+from .toolkit import DEVICE_MISMATCH, TOL, dtype_name, normal
 
 DTYPES = (torch.float64, torch.float32)
 
@@ -260,10 +260,6 @@ def check_rolling_append(candidate, ctx: Context) -> None:
     _check_ring_device(ctx, candidate)
 
 
-#: What PyTorch says when one operation mixes tensors of two devices.
-_DEVICE_MISMATCH = ("expected all tensors to be on the same device", "not on the expected device")
-
-
 def _check_ring_device(ctx: Context, candidate) -> None:
     """Notebook 15 runs the cache on the GPU when there is one: the new positions must be
     built on ``positions``' device. PyTorch's meta device (shapes, no data) stands in for a
@@ -280,7 +276,7 @@ def _check_ring_device(ctx: Context, candidate) -> None:
     try:
         got = ctx.call(candidate, slots, positions, new, 3, case=case)
     except CheckFailure as err:
-        if any(words in str(err).lower() for words in _DEVICE_MISMATCH):
+        if any(words in str(err).lower() for words in DEVICE_MISMATCH):
             raise naming(err, named("ring_positions_wrong_device")) from None
         return  # it needs the data, which a meta tensor has not: judged on the values above
     got = ctx.expect_tuple(got, RING_OUTPUTS, case=case)

@@ -37,6 +37,10 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+#: What PyTorch says when one operation mixes tensors of two devices (a GPU's and the CPU's,
+#: or the meta device's that the checks use to stand in for a GPU).
+DEVICE_MISMATCH = ("expected all tensors to be on the same device", "not on the expected device")
+
 #: Tolerances per dtype. The reference is computed in float64 from the same inputs, so the
 #: allowed error is that of a correct computation in the candidate's dtype: ``TOL`` for one
 #: attention-sized computation, ``LAYER_TOL`` for a layer (several matrix products and
