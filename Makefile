@@ -23,6 +23,8 @@
 #   make versions  the oldest and the newest versions pyproject.toml allows, each installed
 #                  into its own environment (.venv-oldest, .venv-newest), run the unit tests
 #                  and every solution notebook (tools/versions.py; CI runs it after make test)
+#                  (make versions-install only installs them; VERSIONS_ARGS=--installed then
+#                  tests in them without installing again, as .ci/run does)
 #   make student-edition  build the bytecode-only package for students' environments
 #                  into $(EDITION) (default build/student-edition; see the instructor guide)
 #   make lock      re-resolve requirements.lock and environment.yml (maintainers)
@@ -69,7 +71,8 @@ export PYTHONHASHSEED := 0
 
 .PHONY: lab test test-class-lane test-cluster-lane test-servers-lane test-other-lane test-later test-later-solutions \
 	test-later-runs test-hostile release grade report bench lint format lock venv clean \
-	student-edition versions test-alternatives
+	student-edition versions versions-install test-alternatives \
+	test-alternatives-one-lane
 
 venv: $(STAMP)
 
@@ -143,6 +146,12 @@ test-alternatives-%: $(STAMP)
 	ALTERNATIVES_LANE=$*/2 $(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider \
 		-m all_alternatives tests/test_alternatives_in_notebooks.py
 
+# Every run in one lane: .ci/run runs it beside make test-later, at a lower priority, on the
+# core that make test-later leaves idle (it kept 1.05 of 2 cores busy on average).
+test-alternatives-one-lane: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(DURATIONS) \
+		-m all_alternatives tests/test_alternatives_in_notebooks.py
+
 release: $(STAMP)
 	$(BIN)/python -m attention_ref.course release
 
@@ -158,8 +167,12 @@ bench: $(STAMP)
 	$(BIN)/python -m attention_ref.bench all
 
 # The ranges in pyproject.toml at both ends: each end in its own environment, side by side.
+VERSIONS_ARGS ?=
 versions: $(STAMP)
-	PIP_ARGS="$(PIP_ARGS)" $(BIN)/python tools/versions.py
+	PIP_ARGS="$(PIP_ARGS)" $(BIN)/python tools/versions.py $(VERSIONS_ARGS)
+
+versions-install: $(STAMP)
+	PIP_ARGS="$(PIP_ARGS)" $(BIN)/python tools/versions.py --install-only
 
 EDITION ?= build/student-edition
 student-edition: $(STAMP)

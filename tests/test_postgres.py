@@ -5,12 +5,16 @@ A throwaway PostgreSQL server is started from the system's binaries (Debian's
 temporary folder, listening on 127.0.0.1 at a free port and on a unix socket in that
 folder only. As root it runs as the unprivileged ``postgres`` user (or ``nobody``). One
 student of every kind of gradebook write, from the class of tests/test_class_grading.py
-(the same submissions: PG_STUDENTS, on assignment 01), is graded with `make grade`'s code
-path, two workers writing concurrently, and one setting,
-``NBGRADER_DB_URL=postgresql+psycopg://...``; the exported grades must equal the sqlite
-gradebook's exactly. (Every other student of that class differs from one of
-these only in its code, which the sqlite gradebook grades; the gradebook stores what
-nbgrader computed either way.)
+(the same submissions, on assignment 01), is graded with `make grade`'s code path, two
+workers writing concurrently, and one setting, ``NBGRADER_DB_URL=postgresql+psycopg://...``;
+the exported grades must equal the sqlite gradebook's exactly. (Every other student of that
+class differs from one of these only in its code, which the sqlite gradebook grades; the
+gradebook stores what nbgrader computed either way.)
+
+make test grades two of them (PG_QUICK: every write of a graded notebook, and the second
+autograde that salvages a dead kernel's submission) and reads them back through the report;
+make test-later grades the other kinds (PG_LATER) into a second database of the same server
+and compares all of them with sqlite.
 
 Without PostgreSQL or psycopg the tests are skipped with the reason, except under CI
 (the environment variable CI is set, as .ci/run does), where they fail.
@@ -169,11 +173,21 @@ class Server:
         ) as conn:
             conn.execute(f"CREATE DATABASE {DATABASE}")
 
-    def query(self, sql: str) -> list[tuple]:
+    def create_database(self, name: str) -> str:
+        """A further database on this server (one course's gradebook); its URL."""
         import psycopg
 
         with psycopg.connect(
-            host="127.0.0.1", port=self.port, user=SUPERUSER, dbname=DATABASE
+            host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres", autocommit=True
+        ) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url.rsplit("/", 1)[0] + f"/{name}"
+
+    def query(self, sql: str, dbname: str = DATABASE) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user=SUPERUSER, dbname=dbname
         ) as conn:
             return conn.execute(sql).fetchall()
 
@@ -213,9 +227,13 @@ def postgres():
 
 
 #: Graded into PostgreSQL on one assignment: one student of every kind of write to the
-#: gradebook (full marks, none, part of them, a failed check, a cell restored from the
-#: source, a dead kernel's salvage: a second autograde of the same submission).
-PG_STUDENTS = ("full", "blank", "partial", "mistakes-1", "hostile-deleted-test", "hostile-exit")
+#: gradebook. make test: full marks (every write of a graded notebook) and a dead kernel's
+#: salvage (a second autograde of the same submission) ...
+PG_QUICK = ("full", "hostile-exit")
+#: ... make test-later: none, part of them, a failed check, a cell restored from the source.
+PG_LATER = ("blank", "partial", "mistakes-1", "hostile-deleted-test")
+PG_STUDENTS = PG_QUICK + PG_LATER
+LATER_DATABASE = "attention_gradebook_later"
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +242,20 @@ def graded_on_postgres(postgres, tmp_path_factory):
         tmp_path_factory,
         "postgresql",
         db_url=postgres.url,
-        students=PG_STUDENTS,
+        students=PG_QUICK,
+        aids=(HOSTILE_AID,),
+    )
+    return course, expected, proc
+
+
+@pytest.fixture(scope="module")
+def graded_on_postgres_later(postgres, tmp_path_factory):
+    """The other kinds of write, a course of their own in a second database."""
+    course, expected, proc = grade_class(
+        tmp_path_factory,
+        "postgresql-later",
+        db_url=postgres.create_database(LATER_DATABASE),
+        students=PG_LATER,
         aids=(HOSTILE_AID,),
     )
     return course, expected, proc
@@ -253,18 +284,27 @@ def test_the_gradebook_is_in_postgresql_not_sqlite(graded_on_postgres, postgres)
 
 
 @pytest.mark.later
-def test_postgresql_exports_exactly_the_grades_of_sqlite(graded_on_postgres, tmp_path_factory):
-    pg_course, expected, pg_proc = graded_on_postgres
-    assert pg_proc.returncode == 0, pg_proc.stdout + pg_proc.stderr
+def test_postgresql_exports_exactly_the_grades_of_sqlite(
+    graded_on_postgres, graded_on_postgres_later, postgres, tmp_path_factory
+):
+    pg_rows, expected = [], set()
+    for course, wanted, proc in (graded_on_postgres, graded_on_postgres_later):
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert not (course / "gradebook.db").exists(), "grading wrote a sqlite gradebook"
+        pg_rows += [r for r in export_rows(course) if r["assignment"] == HOSTILE_AID]
+        expected |= set(wanted)
+    later = postgres.query("SELECT id FROM student", dbname=LATER_DATABASE)
+    assert sorted(s for (s,) in later) == sorted(PG_LATER)
     sqlite_course, _, sqlite_proc, _ = sqlite_graded_class(tmp_path_factory)
     assert sqlite_proc.returncode == 0, sqlite_proc.stdout + sqlite_proc.stderr
-    pg_rows = [r for r in export_rows(pg_course) if r["assignment"] == HOSTILE_AID]
     sqlite_rows = [
         r
         for r in export_rows(sqlite_course)
         if r["student_id"] in PG_STUDENTS and r["assignment"] == HOSTILE_AID
     ]
-    assert {(r["student_id"], r["assignment"]) for r in pg_rows} == set(expected)
+    pg_rows.sort(key=lambda r: r["student_id"])
+    sqlite_rows.sort(key=lambda r: r["student_id"])
+    assert {(r["student_id"], r["assignment"]) for r in pg_rows} == expected
     assert len(pg_rows) == len(PG_STUDENTS)
     assert pg_rows == sqlite_rows
 

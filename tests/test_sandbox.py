@@ -392,3 +392,44 @@ def test_the_grader_never_follows_a_socket_file_the_kernel_replaced(tmp_path):
         assert host.count == 0, f"{host.count} connections reached the host's socket"
     finally:
         host.close()
+
+
+def test_a_kernel_folder_whose_grader_was_killed_is_removed_by_the_next_grader(tmp_path):
+    """A grading process killed mid-notebook (a worker of a cluster, say) cannot remove its
+    kernel's folder, which holds a copy of the student's notebook: the next kernel started
+    on the machine removes it, and never a folder whose grader still runs."""
+    from attention_ref.course import sandbox
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folders = {}
+    for name, owner in [
+        ("killed", f"{gone.pid} {sandbox._started(os.getpid())}"),
+        ("reused-pid", f"{os.getpid()} 1"),  # the pid of a later process
+        ("running", f"{os.getpid()} {sandbox._started(os.getpid())}"),
+        ("unmarked", None),
+    ]:
+        d = tmp_path / f"{sandbox.RUN_PREFIX}{name}"
+        (d / "notebooks").mkdir(parents=True)
+        (d / "notebooks" / "01.ipynb").write_text("{}")
+        if owner:
+            (d / sandbox.OWNER_FILE).write_text(owner)
+        folders[name] = d
+    (tmp_path / f"{sandbox.RUN_PREFIX}link").symlink_to(folders["killed"])
+    removed = sandbox.sweep_orphans(tmp_path)
+    assert sorted(d.name for d in removed) == [
+        f"{sandbox.RUN_PREFIX}killed",
+        f"{sandbox.RUN_PREFIX}reused-pid",
+    ]
+    assert folders["running"].is_dir() and folders["unmarked"].is_dir()
+    # An unmarked folder (being made, or from before the mark) goes once it is old.
+    assert sandbox.sweep_orphans(tmp_path, unmarked_after=0) == [folders["unmarked"]]
+    assert folders["running"].is_dir()
+    # A kernel's folder is marked with its grader as it is made, so it is kept while it runs.
+    mine = sandbox._new_run_dir()
+    try:
+        assert mine.name.startswith(sandbox.RUN_PREFIX)
+        assert mine not in sandbox.sweep_orphans(mine.parent)
+        assert mine.is_dir()
+    finally:
+        shutil.rmtree(mine)

@@ -1,6 +1,6 @@
 """Prove the version ranges in pyproject.toml at both ends (`make versions`).
 
-    python tools/versions.py [oldest] [newest] [--serial]
+    python tools/versions.py [oldest] [newest] [--serial] [--install-only | --installed]
 
 For each end of the ranges it makes its own virtual environment (.venv-oldest, .venv-newest),
 installs there the package and every requirement of pyproject.toml (the dependencies and
@@ -25,6 +25,12 @@ selection; and of those, not the ones in UNIT_TESTS_SKIP: the JupyterHub test (i
 configurable-http-proxy from npm) and tests/test_environment.py (it asserts the locked
 versions, which these two environments by design are not). The notebooks, the checks,
 the mistake catalogs, the student-notebook runs and `make release` all run.
+
+`--install-only` makes the environments and stops (.ci/run starts it, at low priority,
+beside `make test-later`: a download is mostly waiting); `--installed` then runs the tests in
+them without installing again, as long as each holds what its end asks for (else it
+installs). Packages are installed without compiling their bytecode (what the tests import
+is compiled as it is imported: a fraction of PyTorch's files).
 
 Both environments run side by side, one PyTorch thread each; a summary names the versions
 installed, the pass/fail counts and the seconds each step took. Logs and JUnit files go
@@ -206,15 +212,17 @@ def run(cmd: list[str], log, **kwargs) -> None:
         raise RuntimeError(f"`{shlex.join(cmd)}` exited with {proc.returncode}")
 
 
-def install(end: str, reqs: list[str], log, python: str) -> Path:
-    """Make .venv-END with ``python`` and install ``reqs`` and the package (editable) there."""
+def install(end: str, reqs: list[str], log, python: str, installed: bool = False) -> Path:
+    """Make .venv-END with ``python`` and install ``reqs`` and the package (editable) there.
+    The floors are installed once; the newest versions on every run, but for ``installed``
+    (an install of these requirements just made it: ``--install-only``)."""
     venv = ROOT / f".venv-{end}"
     py = venv / "bin" / "python"
     stamp = venv / ".versions-installed"
     want = _python_version(python)
     key = hashlib.sha256("\n".join([str(want), *reqs]).encode()).hexdigest()
-    if end == "oldest" and stamp.exists() and stamp.read_text() == key:
-        log.write(f"{venv.name}: already holds these floors\n")
+    if (end == "oldest" or installed) and stamp.exists() and stamp.read_text() == key:
+        log.write(f"{venv.name}: already holds {'these floors' if end == 'oldest' else 'them'}\n")
         return py
     if py.exists() and _python_version(str(py)) != want:
         log.write(f"{venv.name}: made with another Python; made again with {python}\n")
@@ -222,6 +230,7 @@ def install(end: str, reqs: list[str], log, python: str) -> Path:
     if not py.exists():
         run([python, "-m", "venv", str(venv)], log)
     pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar=off"]
+    pip += ["--no-compile"]
     pip += shlex.split(os.environ.get("PIP_ARGS", ""))
     upgrade = ["--upgrade", "--upgrade-strategy", "eager"] if end == "newest" else []
     run([*pip, *upgrade, *reqs], log)
@@ -305,20 +314,28 @@ def junit_counts(path: Path) -> dict[str, int]:
     return n
 
 
-def prove(end: str, pyproject: str, makefile: str) -> dict:
-    """Install one end of the ranges and run the tests there; the result for the summary."""
+def prove(
+    end: str, pyproject: str, makefile: str, install_only: bool = False, installed: bool = False
+) -> dict:
+    """Install one end of the ranges and run the tests there (``install_only``: only
+    install; ``installed``: the install of ``--install-only`` is reused); the result for the
+    summary."""
     LOGS.mkdir(parents=True, exist_ok=True)
-    result: dict = {"end": end, "log": LOGS / f"{end}.log", "ok": False}
+    name = f"{end}-install" if install_only else end
+    result: dict = {"end": end, "log": LOGS / f"{name}.log", "ok": False}
     reqs = requirements_for(end, pyproject)
     with open(result["log"], "w") as log:
         try:
             oldest, newest = python_range(pyproject)
             python = find_python(end, oldest if end == "oldest" else newest)
             t0 = time.monotonic()
-            py = install(end, reqs, log, python)
+            py = install(end, reqs, log, python, installed=installed)
             result["install_s"] = time.monotonic() - t0
             names = [Requirement(r).name for r in reqs]
             result["versions"] = versions(py, names)
+            if install_only:
+                result.update(ok=True, installed_only=True)
+                return result
             check_kernel(py)
             junit = LOGS / f"{end}.xml"
             t0 = time.monotonic()
@@ -344,7 +361,10 @@ def prove(end: str, pyproject: str, makefile: str) -> dict:
 
 
 def report(r: dict) -> str:
-    lines = [f"== {r['end']}: {'PASSED' if r['ok'] else 'FAILED'}"]
+    verdict = "PASSED" if r["ok"] else "FAILED"
+    if r.get("installed_only"):
+        verdict = "installed (no tests run: --install-only)"
+    lines = [f"== {r['end']}: {verdict}"]
     if "versions" in r:
         v = dict(r["versions"])
         key = [f"python {v.pop('python')}"]
@@ -377,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ends", nargs="*", metavar="oldest|newest", help="default: both")
     ap.add_argument("--serial", action="store_true", help="one environment at a time")
+    phase = ap.add_mutually_exclusive_group()
+    phase.add_argument(
+        "--install-only", action="store_true", help="make the environments, no tests"
+    )
+    phase.add_argument(
+        "--installed", action="store_true", help="test in the environments --install-only made"
+    )
     args = ap.parse_args(argv)
     ends = args.ends or list(ENDS)
     if unknown := set(ends) - set(ENDS):
@@ -398,7 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"versions: not run here: {', '.join(skipped_tests(makefile))}", flush=True)
     t0 = time.monotonic()
     with ThreadPoolExecutor(1 if args.serial else len(ends)) as pool:
-        results = list(pool.map(lambda e: prove(e, pyproject, makefile), ends))
+        results = list(
+            pool.map(
+                lambda e: prove(e, pyproject, makefile, args.install_only, args.installed), ends
+            )
+        )
     for r in results:
         if not r["ok"]:
             print(failure_tail(r))

@@ -473,14 +473,6 @@ def _stop_checker() -> None:
         trusted._SHARED.pop().stop()
 
 
-def _warm_up() -> None:
-    """What every job imports (nbgrader, the grading code), imported on a worker while the
-    command builds the assignments' templates, rather than in the first job."""
-    from . import grading, plumbing, sandbox  # noqa: F401
-
-    _preprocessors()
-
-
 @contextlib.contextmanager
 def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
     """A Dask client: on a local cluster of ``jobs`` one-thread workers that this starts
@@ -498,7 +490,9 @@ def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
                 threads_per_worker=1,
                 processes=True,
                 memory_limit=0,  # a kernel's memory is the sandbox's to cap
-                dashboard_address=None,
+                # The scheduler's HTTP routes (health, metrics) always start; on a free
+                # port of the loopback, not 8787 (taken by a second grading at once).
+                dashboard_address="127.0.0.1:0",
                 silence_logs=logging.ERROR,
                 local_directory=scratch,
             ) as cluster,
@@ -624,10 +618,6 @@ def grade_on_cluster(
         clock = time.perf_counter()
         with open_client(config, jobs) as client:
             stats.cluster_s = time.perf_counter() - clock
-            # The workers import what grading needs while the templates are built here
-            # (after the workers started: building one changes this process's folder).
-            with contextlib.suppress(Exception):
-                client.run(_warm_up, wait=False)
             clock = time.perf_counter()
             templates = {
                 aid: build_template(root, aid) for aid in dict.fromkeys(a for a, _ in todo)

@@ -448,6 +448,51 @@ def pin_sockets(pid: int, ports: list[int], pins: Path) -> list[int]:
     return fds
 
 
+RUN_PREFIX = "ar-sb-"  # a kernel's folder of the grader's (its connection, its notebooks)
+OWNER_FILE = "owner"  # in it: the grading process's pid and start time
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot), or None if there is none: a
+    pid with another start time is another process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def _new_run_dir() -> Path:
+    """A folder for one kernel, marked with the process that owns it; first, the folders
+    whose grading process is gone (killed, as a worker may be, before it could clean up)
+    are removed: they may hold a copy of a student's notebook."""
+    sweep_orphans()
+    run_dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+    (run_dir / OWNER_FILE).write_text(f"{os.getpid()} {_started(os.getpid())}")
+    return run_dir
+
+
+def sweep_orphans(parent: Path | None = None, unmarked_after: float = 3600.0) -> list[Path]:
+    """Remove this user's kernel folders in ``parent`` (the temporary folder) whose owner
+    process has ended; an unmarked one (from before the mark, or being made) once it is
+    ``unmarked_after`` seconds old. The folders removed."""
+    removed = []
+    for d in Path(parent or tempfile.gettempdir()).glob(f"{RUN_PREFIX}*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.geteuid():
+                continue
+            owner = d / OWNER_FILE
+            if owner.exists():
+                pid, started = owner.read_text().split()
+                if _started(int(pid)) == started:
+                    continue  # its grader is still running
+            elif time.time() - d.stat().st_mtime < unmarked_after:
+                continue
+            shutil.rmtree(d)
+            removed.append(d)
+    return removed
+
+
 def kernel_manager_class():
     """The sandboxed kernel manager (imported lazily: the launcher needs no jupyter)."""
     from jupyter_client.manager import AsyncKernelManager
@@ -467,7 +512,7 @@ def kernel_manager_class():
         async def _async_pre_start_kernel(self, **kw):
             # A folder of the grader's for this kernel: its connection file, and the
             # kernel's view of it and of its notebooks, copied in at launch.
-            self._run_dir = Path(tempfile.mkdtemp(prefix="ar-sb-"))
+            self._run_dir = _new_run_dir()
             self.ip = str(self._run_dir / "k")
             self.connection_file = str(self._run_dir / "kernel.json")
             return await super()._async_pre_start_kernel(**kw)
