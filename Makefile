@@ -9,7 +9,7 @@
 #   make test-hostile  classes of hostile submissions graded: forged grades, injected script
 #                  (alone; make test-later runs them too)
 #   make test-alternatives  every catalogued correct alternative through its whole notebook
-#                  (slow; CI runs it after make test)
+#                  (slow; CI runs it in one lane beside make test-later)
 #   make release   regenerate notebooks/ (student versions) from solutions/
 #   make grade     autograde new submissions under submitted/ and export grades.csv
 #                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it;
@@ -136,8 +136,8 @@ test-hostile: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(HOSTILE_LANE)
 
 # The catalog's correct alternatives through every notebook (tests/test_alternatives_in_notebooks.py:
-# 65 notebook runs, too many for make test's 10 minutes), in two lanes. .ci/run runs it after
-# make test.
+# 65 notebook runs, too many for make test's 10 minutes), in two lanes (.ci/run: one lane,
+# beside make test-later).
 test-alternatives: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-alternatives-1 test-alternatives-2
 
