@@ -127,3 +127,32 @@ def test_every_notebook_runs_in_each_environment_though_make_test_leaves_most_ou
     assert versions.other_lane_marks(makefile) == ["-m", "not all_alternatives and not later"]
     real = versions.other_lane_marks((ROOT / "Makefile").read_text())
     assert real and "every_notebook" not in real[1]
+
+
+def test_installed_reuses_an_environment_only_when_it_holds_what_its_end_asks_for(
+    tmp_path, monkeypatch
+):
+    """.ci/run installs the environments beside make test-later (--install-only), then tests
+    in them (--installed) without installing again; another set of requirements installs."""
+    import io
+
+    monkeypatch.setattr(versions, "ROOT", tmp_path)
+    monkeypatch.setattr(versions, "_python_version", lambda exe: (3, 13))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(versions, "run", lambda cmd, log, **kw: calls.append(cmd))
+    py = tmp_path / ".venv-newest" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.touch()
+    log = io.StringIO()
+    assert versions.install("newest", ["torch>=2.5"], log, "python3.13") == py
+    pip = [c for c in calls if "install" in c]
+    assert pip and all("--no-compile" in c for c in pip)
+    assert any("--upgrade" in c for c in pip)  # the newest end upgrades
+    calls.clear()
+    versions.install("newest", ["torch>=2.5"], log, "python3.13", installed=True)
+    assert calls == []  # reused
+    versions.install("newest", ["torch>=2.5"], log, "python3.13")
+    assert calls  # without --installed the newest end is upgraded on every run
+    calls.clear()
+    versions.install("newest", ["torch>=2.6"], log, "python3.13", installed=True)
+    assert calls  # it holds other requirements: installed again
