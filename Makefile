@@ -9,7 +9,7 @@
 #   make test-hostile  classes of hostile submissions graded: forged grades, injected script
 #                  (alone; make test-later runs them too)
 #   make test-alternatives  every catalogued correct alternative through its whole notebook
-#                  (slow; CI runs it in one lane beside make test-later)
+#                  (slow; CI runs it after make test-later)
 #   make release   regenerate notebooks/ (student versions) from solutions/
 #   make grade     autograde new submissions under submitted/ and export grades.csv
 #                  (FORCE=1 regrades everything; ASSIGNMENTS="01_... 02_..." limits it;
@@ -71,8 +71,7 @@ export PYTHONHASHSEED := 0
 
 .PHONY: lab test test-class-lane test-cluster-lane test-servers-lane test-other-lane test-later test-later-solutions \
 	test-later-runs test-hostile release grade report bench lint format lock venv clean \
-	student-edition versions versions-install test-alternatives \
-	test-alternatives-one-lane
+	student-edition versions versions-install test-alternatives
 
 venv: $(STAMP)
 
@@ -136,20 +135,14 @@ test-hostile: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(HOSTILE_LANE)
 
 # The catalog's correct alternatives through every notebook (tests/test_alternatives_in_notebooks.py:
-# 65 notebook runs, too many for make test's 10 minutes), in two lanes (.ci/run: one lane,
-# beside make test-later).
+# 65 notebook runs, too many for make test's 10 minutes), in two lanes. .ci/run runs it after
+# make test-later.
 test-alternatives: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-alternatives-1 test-alternatives-2
 
 # Each notebook runs on one core (one PyTorch thread): two lanes, every other run each.
 test-alternatives-%: $(STAMP)
 	ALTERNATIVES_LANE=$*/2 $(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider \
-		-m all_alternatives tests/test_alternatives_in_notebooks.py
-
-# Every run in one lane: .ci/run runs it beside make test-later, at a lower priority, on the
-# core that make test-later leaves idle (it kept 1.05 of 2 cores busy on average).
-test-alternatives-one-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(DURATIONS) \
 		-m all_alternatives tests/test_alternatives_in_notebooks.py
 
 release: $(STAMP)

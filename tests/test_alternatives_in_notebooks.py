@@ -12,8 +12,7 @@ longest list of alternatives.
 They run in `make test-alternatives` (marked `all_alternatives`): the runs (65 on 2026-11-28)
 take several minutes, which `make test` (within 10 minutes, install included) cannot spare.
 Two lanes side by side (ALTERNATIVES_LANE=1/2 and 2/2), since each notebook runs on one
-core. `.ci/run` runs them in one lane (`make test-alternatives-one-lane`) beside `make
-test-later`, on the core that one leaves idle.
+core. `.ci/run` runs them after `make test-later`.
 """
 
 from __future__ import annotations

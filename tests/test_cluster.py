@@ -333,7 +333,7 @@ def test_a_remote_cluster_grades_exactly_as_today_though_a_worker_dies(
         assert not list((tmp_path / name).rglob("gradebook.db"))
 
 
-@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize("how", ["flag", pytest.param("env", marks=pytest.mark.later)])
 def test_a_remote_scheduler_without_tls_is_refused(pristine, tmp_path, how):
     course = copy_of(pristine, tmp_path / "course")
     address = "tcp://192.0.2.1:8786"  # never contacted: refused first

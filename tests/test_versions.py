@@ -156,3 +156,11 @@ def test_installed_reuses_an_environment_only_when_it_holds_what_its_end_asks_fo
     calls.clear()
     versions.install("newest", ["torch>=2.6"], log, "python3.13", installed=True)
     assert calls  # it holds other requirements: installed again
+
+
+def test_each_test_left_out_by_name_exists():
+    """A renamed test must not silently come back into make versions (or a typo leave out
+    nothing)."""
+    sources = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    for name in versions.UNIT_TESTS_DESELECT:
+        assert f"def {name}" in sources, name

@@ -23,8 +23,11 @@ GRADING_LANE (nbgrader, the sandbox, PostgreSQL and Chromium, which prove the gr
 machinery rather than the libraries' numerics, and take as long again), with its `-m`
 selection; and of those, not the ones in UNIT_TESTS_SKIP: the JupyterHub test (it needs
 configurable-http-proxy from npm) and tests/test_environment.py (it asserts the locked
-versions, which these two environments by design are not). The notebooks, the checks,
-the mistake catalogs, the student-notebook runs and `make release` all run.
+versions, which these two environments by design are not). The solution notebooks, the
+checks, the mistake catalogs and `make release` all run; the student notebooks are not
+executed (UNIT_TESTS_DESELECT): each is its solution less the answers, so its use of the
+libraries runs in the solution, and what a student run proves (every test cell fails, errors
+only where work is missing) is the release's, which make test-later proves.
 
 `--install-only` makes the environments and stops (.ci/run starts it, at low priority,
 beside `make test-later`: a download is mostly waiting); `--installed` then runs the tests in
@@ -74,6 +77,11 @@ UNIT_TESTS_SKIP = {
     # in make test's grading lane until 2026-11-28 (moved to balance the lanes), so never run
     # here: JupyterLab driven in Chromium proves the browser, not the libraries' numerics
     "tests/test_browser.py": "JupyterLab in Chromium, as the grading lane's tests",
+}
+# Tests (by name, pytest's -k) not run here either, and why:
+UNIT_TESTS_DESELECT = {
+    "test_student_notebook_fails_every_test_cell": "a solution less its answers: the solution "
+    "runs here; the release is make test-later's (about 100 s of each environment's tests)",
 }
 # Printed first in the summary; every other direct requirement follows.
 KEY_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "nbgrader", "jupyterlab")
@@ -343,8 +351,10 @@ def prove(
             cmd += other_lane_marks(makefile)
             cmd += [f"--ignore={p}" for p in skipped_tests(makefile)]
             result["note"] = triton_note(py, pyproject)
+            deselect = list(UNIT_TESTS_DESELECT)
             if result["note"]:  # every test of notebook 14 names it or its exercises
-                cmd += ["-k", "not triton"]
+                deselect.append("triton")
+            cmd += ["-k", " and ".join(f"not {name}" for name in deselect)]
             log.write(f"$ {shlex.join(cmd)}\n")
             log.flush()
             rc = subprocess.run(
@@ -423,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"versions: {' and '.join(ends)} from pyproject.toml; logs in build/versions/")
     print(f"versions: not run here: {', '.join(skipped_tests(makefile))}", flush=True)
+    print(f"versions: nor the tests named {', '.join(UNIT_TESTS_DESELECT)}", flush=True)
     t0 = time.monotonic()
     with ThreadPoolExecutor(1 if args.serial else len(ends)) as pool:
         results = list(
