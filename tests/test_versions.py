@@ -146,7 +146,6 @@ def test_installed_reuses_an_environment_only_when_it_holds_what_its_end_asks_fo
     log = io.StringIO()
     assert versions.install("newest", ["torch>=2.5"], log, "python3.13") == py
     pip = [c for c in calls if "install" in c]
-    assert pip and all("--no-compile" in c for c in pip)
     assert any("--upgrade" in c for c in pip)  # the newest end upgrades
     calls.clear()
     versions.install("newest", ["torch>=2.5"], log, "python3.13", installed=True)
