@@ -46,8 +46,8 @@ PYTEST_ARGS ?=
 # student edition's kernels, the check time limits, the trusted checker) and everything
 # else (the checks, the catalogs, the unit tests). Each one's report appears when it ends.
 # All leave out the marks every_notebook and later: make test-later runs those (the
-# whole hostile class, the hub's whole workflow, the Triton catalog beyond one mistake and one
-# alternative per exercise, the cluster's faults beyond a killed worker).
+# whole hostile class, the hub's whole workflow, the Triton catalog beyond one mistake per
+# exercise, the cluster's faults beyond a killed worker, the trusted checker's sample).
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
 	tests/test_report.py tests/test_exchange.py tests/test_cluster.py
