@@ -408,6 +408,9 @@ def test_a_kernel_folder_whose_grader_was_killed_is_removed_by_the_next_grader(t
         ("reused-pid", f"{os.getpid()} 1"),  # the pid of a later process
         ("running", f"{os.getpid()} {sandbox._started(os.getpid())}"),
         ("unmarked", None),
+        # where /proc gives no start time: the pid alone
+        ("no-start-time-killed", f"{gone.pid} None"),
+        ("no-start-time-running", f"{os.getpid()} None"),
     ]:
         d = tmp_path / f"{sandbox.RUN_PREFIX}{name}"
         (d / "notebooks").mkdir(parents=True)
@@ -419,9 +422,11 @@ def test_a_kernel_folder_whose_grader_was_killed_is_removed_by_the_next_grader(t
     removed = sandbox.sweep_orphans(tmp_path)
     assert sorted(d.name for d in removed) == [
         f"{sandbox.RUN_PREFIX}killed",
+        f"{sandbox.RUN_PREFIX}no-start-time-killed",
         f"{sandbox.RUN_PREFIX}reused-pid",
     ]
     assert folders["running"].is_dir() and folders["unmarked"].is_dir()
+    assert folders["no-start-time-running"].is_dir()
     # An unmarked folder (being made, or from before the mark) goes once it is old.
     assert sandbox.sweep_orphans(tmp_path, unmarked_after=0) == [folders["unmarked"]]
     assert folders["running"].is_dir()

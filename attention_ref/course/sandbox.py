@@ -462,6 +462,20 @@ def _started(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[19]
 
 
+def _alive(pid: int, started: str) -> bool:
+    """Whether process ``pid``, started at ``started``, still runs (without /proc to tell
+    the start time, ``started`` is "None" and a process of that pid counts)."""
+    if started == "None":
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True  # another user's process of that pid
+        return True
+    return _started(pid) == started
+
+
 def _new_run_dir() -> Path:
     """A folder for one kernel, marked with the process that owns it; first, the folders
     whose grading process is gone (killed, as a worker may be, before it could clean up)
@@ -484,7 +498,7 @@ def sweep_orphans(parent: Path | None = None, unmarked_after: float = 3600.0) ->
             owner = d / OWNER_FILE
             if owner.exists():
                 pid, started = owner.read_text().split()
-                if _started(int(pid)) == started:
+                if _alive(int(pid), started):
                     continue  # its grader is still running
             elif time.time() - d.stat().st_mtime < unmarked_after:
                 continue
