@@ -329,8 +329,8 @@ def prove(
     install; ``installed``: the install of ``--install-only`` is reused); the result for the
     summary."""
     LOGS.mkdir(parents=True, exist_ok=True)
-    name = f"{end}-install" if install_only else end
-    result: dict = {"end": end, "log": LOGS / f"{name}.log", "ok": False}
+    log_name = f"{end}-install" if install_only else end
+    result: dict = {"end": end, "log": LOGS / f"{log_name}.log", "ok": False}
     reqs = requirements_for(end, pyproject)
     with open(result["log"], "w") as log:
         try:
@@ -354,7 +354,7 @@ def prove(
             deselect = list(UNIT_TESTS_DESELECT)
             if result["note"]:  # every test of notebook 14 names it or its exercises
                 deselect.append("triton")
-            cmd += ["-k", " and ".join(f"not {name}" for name in deselect)]
+            cmd += ["-k", " and ".join(f"not {test}" for test in deselect)]
             log.write(f"$ {shlex.join(cmd)}\n")
             log.flush()
             rc = subprocess.run(
