@@ -129,6 +129,20 @@ def test_every_notebook_runs_in_each_environment_though_make_test_leaves_most_ou
     assert real and "every_notebook" not in real[1]
 
 
+def _fake_installs(tmp_path, monkeypatch) -> list[list[str]]:
+    """tools/versions.py in ``tmp_path``, with a .venv-newest whose commands are recorded,
+    not run: the list they are appended to."""
+    monkeypatch.setattr(versions, "ROOT", tmp_path)
+    monkeypatch.setattr(versions, "LOGS", tmp_path / "build" / "versions")
+    monkeypatch.setattr(versions, "_python_version", lambda exe: (3, 13))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(versions, "run", lambda cmd, log, **kw: calls.append(cmd))
+    py = tmp_path / ".venv-newest" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.touch()
+    return calls
+
+
 def test_installed_reuses_an_environment_only_when_it_holds_what_its_end_asks_for(
     tmp_path, monkeypatch
 ):
@@ -136,13 +150,8 @@ def test_installed_reuses_an_environment_only_when_it_holds_what_its_end_asks_fo
     in them (--installed) without installing again; another set of requirements installs."""
     import io
 
-    monkeypatch.setattr(versions, "ROOT", tmp_path)
-    monkeypatch.setattr(versions, "_python_version", lambda exe: (3, 13))
-    calls: list[list[str]] = []
-    monkeypatch.setattr(versions, "run", lambda cmd, log, **kw: calls.append(cmd))
+    calls = _fake_installs(tmp_path, monkeypatch)
     py = tmp_path / ".venv-newest" / "bin" / "python"
-    py.parent.mkdir(parents=True)
-    py.touch()
     log = io.StringIO()
     assert versions.install("newest", ["torch>=2.5"], log, "python3.13") == py
     pip = [c for c in calls if "install" in c]
@@ -155,6 +164,58 @@ def test_installed_reuses_an_environment_only_when_it_holds_what_its_end_asks_fo
     calls.clear()
     versions.install("newest", ["torch>=2.6"], log, "python3.13", installed=True)
     assert calls  # it holds other requirements: installed again
+
+
+def test_installed_waits_for_the_install_under_way_in_another_process_then_reuses_it(
+    tmp_path, monkeypatch
+):
+    """.ci/run's last stage may reach an end's tests while `--install-only` (in the
+    background) still installs it: the tests wait for that install, then reuse it, rather
+    than install into the same environment at the same time."""
+    import io
+    import subprocess
+    import threading
+    import time
+
+    calls = _fake_installs(tmp_path, monkeypatch)
+    stamp = tmp_path / ".venv-newest" / ".versions-installed"
+    versions.install("newest", ["torch>=2.5"], io.StringIO(), "python3.13")
+    done = stamp.read_text()
+    stamp.unlink()  # the background install has not finished yet
+    calls.clear()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys\n"
+            "f = open(sys.argv[1], 'w')\n"
+            "fcntl.flock(f, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.read()",
+            str(versions.LOGS / ".newest.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        log = io.StringIO()
+        tests = threading.Thread(
+            target=versions.install, args=("newest", ["torch>=2.5"], log, "python3.13", True)
+        )
+        tests.start()
+        time.sleep(0.5)
+        assert tests.is_alive() and calls == []  # waiting, not installing
+        assert "waiting for the install of .venv-newest" in log.getvalue()
+        stamp.write_text(done)  # the background install ends
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    tests.join(timeout=10)
+    assert not tests.is_alive()
+    assert calls == []  # reused
+    assert "waited" in log.getvalue() and "already holds them" in log.getvalue()
 
 
 def test_each_test_left_out_by_name_exists():

@@ -48,6 +48,7 @@ Extra pip arguments come from $PIP_ARGS, as in the Makefile.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -56,11 +57,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -87,7 +89,23 @@ UNIT_TESTS_DESELECT = {
 # Printed first in the summary; every other direct requirement follows.
 KEY_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "nbgrader", "jupyterlab")
 
-_install_lock = threading.Lock()
+
+@contextmanager
+def file_lock(name: str, log, what: str) -> Iterator[None]:
+    """Hold build/versions/.NAME.lock (an exclusive flock) for the block: one install of an
+    end at a time, across processes (`--install-only` in the background while `--installed`
+    waits for it) as across this process's threads. Writes to ``log`` when it waits."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with open(LOGS / f".{name}.lock", "w") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.write(f"waiting for {what}\n")
+            log.flush()
+            t0 = time.monotonic()
+            fcntl.flock(held, fcntl.LOCK_EX)
+            log.write(f"waited {time.monotonic() - t0:.0f} s\n")
+        yield
 
 
 def declared_requirements(pyproject: str) -> list[Requirement]:
@@ -224,7 +242,14 @@ def run(cmd: list[str], log, **kwargs) -> None:
 def install(end: str, reqs: list[str], log, python: str, installed: bool = False) -> Path:
     """Make .venv-END with ``python`` and install ``reqs`` and the package (editable) there.
     The floors are installed once; the newest versions on every run, but for ``installed``
-    (an install of these requirements just made it: ``--install-only``)."""
+    (an install of these requirements just made it: ``--install-only``). An install of the
+    same end under way in another process (`--install-only` in the background) is waited for,
+    then reused when it holds what this end asks for."""
+    with file_lock(end, log, f"the install of .venv-{end} under way in another process"):
+        return _install(end, reqs, log, python, installed)
+
+
+def _install(end: str, reqs: list[str], log, python: str, installed: bool) -> Path:
     venv = ROOT / f".venv-{end}"
     py = venv / "bin" / "python"
     stamp = venv / ".versions-installed"
@@ -242,7 +267,8 @@ def install(end: str, reqs: list[str], log, python: str, installed: bool = False
     pip += shlex.split(os.environ.get("PIP_ARGS", ""))
     upgrade = ["--upgrade", "--upgrade-strategy", "eager"] if end == "newest" else []
     run([*pip, *upgrade, *reqs], log)
-    with _install_lock:  # both write attention_ref.egg-info in the source tree
+    # every end's editable install writes attention_ref.egg-info in the source tree
+    with file_lock("egg-info", log, "another end's editable install"):
         run([*pip, "--no-deps", "-e", "."], log)
     run([str(py), "-m", "pip", "check"], log)
     stamp.write_text(key)
