@@ -7,39 +7,66 @@
 - ``attention_ref.plots``: the figures the notebooks draw.
 """
 
-from .apps.qa import best_span, span_loss
-from .apps.summarization import pool_sentences, select_sentences
-from .apps.translation import beam_search, bleu, exact_match, greedy_search, make_batch
-from .attention import sdpa, sdpa_np, softmax_np
-from .decoder import Decoder, DecoderLayer
-from .efficient import naive_attention, online_softmax, online_softmax_attention
-from .encoder import Encoder, EncoderLayer, FeedForward
-from .experts import MoEFeedForward, load_balancing_loss, route
-from .flash import FlashAttention, flash_attention
-from .gpt import GPT, GPTBlock, GroupedQueryAttention
-from .kv_cache import KVCache, cached_self_attention
-from .latent_attention import MultiHeadLatentAttention, absorbed_scores
-from .masking import causal_mask, masked_softmax, padding_mask
-from .modern import ModernBlock, ModernGPT, RMSNorm, RotaryAttention, SwiGLU
-from .multihead import MultiHeadAttention, merge_heads, split_heads
-from .positional import offset_rotation, rope, sinusoidal_encoding
-from .sampling import generate, sample_next_token
-from .self_attention import SelfAttention, self_attention_cost
-from .sliding_window import (
-    RollingKVCache,
-    SinkAttention,
-    SlidingWindowAttention,
-    rolling_append,
-    sliding_window_mask,
-)
-from .training import masked_cross_entropy
-from .transformer import (
-    Transformer,
-    TransformerCore,
-    greedy_decode,
-    shift_right,
-    teacher_forcing_loss,
-)
+import importlib
+import importlib.util
+
+# What each submodule exports here, loaded on first use (PEP 562): the grading command, its
+# Dask workers and the other course tools import attention_ref.course, which needs no
+# PyTorch; importing all of this eagerly cost each of those processes a second of CPU.
+# `from attention_ref import sdpa` and `attention_ref.sdpa` work as before.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "apps.qa": ("best_span", "span_loss"),
+    "apps.summarization": ("pool_sentences", "select_sentences"),
+    "apps.translation": ("beam_search", "bleu", "exact_match", "greedy_search", "make_batch"),
+    "attention": ("sdpa", "sdpa_np", "softmax_np"),
+    "decoder": ("Decoder", "DecoderLayer"),
+    "efficient": ("naive_attention", "online_softmax", "online_softmax_attention"),
+    "encoder": ("Encoder", "EncoderLayer", "FeedForward"),
+    "experts": ("MoEFeedForward", "load_balancing_loss", "route"),
+    "flash": ("FlashAttention", "flash_attention"),
+    "gpt": ("GPT", "GPTBlock", "GroupedQueryAttention"),
+    "kv_cache": ("KVCache", "cached_self_attention"),
+    "latent_attention": ("MultiHeadLatentAttention", "absorbed_scores"),
+    "masking": ("causal_mask", "masked_softmax", "padding_mask"),
+    "modern": ("ModernBlock", "ModernGPT", "RMSNorm", "RotaryAttention", "SwiGLU"),
+    "multihead": ("MultiHeadAttention", "merge_heads", "split_heads"),
+    "positional": ("offset_rotation", "rope", "sinusoidal_encoding"),
+    "sampling": ("generate", "sample_next_token"),
+    "self_attention": ("SelfAttention", "self_attention_cost"),
+    "sliding_window": (
+        "RollingKVCache",
+        "SinkAttention",
+        "SlidingWindowAttention",
+        "rolling_append",
+        "sliding_window_mask",
+    ),
+    "training": ("masked_cross_entropy",),
+    "transformer": (
+        "Transformer",
+        "TransformerCore",
+        "greedy_decode",
+        "shift_right",
+        "teacher_forcing_loss",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    """An exported name or a submodule, imported on first use."""
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
+
 
 __version__ = "0.1.0"
 
