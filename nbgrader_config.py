@@ -5,9 +5,7 @@ notebooks/NN_name/NN_name.ipynb the student release, submitted/<student>/NN_name
 submissions. See docs/INSTRUCTOR_GUIDE.md.
 """
 
-import importlib.util
 import os
-import sys
 
 from nbgrader.converters import Autograde, GenerateFeedback
 from nbgrader.preprocessors import Execute
@@ -38,27 +36,15 @@ c.CourseDirectory.db_url = os.environ.get(
 # tagged "training" gets NBGRADER_TRAINING_TIMEOUT (300 s), every other cell
 # NBGRADER_CELL_TIMEOUT (30 s), and once a cell of a notebook timed out, every later cell
 # of it at most NBGRADER_TIMEOUT_AFTER (10 s) (attention_ref/course/cell_limits.py).
-# These modules are loaded by file path, so that nbgrader does not import PyTorch.
-_course_tools = os.path.join(
-    os.path.dirname(importlib.util.find_spec("attention_ref").origin), "course"
-)
+# attention_ref.course imports no PyTorch (tests/test_package.py), so nbgrader's processes
+# start quickly; imported once per process (not loaded again with each job's
+# configuration), so that a grading worker keeps one trusted checker for all its jobs.
+from attention_ref.course import cell_limits as _cell_limits  # noqa: E402
+from attention_ref.course import feedback as _feedback  # noqa: E402
+from attention_ref.course import inert as _inert  # noqa: E402
+from attention_ref.course import sandbox as _sandbox  # noqa: E402
+from attention_ref.course import trusted as _trusted  # noqa: E402
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(
-        f"attention_ref_course_{name}", os.path.join(_course_tools, f"{name}.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_sandbox = _load("sandbox")
-_cell_limits = _load("cell_limits")
-_feedback = _load("feedback")
-_inert = _load("inert")
-_trusted = _load("trusted")
 # The verdict is decided outside the kernel: every graded test cell gets the points the
 # trusted checker recorded for it (attention_ref/course/trusted.py), never what the
 # kernel printed; the tags of every cell are the instructor's.

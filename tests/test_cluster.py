@@ -175,6 +175,53 @@ def test_today_grades_the_class_as_expected(today):
     assert scores["ada"] > scores["bob"] > 0, scores
 
 
+ONE_WORKERS_JOBS = """
+import json, sys
+from pathlib import Path
+
+from attention_ref.course import cluster, trusted
+
+root, aid = Path(sys.argv[1]), sys.argv[2]
+template = cluster.build_template(root, aid)
+seen = []
+for student in sys.argv[3:]:
+    files = cluster._regular_files(root / "submitted" / student / aid)
+    result = cluster.run_job(cluster.Job(template, student, files, cluster.job_settings()))
+    seen.append({
+        "student": student,
+        "status": result.outcome.status,
+        "notebook": result.executed.get(aid, ""),
+        "checker": trusted._SHARED[0].proc.pid if trusted._SHARED else None,
+    })
+print(json.dumps(seen))
+"""
+
+
+def test_a_worker_grades_all_its_jobs_with_one_trusted_checker(pristine, tmp_path):
+    """Each job loads the course's configuration again; the worker's trusted checker (1.5 s
+    of CPU to start) stays the same process for every job, and grades each as a new one
+    would: the solution's notebook comes out the same before and after the wrong answer."""
+    course = copy_of(pristine, tmp_path / "course")
+    env = {**os.environ, **LIMITS, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("NBGRADER_DB_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_WORKERS_JOBS, str(course), AID, "ada", "bob", "ada"],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [s["status"] for s in seen] == ["graded"] * 3, seen
+    assert len({s["checker"] for s in seen}) == 1 and seen[0]["checker"], seen
+    first, wrong, again = (json.loads(s["notebook"]) for s in seen)
+    assert "✓ softmax_np: passed" in json.dumps(first, ensure_ascii=False)
+    assert "✓ softmax_np: passed" not in json.dumps(wrong, ensure_ascii=False)
+    assert [c.get("outputs") for c in again["cells"]] == [c.get("outputs") for c in first["cells"]]
+
+
 @pytest.mark.later  # the same code path as the remote cluster's test, below
 def test_the_local_cluster_grades_exactly_as_today(pristine, today, tmp_path):
     course = copy_of(pristine, tmp_path / "course")

@@ -179,8 +179,8 @@ def test_cell_limits_read_the_environment(monkeypatch):
 
 
 def test_the_course_config_grades_with_the_course_limits():
-    """nbgrader_config.py swaps nbgrader's Execute for the course's, without importing
-    the course package (and PyTorch) into nbgrader."""
+    """nbgrader_config.py swaps nbgrader's Execute for the course's, importing the course's
+    tools into nbgrader but neither PyTorch nor the references."""
     from course_tools import ROOT
 
     code = (
@@ -188,7 +188,7 @@ def test_the_course_config_grades_with_the_course_limits():
         "from traitlets.config.loader import PyFileConfigLoader\n"
         f"c = PyFileConfigLoader('nbgrader_config.py', path={str(ROOT)!r}).load_config()\n"
         "print([p.__name__ for p in c.Autograde.autograde_preprocessors])\n"
-        "print('torch' in sys.modules, 'attention_ref' in sys.modules)\n"
+        "print('torch' in sys.modules, 'attention_ref.attention' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -408,3 +408,36 @@ def test_the_checker_removes_its_folder_however_it_is_stopped(how):
     while checker.dir.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not checker.dir.exists(), sorted(p.name for p in checker.dir.iterdir())
+
+
+def test_a_grading_process_keeps_its_checker_while_it_answers_and_replaces_one_held_up(
+    monkeypatch,
+):
+    """One checker serves every notebook a grading process grades (starting one costs 1.5 s
+    of CPU), but only while it answers at once: a kernel that connected and sent nothing
+    holds the checker in its request, and the next notebook gets a new checker, never that
+    one."""
+    import time
+
+    from attention_ref.course import trusted
+
+    monkeypatch.setattr(trusted, "PING_WAIT", 2.0)
+    monkeypatch.setattr(trusted, "_SHARED", [])
+    first = trusted.shared_checker()
+    try:
+        first.begin("cell-1", "check('sdpa', sdpa)")
+        record = first.end("cell-1")  # sent right after the start: read all the same
+        assert record["passed"] is False and "note" not in record, record  # the checker's own
+        assert trusted.shared_checker() is first  # idle, with a late record skipped
+        held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        held.connect(str(first.socket))  # a request begun, never sent
+        time.sleep(1.0)  # the checker takes the connection and waits for the request
+        second = trusted.shared_checker()
+        assert second is not first and second.proc.pid != first.proc.pid
+        assert first.proc.wait(timeout=15) is not None  # the held-up one was stopped
+        assert second.responsive() and trusted.shared_checker() is second
+        held.close()
+    finally:
+        while trusted._SHARED:
+            trusted._SHARED.pop().stop()
+        first.stop()

@@ -157,6 +157,8 @@ def main(argv: list[str]) -> int:
       until the next order. With ``"asserts": true, "imports": LINES`` the cell makes no
       check: the kernel asks for the cell and the checker runs ``SRC`` itself;
     - ``{"end": true}``: the cell has finished; the answer is its record;
+    - ``{"ping": true}``: the answer is ``{"pong": true}`` (the grader's test that this
+      checker is free before it serves another notebook);
     - ``{"quit": true}``.
 
     Answers on stdout, one JSON object a line: ``{"ready": true}`` once listening, and a
@@ -188,34 +190,50 @@ def _serve(path: str) -> int:
     out.flush()
     sel = selectors.DefaultSelector()
     sel.register(server, selectors.EVENT_READ, "kernel")
-    sel.register(sys.stdin, selectors.EVENT_READ, "grader")
+    stdin = sys.stdin.fileno()
+    sel.register(stdin, selectors.EVENT_READ, "grader")
     record: CellRecord | None = None
+    # The grader's orders, read from the pipe itself: a buffered readline would keep a
+    # second order that came with the first (a cell's end right after its start) out of
+    # sight of the next select, and the grader would wait for an answer never sent. Orders
+    # come before the kernel's requests: a cell's start is always read before the request
+    # its kernel makes in it.
+    pending = b""
+    orders: list[bytes] = []
     while True:
-        for key, _ in sel.select():
-            if key.data == "kernel":
-                conn, _ = server.accept()
-                with conn:
-                    if record is None:
-                        judge(conn, None)  # refused: no graded cell is running
-                        continue
-                    record.results.append(judge(conn, record.next_expected()))
+        if not orders:
+            ready = {key.data for key, _ in sel.select()}
+            if "grader" in ready:
+                chunk = os.read(stdin, 65536)
+                if not chunk:
+                    return 0
+                *lines, pending = (pending + chunk).split(b"\n")
+                orders.extend(line for line in lines if line.strip())
+            if not orders:
+                if "kernel" in ready:
+                    conn, _ = server.accept()
+                    with conn:
+                        if record is None:
+                            judge(conn, None)  # refused: no graded cell is running
+                        else:
+                            record.results.append(judge(conn, record.next_expected()))
                 continue
-            line = sys.stdin.readline()
-            if not line:
-                return 0
-            order = json.loads(line)
-            if order.get("quit"):
-                return 0
-            if "cell" in order:
-                source = str(order.get("source", ""))
-                record = CellRecord(str(order["cell"]), expected_checks(source))
-                if order.get("asserts"):  # the grader's word: the source makes no check
-                    record.asserts = AssertCell(source, str(order.get("imports", "")))
-            elif order.get("end"):
-                summary = record.summary() if record is not None else {"passed": False}
-                record = None
-                out.write(json.dumps(summary) + "\n")
-                out.flush()
+        order = json.loads(orders.pop(0))
+        if order.get("quit"):
+            return 0
+        if order.get("ping"):
+            out.write(json.dumps({"pong": True}) + "\n")
+            out.flush()
+        elif "cell" in order:
+            source = str(order.get("source", ""))
+            record = CellRecord(str(order["cell"]), expected_checks(source))
+            if order.get("asserts"):  # the grader's word: the source makes no check
+                record.asserts = AssertCell(source, str(order.get("imports", "")))
+        elif order.get("end"):
+            summary = record.summary() if record is not None else {"passed": False}
+            record = None
+            out.write(json.dumps(summary) + "\n")
+            out.flush()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,6 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
 - ``edition``: the student edition of the package (bytecode only);
 - ``authoring``: helpers that build solution notebooks with nbgrader's metadata.
 
-``sandbox``, ``cell_limits`` and ``feedback`` import nothing from the rest of the package,
-so that nbgrader_config.py can load them by file path without importing PyTorch.
+None of these imports PyTorch (nor does ``import attention_ref``, which loads its references
+on first use), so nbgrader_config.py imports them and nbgrader's processes start quickly.
 """

@@ -11,8 +11,8 @@ each time. The limits come from the environment at the start of each notebook:
 - ``NBGRADER_TIMEOUT_AFTER`` (default 10 s): any cell after a cell of the same notebook
   timed out (a cell's own limit still applies when it is shorter).
 
-This module imports nothing from the course package, so that nbgrader_config.py can load
-it by file path without importing PyTorch into every nbgrader process.
+This module imports nothing from the course package (nbgrader_config.py imports it, and no
+PyTorch may come with it into nbgrader's processes).
 """
 
 from __future__ import annotations

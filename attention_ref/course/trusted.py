@@ -50,6 +50,9 @@ SANDBOX_SOCKET = "/opt/checker.sock"
 SOCKET_ENV = "ATTENTION_REF_CHECKER"
 #: Seconds the grader waits for the checker's record of a cell once the cell has ended.
 RECORD_WAIT = 120.0
+#: How long a checker may take to answer a ping before a notebook is graded with it: an idle
+#: one answers in milliseconds.
+PING_WAIT = 10.0
 #: Environment variables the checker keeps (it needs no credential of any kind).
 CHECKER_ENV = (
     "PATH",
@@ -256,6 +259,7 @@ class CheckerProcess:
             cwd=self.dir,
         )
         _cap_memory(self.proc.pid)
+        self._pending = b""  # what the checker wrote that _read has not taken yet
         ready = self._read(60.0)
         if not ready or not ready.get("ready"):
             self.stop()
@@ -263,23 +267,33 @@ class CheckerProcess:
         self.records: dict[str, dict] = {}
 
     def _read(self, wait: float) -> dict | None:
+        """The checker's next answer (a JSON line) within ``wait`` seconds, or None. Read
+        from the pipe itself, with the lines not yet taken kept here: a buffered readline
+        would hide a second line that came with the first from the next select (a late
+        record followed by the one awaited, say), and the answer would seem never to come."""
+        fd = self.proc.stdout.fileno()
         sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         deadline = time.monotonic() + wait
         try:
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-                line = self.proc.stdout.readline()
-                if not line:
+            while True:
+                while b"\n" in self._pending:
+                    line, self._pending = self._pending.split(b"\n", 1)
+                    try:
+                        answer = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(answer, dict):
+                        return answer
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(timeout=left):
                     return None
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return None
+                self._pending += chunk
         finally:
             sel.close()
-        return None
 
     def _order(self, order: dict) -> bool:
         try:
@@ -319,9 +333,29 @@ class CheckerProcess:
         self.records[cell_id] = record
         return record
 
-    def stop(self) -> None:
+    def responsive(self, wait: float | None = None) -> bool:
+        """Whether the checker runs and answers an order within ``wait`` seconds (default
+        PING_WAIT): not busy with a request the last notebook's kernel left half sent, say.
+        A late record of that notebook's is skipped."""
+        if self.proc.poll() is not None or not self._order({"ping": True}):
+            return False
+        deadline = time.monotonic() + (PING_WAIT if wait is None else wait)
+        while (left := deadline - time.monotonic()) > 0:
+            answer = self._read(left)
+            if answer is None:
+                return False
+            if answer.get("pong"):
+                return True
+        return False
+
+    def stop(self, busy: bool = False) -> None:
+        """Stop the checker: asked to quit, or terminated at once when ``busy`` (it does not
+        read its orders)."""
         try:
-            self._order({"quit": True})
+            if busy:
+                self.proc.terminate()
+            else:
+                self._order({"quit": True})
             self.proc.stdin.close()
             self.proc.wait(timeout=10)
         except (OSError, ValueError, subprocess.TimeoutExpired):
@@ -348,12 +382,14 @@ _SHARED: list[CheckerProcess] = []
 
 def shared_checker() -> CheckerProcess:
     """This grading process's checker, started once and reused for every notebook it
-    grades (one at a time): starting one costs seconds (PyTorch and the checks), a notebook
-    is graded in seconds. A checker that died is replaced."""
-    if _SHARED and _SHARED[0].proc.poll() is None:
+    grades (one at a time): starting one costs seconds (PyTorch and the checks: 1.5 s of
+    CPU), a notebook is graded in seconds. A checker that died, or that does not answer
+    at once (still serving a request a hostile kernel left unfinished), is replaced, so
+    that no notebook is graded by a checker another student's kernel holds up."""
+    if _SHARED and _SHARED[0].responsive():
         return _SHARED[0]
     if _SHARED:
-        _SHARED.pop().stop()
+        _SHARED.pop().stop(busy=True)
     else:
         import atexit
 
