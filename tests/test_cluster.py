@@ -141,13 +141,13 @@ def copy_of(pristine: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def today(pristine, tmp_path_factory):
-    course = copy_of(pristine, tmp_path_factory.mktemp("today") / "course")
+def run_script(script: str, course: Path, *args: str) -> subprocess.CompletedProcess:
+    """``script`` run by this Python in ``course`` (its argv: the course, then ``args``)
+    with the class's limits and the sqlite gradebook; it must succeed."""
     env = {**os.environ, **LIMITS, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     env.pop("NBGRADER_DB_URL", None)
     proc = subprocess.run(
-        [sys.executable, "-c", TODAY, str(course)],
+        [sys.executable, "-c", script, str(course), *args],
         cwd=course,
         capture_output=True,
         text=True,
@@ -155,7 +155,13 @@ def today(pristine, tmp_path_factory):
         env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return course, proc
+    return proc
+
+
+@pytest.fixture(scope="module")
+def today(pristine, tmp_path_factory):
+    course = copy_of(pristine, tmp_path_factory.mktemp("today") / "course")
+    return course, run_script(TODAY, course)
 
 
 def assert_same_grading(course: Path, proc, today) -> None:
@@ -202,17 +208,7 @@ def test_a_worker_grades_all_its_jobs_with_one_trusted_checker(pristine, tmp_pat
     of CPU to start) stays the same process for every job, and grades each as a new one
     would: the solution's notebook comes out the same before and after the wrong answer."""
     course = copy_of(pristine, tmp_path / "course")
-    env = {**os.environ, **LIMITS, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("NBGRADER_DB_URL", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", ONE_WORKERS_JOBS, str(course), AID, "ada", "bob", "ada"],
-        cwd=course,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(ONE_WORKERS_JOBS, course, AID, "ada", "bob", "ada")
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [s["status"] for s in seen] == ["graded"] * 3, seen
     assert len({s["checker"] for s in seen}) == 1 and seen[0]["checker"], seen
