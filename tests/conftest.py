@@ -9,6 +9,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # that wait for each other at every small operation slow down many times over. One
 # thread per process (the kernels the tests start inherit it) keeps both cores busy.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Grading's waits and time limits stretch with the machine's load (attention_ref/course/
+# load.py). The tests count limits and read messages that name them, so they run with the
+# factor of a quiet machine, as they run seeded; tests/test_busy_grading.py grades a class
+# with the factor measured, beside busy processes.
+os.environ.setdefault("ATTENTION_REF_LOAD_FACTOR", "1")
 
 
 def _start_with_retries(start):

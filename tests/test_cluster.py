@@ -19,6 +19,7 @@ time limit; in both, every submission ends graded or named in the report with it
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -474,26 +475,30 @@ def test_a_job_the_cluster_lost_is_reported_with_its_reason():
 
     gone = _result_of(_Lost(FutureCancelledError("k", "scheduler-connection-lost")), AID, "ada")
     assert (gone.outcome.student, gone.outcome.assignment) == ("ada", AID)
-    assert gone.outcome.status == "failed" and not gone.executed
+    assert gone.outcome.status == "not graded" and not gone.executed
     assert "not graded: the cluster lost its job" in gone.outcome.notes[0]
     assert "scheduler-connection-lost" in gone.outcome.notes[0]
     killed = _result_of(_Lost(KilledWorker("k", "tcp://w", [])), AID, "bob")
-    assert killed.outcome.status == "failed"
+    assert killed.outcome.status == "not graded"
     assert "the workers grading it died 4 times" in killed.outcome.notes[0]
 
 
 def assert_each_graded_or_reported(course: Path, proc, reason: str) -> list[str]:
     """Every student has one report line: graded, or not graded with ``reason``; those
     not graded have nothing written (make grade grades them next time). Returns them."""
-    lines = dict(re.findall(rf"\] {AID} (\S+): (\S+)", proc.stdout))
+    lines = dict(re.findall(rf"\] {AID} (\S+): (.+?) \(\d", proc.stdout))
     assert sorted(lines) == sorted(STUDENTS), proc.stdout + proc.stderr
     missed = [s for s, status in lines.items() if status != "graded"]
     assert missed, "every submission was graded: the fault came too late"
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    with open(course / "grades.csv", newline="") as f:
+        scores = {r["student_id"]: r for r in csv.DictReader(f)}
     for student in missed:
-        assert lines[student] == "failed", lines
+        assert lines[student] == "not graded", lines
         assert reason in proc.stdout, proc.stdout
         assert not (course / "autograded" / student / AID).exists(), student
+        # Not graded is no grade: blank in grades.csv, never the 0 of a blank notebook.
+        assert scores[student]["score"] == "" and scores[student]["raw_score"] == "", scores
     # nbgrader's autograde of a submission whose execution failed (as in local grading):
     # the submission is in the gradebook, with no automatic points.
     rows = gradebook_rows(course)

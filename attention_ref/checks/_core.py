@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..course.load import load_factor
 from . import remote as _remote
 from .mistakes import MISTAKES, Named, named, tag
 
@@ -290,14 +291,18 @@ TIME_LIMIT_ENV = "ATTENTION_REF_TIME_LIMIT"
 
 def resolve_time_limit(time_limit: float | None = None) -> float | None:
     """The per-call limit in seconds: ``time_limit`` if given, else ``$ATTENTION_REF_TIME_LIMIT``,
-    else :data:`DEFAULT_TIME_LIMIT`. ``0`` (or less) means no limit (``None``)."""
+    else :data:`DEFAULT_TIME_LIMIT`, times the machine's load factor (1 on a quiet machine:
+    :func:`attention_ref.course.load.load_factor`; a correct answer is not "an infinite
+    loop" because the machine is busy). ``0`` (or less) means no limit (``None``)."""
     if time_limit is None:
         raw = os.environ.get(TIME_LIMIT_ENV, "").strip()
         try:
             time_limit = float(raw) if raw else DEFAULT_TIME_LIMIT
         except ValueError:
             time_limit = DEFAULT_TIME_LIMIT
-    return float(time_limit) if time_limit and time_limit > 0 else None
+    if not time_limit or time_limit <= 0:
+        return None
+    return float(time_limit) * load_factor()
 
 
 class _TimeUp(BaseException):  # noqa: N818 - an event; BaseException so `except Exception` in

@@ -11,14 +11,21 @@ each time. The limits come from the environment at the start of each notebook:
 - ``NBGRADER_TIMEOUT_AFTER`` (default 10 s): any cell after a cell of the same notebook
   timed out (a cell's own limit still applies when it is shorter).
 
-This module imports nothing from the course package (nbgrader_config.py imports it, and no
-PyTorch may come with it into nbgrader's processes).
+Each limit is the quiet machine's figure times the machine's load factor when the cell
+starts (:func:`attention_ref.course.load.load_factor`: 1 unless the load average is over
+twice the cores): on a busy machine an honest cell runs slower, and it is the grader's
+machine, not the student's code, that is slow.
+
+This module imports of the course package only :mod:`.load` (nbgrader_config.py imports
+it, and no PyTorch may come with it into nbgrader's processes).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from . import load
 
 TRAINING_TAG = "training"
 DEFAULTS = {
@@ -65,7 +72,8 @@ class CellLimits:
 
     def __call__(self, cell: Any) -> int:
         limit = self.own_limit(cell)
-        return min(limit, self.after) if self.timeouts else limit
+        limit = min(limit, self.after) if self.timeouts else limit
+        return round(limit * load.load_factor())
 
     def timed_out(self, seconds: float) -> None:
         self.timeouts += 1
@@ -74,7 +82,8 @@ class CellLimits:
     def describe(self) -> str:
         return (
             f"{self.cell} s per cell, {self.training} s per cell tagged '{TRAINING_TAG}', "
-            f"{self.after} s after a cell timed out"
+            f"{self.after} s after a cell timed out (each times the load factor when the "
+            f"cell starts: {load.load_factor():g} now)"
         )
 
 
@@ -83,6 +92,9 @@ class CellLimits:
 #: at the same moment by parallel workers can be handed the same free TCP port, and the
 #: second one cannot bind it. No cell has run then, so starting another is safe.
 KERNEL_START_ATTEMPTS = 3
+#: Seconds a kernel may take to answer after its start on a quiet machine (nbclient's
+#: default), times the load factor.
+KERNEL_STARTUP_SECONDS = 60
 #: The words grading logs (and the report quotes) when it replaced a kernel.
 KERNEL_RESTARTED = "kernel restarted"
 
@@ -280,6 +292,8 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
         def _run(self, nb, resources=None, km=None):
             for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
                 self.output_bytes, self.output_cut, self.message_cut = 0, False, False
+                # A kernel starts as slowly as everything else on a busy machine.
+                self.startup_timeout = round(load.scaled(KERNEL_STARTUP_SECONDS))
                 self.limits = CellLimits()
                 self.timeout_func = self.limits
                 self.cells_started = 0

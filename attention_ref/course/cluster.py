@@ -352,10 +352,7 @@ def run_job(job: Job) -> JobResult:
     _announce_start()
     snapshot, _ = _preprocessors()
     snapshot.taken = {}
-    with (
-        tempfile.TemporaryDirectory(prefix="grading-job-", dir=_scratch()) as tmp,
-        _job_environment(job.settings),
-    ):
+    with _job_folder() as tmp, _job_environment(job.settings):
         root = Path(tmp) / "course"
         try:
             _write_files(root, {ROOT_MARKER: job.template.config})
@@ -369,13 +366,33 @@ def run_job(job: Job) -> JobResult:
             )
             outcome = grading.grade_submission(str(root), aid, job.student, force=True)
         except Exception as err:  # never lose the class to one submission
-            outcome.status = "failed"
-            outcome.notes.append(f"the grading job raised {type(err).__name__}: {err}")
+            outcome.not_graded(
+                f"the grading job raised {type(err).__name__}: {err}", grader_failed=True
+            )
             outcome.seconds = time.perf_counter() - start
         finally:
             plumbing._APIS.pop(str(root), None)
-    executed = dict(snapshot.taken) if outcome.status != "failed" else {}
+    executed = dict(snapshot.taken) if outcome.status != grading.NOT_GRADED else {}
     return JobResult(outcome, executed, _worker_name(), time.perf_counter() - start)
+
+
+#: A grading job's folder (a private course holding one student's files), in its worker's
+#: scratch folder.
+JOB_PREFIX = "grading-job-"
+
+
+@contextlib.contextmanager
+def _job_folder() -> Iterator[str]:
+    """A job's private folder, marked with its worker's process: a worker killed mid-job
+    (its folder left behind, a student's notebook in it) has it removed by the next job
+    that starts beside it (:func:`.sandbox.new_marked_dir`)."""
+    from . import sandbox
+
+    tmp = sandbox.new_marked_dir(JOB_PREFIX, _scratch())
+    try:
+        yield str(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 #: The topic of the event a job logs when its worker starts it (the command's clock of it).
@@ -434,12 +451,12 @@ def write_result(root: Path, result: JobResult, force: bool):
     else:  # failed, or crashed: a first run whose kernel died, as on the worker
         replay.executed = {}
         grading._autograde(api, o.assignment, o.student, force)
-        if o.status == "failed":
+        if o.status == grading.NOT_GRADED:
             return o
         # ... then graded again from a copy of its notebooks, as grading._salvage does
         replay.executed = dict(result.executed)
         src = root / "submitted" / o.student / o.assignment
-        with tempfile.TemporaryDirectory(prefix="salvage-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="salvage-", dir=root) as tmp:
             dst = Path(tmp) / o.student / o.assignment
             dst.mkdir(parents=True)
             for nb_path in src.glob("*.ipynb"):
@@ -449,8 +466,8 @@ def write_result(root: Path, result: JobResult, force: bool):
                 written = grading._autograde(api, o.assignment, o.student, force=True)
     replay.executed = {}
     if not written["success"]:
-        o.status = "failed"
-        o.notes.append("its grades could not be written: " + grading._result_text(written)[-500:])
+        cause, _ = grading.failure_cause(grading._result_text(written))
+        o.not_graded(f"its grades could not be written: {cause}", grader_failed=True)
     return o
 
 
@@ -632,7 +649,8 @@ def grade_on_cluster(
                     _regular_files(root / "submitted" / student / aid),
                     settings,
                 )
-                key = f"grade-{aid}-{student}-{uuid.uuid4().hex[:8]}"
+                # No student id in the key: the scheduler's dashboard and logs show keys.
+                key = f"grade-{aid}-{uuid.uuid4().hex}"
                 futures[client.submit(run_job, job, key=key, pure=False)] = (aid, student)
             for fut, result in _finished(client, futures, config.job_limit):
                 aid, student = futures.pop(fut)
@@ -692,7 +710,7 @@ def _finished(client, futures: dict, limit: float, poll: float = 2.0) -> Iterato
                 f"{JOB_GRACE_SECONDS:g} s) and was stopped, its worker restarted; "
                 "make grade grades it next time"
             )
-            yield fut, JobResult(grading.Outcome(student, aid, "failed", [why]))
+            yield fut, JobResult(grading.Outcome(student, aid, grading.NOT_GRADED, [why]))
 
 
 def _result_of(fut, aid: str, student: str) -> JobResult:
@@ -716,4 +734,4 @@ def _result_of(fut, aid: str, student: str) -> JobResult:
             f"not graded: the cluster lost its job ({type(err).__name__}: {err}); "
             "make grade grades it next time"
         )
-    return JobResult(grading.Outcome(student, aid, "failed", [why]))
+    return JobResult(grading.Outcome(student, aid, grading.NOT_GRADED, [why]))

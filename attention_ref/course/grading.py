@@ -24,6 +24,12 @@ nbgrader does the grading. This module adds what an instructor needs around it:
   the course holding its assignment and its one submission, and the command alone writes
   the gradebook and ``autograded/``; the grades are those of a sequential run (the report
   lists the submissions in the same order, whatever the order they finished in);
+- a failure of the grader's own (its checker or a kernel that did not start, a worker that
+  died, a timeout of the grader's) is never a grade: every wait of grading stretches with
+  the machine's load (:mod:`attention_ref.course.load`), the submission is graded again
+  (:data:`GRADER_ATTEMPTS` runs in all, within its budget), and if it still cannot be graded
+  it is reported as **not graded**, with the cause, and left blank in grades.csv (and in the
+  report's Canvas and Moodle files): ``make grade`` grades it next time;
 - the grades are exported to a CSV (``nbgrader export``).
 
 Every student is put in the gradebook before grading starts. The command writes the
@@ -45,7 +51,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import sandbox, trusted
+from . import load, sandbox, trusted
 from .cell_limits import (
     KERNEL_RESTARTED,
     MESSAGE_CUT,
@@ -54,7 +60,7 @@ from .cell_limits import (
     timeout_message,
 )
 from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
-from .plumbing import assignments, nbgrader, nbgrader_api, stop_reason
+from .plumbing import assignments, nbgrader, nbgrader_api, stop_reason, ungraded
 
 OUTPUT_CUT_SIGN = OUTPUT_CUT.split("{")[0]
 MESSAGE_CUT_SIGN = MESSAGE_CUT.split("{")[0]
@@ -64,14 +70,73 @@ CRASHED_CELL = (
 )
 
 
+#: The status of a submission that could not be graded (the grader failed, its budget ran
+#: out, or its notebook could not be read): no score, never 0.
+NOT_GRADED = "not graded"
+#: How often grading runs a submission when the grader itself failed (not the student's
+#: code), within the submission's budget.
+GRADER_ATTEMPTS = 3
+GRADE_NEXT_TIME = "make grade grades it next time"
+
+
 @dataclass
 class Outcome:
     student: str
     assignment: str
-    status: str = "graded"  # graded | crashed (partial credit) | failed | refused
+    status: str = "graded"  # graded | crashed (partial credit) | not graded | refused
     notes: list[str] = field(default_factory=list)
     log: str = ""  # nbgrader's log when it could not grade the submission
     seconds: float = 0.0
+    #: The grader failed (not the submission): worth grading again.
+    grader_failed: bool = False
+
+    def not_graded(self, cause: str, grader_failed: bool = False) -> None:
+        """No grade: ``cause`` says why, in words an instructor can act on."""
+        self.status = NOT_GRADED
+        self.grader_failed = grader_failed
+        self.notes.append(f"not graded: {cause}; {GRADE_NEXT_TIME}")
+
+
+#: Signs in nbgrader's log that the notebook itself could not be read as an nbgrader
+#: notebook (grading it again would fail the same way).
+NOTEBOOK_PROBLEMS = (
+    "ValidationError",
+    "Notebook JSON is invalid",
+    "NotJSONError",
+    "missing attachment",
+    "Duplicate grade id",
+    "duplicate grade id",
+    "is not a valid",
+    "could not be read",
+    "Bad Request",
+)
+#: Signs that the grader's own machinery failed (worth grading again).
+GRADER_PROBLEMS = (
+    "trusted checker did not start",
+    "Kernel didn't respond",
+    "Kernel died before replying",
+    "TimeoutError",
+    "database is locked",
+    "Address already in use",
+)
+
+
+def failure_cause(log: str) -> tuple[str, bool]:
+    """``(cause, grader's)``: why nbgrader could not grade a submission, read from its log,
+    and whether it is the grader's failure (not the notebook's)."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for sign in NOTEBOOK_PROBLEMS:
+        for ln in lines:
+            if sign in ln:
+                cause = f"its notebook could not be read as an nbgrader notebook ({ln[-300:]})"
+                return cause, False
+    for sign in GRADER_PROBLEMS:
+        for ln in lines:
+            if sign in ln:
+                return f"the grader failed ({ln[-300:]})", True
+    errors = [ln for ln in lines if "Error" in ln or "ERROR" in ln]
+    last = (errors or lines or ["no log"])[-1]
+    return f"nbgrader could not grade it ({last[-300:]})", True
 
 
 def find_submissions(root: Path) -> dict[str, list[str]]:
@@ -178,7 +243,9 @@ def _salvage(
     from nbgrader.utils import temp_attrs
 
     src_dir = root / "submitted" / student / aid
-    with tempfile.TemporaryDirectory(prefix="salvage-") as tmp:
+    # Inside the course folder (on a worker, the job's private one, swept if the worker
+    # dies), never beside other graders' files in the machine's temporary folder.
+    with tempfile.TemporaryDirectory(prefix="salvage-", dir=root) as tmp:
         dst_dir = Path(tmp) / student / aid
         dst_dir.mkdir(parents=True)
         for nb_path in src_dir.glob("*.ipynb"):  # the notebooks, never through a link
@@ -188,8 +255,7 @@ def _salvage(
         for nb_path in sorted(dst_dir.glob("*.ipynb")):
             idx, why = find_killer_cell(nb_path, deadline=deadline)
             if why == "over budget":
-                outcome.status = "failed"
-                outcome.notes.append(OVER_BUDGET.format(seconds=submission_seconds()))
+                outcome.not_graded(OVER_BUDGET.format(seconds=_budget_text()))
                 return
             if idx is None:
                 continue
@@ -200,12 +266,9 @@ def _salvage(
             nbformat.write(nb, nb_path)
             replaced.append(f"{nb_path.name} cell {idx + 1}" + (f" ({gid})" if gid else ""))
             outcome.notes.append(f"kernel died in {replaced[-1]}: {why}")
-        if not replaced:
-            outcome.status = "failed"
-            outcome.notes.append(
-                "nbgrader could not grade it, and no single cell was found "
-                "to kill the kernel: see nbgrader's log above"
-            )
+        if not replaced:  # no cell of the student's killed a kernel: say what did fail
+            cause, grader_failed = failure_cause(outcome.log)
+            outcome.not_graded(cause, grader_failed=grader_failed)
             return
         api = nbgrader_api(root)
         with temp_attrs(api.coursedir, submitted_directory=tmp):
@@ -214,8 +277,8 @@ def _salvage(
             outcome.status = "crashed (partial credit)"
             outcome.notes.append("graded without that cell: the other cells kept their marks")
         else:
-            outcome.status = "failed"
-            outcome.notes.append("grading failed again: " + _result_text(result)[-500:])
+            cause, _ = failure_cause(_result_text(result))
+            outcome.not_graded(f"grading without that cell failed too: {cause}", True)
 
 
 # ----------------------------------------------------------------------------- workers
@@ -238,9 +301,15 @@ def _autograde(api, aid: str, student: str, force: bool) -> dict:
 
 
 OVER_BUDGET = (
-    "not graded further: it used its time budget ({seconds:g} s for every run of it together, "
+    "it used its time budget ({seconds} for every run of it together, "
     "ATTENTION_REF_SUBMISSION_SECONDS) before the cell that killed its kernel was found"
 )
+
+
+def _budget_text() -> str:
+    factor = load.load_factor()
+    base = f"{submission_seconds():g} s"
+    return base if factor == 1 else f"{base} times the load factor {factor:g}"
 
 
 def note_graded(graded: Path, outcome: Outcome) -> None:
@@ -269,11 +338,31 @@ def note_graded(graded: Path, outcome: Outcome) -> None:
 
 
 def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
-    """Autograde one submission (salvaging it if its kernel died, within its time budget);
-    runs in a worker."""
+    """Autograde one submission (salvaging it if its kernel died, within its time budget),
+    again when the grader itself failed (:data:`GRADER_ATTEMPTS` runs in all, within the
+    budget); runs in a worker. Never raises."""
     start = time.perf_counter()
-    deadline = time.monotonic() + submission_seconds()
-    root_path = Path(root)
+    # The budget stretches with the machine's load, as every wait of grading does.
+    deadline = time.monotonic() + load.scaled(submission_seconds())
+    earlier: list[str] = []
+    for attempt in range(1, GRADER_ATTEMPTS + 1):
+        outcome = _grade_once(Path(root), aid, student, force or attempt > 1, deadline)
+        if not outcome.grader_failed:
+            break
+        earlier.append(f"run {attempt}: " + "; ".join(outcome.notes))
+        if attempt == GRADER_ATTEMPTS or time.monotonic() > deadline:
+            break
+    if len(earlier) > (1 if outcome.grader_failed else 0):
+        gone = earlier[:-1] if outcome.grader_failed else earlier
+        outcome.notes.insert(
+            0, f"graded in {len(gone) + 1} runs: the grader failed before ({' | '.join(gone)})"
+        )
+    outcome.seconds = time.perf_counter() - start
+    return outcome
+
+
+def _grade_once(root_path: Path, aid: str, student: str, force: bool, deadline: float) -> Outcome:
+    """One run of :func:`grade_submission`."""
     outcome = Outcome(student, aid)
     try:
         result = _autograde(nbgrader_api(root_path), aid, student, force)
@@ -287,15 +376,15 @@ def grade_submission(root: str, aid: str, student: str, force: bool) -> Outcome:
             note_graded(graded, outcome)
         else:
             outcome.log = _result_text(result)
-            if time.monotonic() > deadline:
-                outcome.status = "failed"
-                outcome.notes.append(OVER_BUDGET.format(seconds=submission_seconds()))
+            cause, grader_failed = failure_cause(outcome.log)
+            if grader_failed and "trusted checker did not start" in cause:
+                outcome.not_graded(cause, grader_failed=True)  # no cell of the student's ran
+            elif time.monotonic() > deadline:
+                outcome.not_graded(OVER_BUDGET.format(seconds=_budget_text()))
             else:
                 _salvage(root_path, aid, student, outcome, deadline)
     except Exception as err:  # never lose the class to one submission
-        outcome.status = "failed"
-        outcome.notes.append(f"grading raised {type(err).__name__}: {err}")
-    outcome.seconds = time.perf_counter() - start
+        outcome.not_graded(f"the grader failed ({type(err).__name__}: {err})", grader_failed=True)
     return outcome
 
 
@@ -351,11 +440,30 @@ def _grade_all(
     return done
 
 
+#: The columns of nbgrader's export left blank for a submission that was not graded.
+SCORE_COLUMNS = ("raw_score", "late_submission_penalty", "score")
+
+
 def export(root: Path, csv_path: str | os.PathLike) -> Path:
+    """``nbgrader export`` to ``csv_path``, with the scores of every submission that has no
+    graded copy (:func:`~.plumbing.ungraded`) left blank: nbgrader writes 0 for them, as
+    for a blank notebook."""
     out = Path(csv_path)
     if not out.is_absolute():
         out = root / out
     nbgrader(root, "export", "--to", str(out))
+    blank = ungraded(root)
+    if blank:
+        with open(out, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            fields, rows = reader.fieldnames or [], list(reader)
+        for row in rows:
+            if (row.get("student_id"), row.get("assignment")) in blank:
+                row.update({c: "" for c in SCORE_COLUMNS if c in row})
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
     return out
 
 
@@ -482,13 +590,13 @@ def grade(
     done.update(refused)
     outcomes = [done[t] for t in tasks]
     for o in outcomes:
-        if o.status == "failed" and o.log:
+        if o.status == NOT_GRADED and o.log:
             print(
                 f"nbgrader's log for {o.assignment} {o.student}:\n{o.log[-4000:]}", file=sys.stderr
             )
     out = export(root, csv_path)
     _print_report(outcomes, out)
-    return 0 if all(o.status not in ("failed", "refused") for o in outcomes) else 1
+    return 0 if all(o.status not in (NOT_GRADED, "refused") for o in outcomes) else 1
 
 
 def _print_report(outcomes: list[Outcome], csv_path: Path) -> None:
@@ -503,13 +611,16 @@ def _print_report(outcomes: list[Outcome], csv_path: Path) -> None:
         print(trusted.UNTRUSTED_WARNING)
     for o in outcomes:
         score, max_score = scores.get((o.student, o.assignment), ("?", "?"))
+        score = score or "-"
         print(f"  {o.assignment:32s} {o.student:20s} {score:>6s} / {max_score:<6s} {o.status}")
         for note in o.notes:
             print(f"      - {note}")
     problems = [o for o in outcomes if o.status != "graded" or o.notes]
+    missing = [o for o in outcomes if o.status in (NOT_GRADED, "refused")]
     print(
-        f"{len(outcomes)} submission(s) graded, {len(problems)} with problems listed above; "
-        f"grades exported to {csv_path}"
+        f"{len(outcomes) - len(missing)} submission(s) graded, {len(missing)} not graded "
+        f"(left blank in the grades: {GRADE_NEXT_TIME} once the cause above is mended), "
+        f"{len(problems)} with problems listed above; grades exported to {csv_path}"
     )
     print("Written answers need manual grading in formgrader (see docs/INSTRUCTOR_GUIDE.md).")
 

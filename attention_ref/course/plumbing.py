@@ -156,3 +156,22 @@ def stop_reason(cell) -> str | None:
         if hit:
             return hit[0]
     return None
+
+
+def ungraded(root: Path) -> set[tuple[str, str]]:
+    """``{(student, assignment)}``: the submissions under ``submitted/`` that have no graded
+    copy under ``autograded/`` (never graded, or their grading failed). Their scores are
+    left blank in every grade file, never written as 0: ``make grade`` grades them next
+    time."""
+    out = set()
+    sub = root / "submitted"
+    if not sub.is_dir():
+        return out
+    for student in sub.iterdir():
+        if not student.is_dir() or student.is_symlink():
+            continue
+        for a in student.iterdir():
+            submitted = a.is_dir() and not a.is_symlink() and any(a.glob("*.ipynb"))
+            if submitted and not (root / "autograded" / student.name / a.name).is_dir():
+                out.add((student.name, a.name))
+    return out

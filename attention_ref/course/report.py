@@ -32,7 +32,7 @@ from pathlib import Path
 
 import nbformat
 
-from .plumbing import nbgrader_api
+from .plumbing import nbgrader_api, ungraded
 from .plumbing import stop_reason as stopped_by
 from .similarity import write_similarity
 
@@ -397,17 +397,23 @@ MOODLE_COLUMNS = ("First name", "Last name", "Username", "ID number", "Email add
 
 def _grade_table(root: Path):
     """``(assignments, [(student, {assignment: score})])`` from the gradebook; a student
-    who did not submit an assignment scores 0 in it, as nbgrader's own export says."""
+    who did not submit an assignment scores 0 in it, as nbgrader's own export says; a
+    submission that was not graded (the grader failed: :func:`.plumbing.ungraded`) has no
+    score (None), never 0."""
     from nbgrader.api import Gradebook, MissingEntry  # noqa: PLC0415
 
     api = nbgrader_api(root)
     _require_gradebook(api.coursedir.db_url)
+    blank = ungraded(root)
     with Gradebook(api.coursedir.db_url) as gb:
         aids = sorted(a.name for a in gb.assignments)
         rows = []
         for s in sorted(gb.students, key=lambda s: s.id):
-            scores = {}
+            scores: dict[str, float | None] = {}
             for aid in aids:
+                if (s.id, aid) in blank:
+                    scores[aid] = None
+                    continue
                 try:
                     scores[aid] = float(gb.find_submission(aid, s.id).score or 0)
                 except MissingEntry:
@@ -417,6 +423,11 @@ def _grade_table(root: Path):
     return aids, rows
 
 
+def _score(score: float | None) -> str:
+    """A grade file's cell: the score, or blank for a submission not graded."""
+    return "" if score is None else f"{score:g}"
+
+
 def write_canvas(root: Path, out: Path) -> Path:
     aids, rows = _grade_table(root)
     with open(out, "w", newline="", encoding="utf-8") as f:
@@ -424,7 +435,7 @@ def write_canvas(root: Path, out: Path) -> Path:
         w.writerow([*CANVAS_COLUMNS, *aids])
         for s, scores in rows:
             name = ", ".join(x for x in (s["last"], s["first"]) if x) or s["id"]
-            w.writerow([name, "", s["id"], s["id"], "", *(f"{scores[a]:g}" for a in aids)])
+            w.writerow([name, "", s["id"], s["id"], "", *(_score(scores[a]) for a in aids)])
     return out
 
 
@@ -436,7 +447,7 @@ def write_moodle(root: Path, out: Path) -> Path:
         for s, scores in rows:
             w.writerow(
                 [s["first"] or "", s["last"] or "", s["id"], s["id"], s["email"] or "",
-                 *(f"{scores[a]:g}" for a in aids)]
+                 *(_score(scores[a]) for a in aids)]
             )  # fmt: skip
     return out
 

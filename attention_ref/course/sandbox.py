@@ -477,21 +477,30 @@ def _alive(pid: int, started: str) -> bool:
 
 
 def _new_run_dir() -> Path:
-    """A folder for one kernel, marked with the process that owns it; first, the folders
-    whose grading process is gone (killed, as a worker may be, before it could clean up)
-    are removed: they may hold a copy of a student's notebook."""
-    sweep_orphans()
-    run_dir = Path(tempfile.mkdtemp(prefix=RUN_PREFIX))
+    """A folder for one kernel (:func:`new_marked_dir`)."""
+    return new_marked_dir(RUN_PREFIX)
+
+
+def new_marked_dir(prefix: str, parent: str | os.PathLike | None = None) -> Path:
+    """A new folder named ``prefix...`` in ``parent`` (the temporary folder), marked with
+    the process that owns it; first, the folders of that prefix whose process is gone
+    (killed, as a worker may be, before it could clean up) are removed: they may hold a copy
+    of a student's notebook. Kernel folders and grading jobs' folders are made so."""
+    sweep_orphans(Path(parent) if parent else None, prefix=prefix)
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     (run_dir / OWNER_FILE).write_text(f"{os.getpid()} {_started(os.getpid())}")
     return run_dir
 
 
-def sweep_orphans(parent: Path | None = None, unmarked_after: float = 3600.0) -> list[Path]:
-    """Remove this user's kernel folders in ``parent`` (the temporary folder) whose owner
-    process has ended; an unmarked one (from before the mark, or being made) once it is
-    ``unmarked_after`` seconds old. The folders removed."""
+def sweep_orphans(
+    parent: Path | None = None, unmarked_after: float = 3600.0, prefix: str = RUN_PREFIX
+) -> list[Path]:
+    """Remove this user's folders named ``prefix...`` (kernel folders by default) in
+    ``parent`` (the temporary folder) whose owner process has ended; an unmarked one (from
+    before the mark, or being made) once it is ``unmarked_after`` seconds old. The folders
+    removed."""
     removed = []
-    for d in Path(parent or tempfile.gettempdir()).glob(f"{RUN_PREFIX}*"):
+    for d in Path(parent or tempfile.gettempdir()).glob(f"{prefix}*"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.geteuid():
                 continue

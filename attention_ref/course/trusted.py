@@ -21,8 +21,9 @@ autograde``, formgrader's button: every run goes through nbgrader_config.py):
    called the checker (emptied, skipped, its kernel dead) earns nothing, and nothing the
    kernel printed in a test cell is kept.
 
-This module imports nothing from the course package (nbgrader_config.py loads it by
-path) and no PyTorch: the checker is a separate process.
+This module imports no PyTorch (the checker is a separate process), and of the course
+package only :mod:`.load`, whose waits stretch with the machine's load: on a busy machine
+the checker starts, pings and keeps records as slowly as everything else does.
 """
 
 from __future__ import annotations
@@ -44,15 +45,23 @@ from typing import Any
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool, Unicode
 
+from . import load
+
 #: Where the checker's socket appears inside the sandbox.
 SANDBOX_SOCKET = "/opt/checker.sock"
 #: The kernel's environment variable naming the socket (attention_ref.checks.agent).
 SOCKET_ENV = "ATTENTION_REF_CHECKER"
-#: Seconds the grader waits for the checker's record of a cell once the cell has ended.
+#: Seconds the grader waits for the checker's record of a cell once the cell has ended, on
+#: a quiet machine (every wait here is stretched by :func:`.load.load_factor`).
 RECORD_WAIT = 120.0
 #: How long a checker may take to answer a ping before a notebook is graded with it: an idle
 #: one answers in milliseconds.
 PING_WAIT = 10.0
+#: Seconds a new checker may take to say it is ready on a quiet machine (it imports PyTorch
+#: and the checks: about 1.5 s of CPU); one still using CPU is waited for longer, up to
+#: START_HARD_WAIT, since on a busy machine it only gets a share of a core.
+START_WAIT = 60.0
+START_HARD_WAIT = 900.0
 #: Environment variables the checker keeps (it needs no credential of any kind).
 CHECKER_ENV = (
     "PATH",
@@ -65,6 +74,7 @@ CHECKER_ENV = (
     "OPENBLAS_CORETYPE",
     "OPENBLAS_L2_SIZE",
     "ATTENTION_REF_TIME_LIMIT",
+    "ATTENTION_REF_LOAD_FACTOR",
     "LD_LIBRARY_PATH",
 )
 ENAME = "NotGraded"
@@ -240,6 +250,18 @@ class SourceTags(Preprocessor):
 
 
 # ----------------------------------------------------------------------------- the checker
+class CheckerStartError(RuntimeError):
+    """The grader's own checker could not be started: a failure of grading, never a grade
+    (the submission is graded again, or reported as not graded)."""
+
+
+def _load_text() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {load.cores()} core(s)"
+    except OSError:  # pragma: no cover
+        return "unknown"
+
+
 class CheckerProcess:
     """The trusted checker of one notebook's grading: a child process of the grader's,
     listening on a Unix socket in a folder of the grader's."""
@@ -260,10 +282,34 @@ class CheckerProcess:
         )
         _cap_memory(self.proc.pid)
         self._pending = b""  # what the checker wrote that _read has not taken yet
-        ready = self._read(60.0)
-        if not ready or not ready.get("ready"):
-            self.stop()
-            raise RuntimeError("the trusted checker did not start")
+        answers: list[dict] = []
+
+        def ready(wait: float) -> bool:
+            answer = self._read(wait)
+            if answer is not None:
+                answers.append(answer)
+            return answer is not None
+
+        started = time.monotonic()
+        load.wait_while_busy(
+            ready,
+            self.proc.pid,
+            START_WAIT,
+            hard_seconds=START_HARD_WAIT,
+            alive=lambda: self.proc.poll() is None,
+        )
+        if not answers or not answers[0].get("ready"):
+            code = self.proc.poll()
+            self.stop(busy=True)
+            why = (
+                f"it exited with status {code}"
+                if code is not None
+                else f"it did not say it was ready within {time.monotonic() - started:.0f} s"
+            )
+            raise CheckerStartError(
+                f"the trusted checker did not start ({why}; load average "
+                f"{_load_text()}): the grader's failure, not the submission's"
+            )
         self.records: dict[str, dict] = {}
 
     def _read(self, wait: float) -> dict | None:
@@ -317,7 +363,7 @@ class CheckerProcess:
         does not answer)."""
         record = None
         if self._order({"end": True}):
-            deadline = time.monotonic() + RECORD_WAIT
+            deadline = time.monotonic() + load.scaled(RECORD_WAIT)
             while record is None or record.get("cell") != cell_id:  # skip a late one
                 left = deadline - time.monotonic()
                 record = self._read(left) if left > 0 else None
@@ -339,7 +385,7 @@ class CheckerProcess:
         A late record of that notebook's is skipped."""
         if self.proc.poll() is not None or not self._order({"ping": True}):
             return False
-        deadline = time.monotonic() + (PING_WAIT if wait is None else wait)
+        deadline = time.monotonic() + (load.scaled(PING_WAIT) if wait is None else wait)
         while (left := deadline - time.monotonic()) > 0:
             answer = self._read(left)
             if answer is None:
