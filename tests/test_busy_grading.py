@@ -42,18 +42,41 @@ def test_the_load_factor_can_be_fixed_and_is_bounded(monkeypatch):
         load.load_factor()
 
 
-def test_cell_limits_and_the_checks_per_call_limit_stretch_with_the_load(monkeypatch):
-    from attention_ref.checks._core import resolve_time_limit
-
+def test_cell_limits_stretch_with_the_load(monkeypatch):
     plain = nbformat.v4.new_code_cell("x = 1")
     limits = cell_limits.CellLimits(cell=30, training=300, after=10)
     monkeypatch.setenv(load.FACTOR_ENV, "1")
-    assert limits(plain) == 30 and resolve_time_limit(2.0) == 2.0
+    assert limits(plain) == 30
     monkeypatch.setenv(load.FACTOR_ENV, "4")
-    assert limits(plain) == 120 and resolve_time_limit(2.0) == 8.0
-    assert resolve_time_limit(0) is None  # no limit stays no limit
+    assert limits(plain) == 120
     limits.timed_out(120)
     assert limits(plain) == 40  # the reduced limit after a timeout, stretched too
+
+
+def test_a_checks_call_waiting_for_its_cpu_share_waits_longer_on_a_busy_machine(monkeypatch):
+    """A call is stopped once it used its limit's share of CPU (a loop, whatever the load),
+    or ran LOADED_FACTOR times its limit on the clock: that cap stretches with the load, so a
+    correct call that only gets a tenth of a core is not taken for a loop."""
+    from attention_ref.checks._core import _Deadline, _TimeUp
+
+    def sleeps_for(seconds: float) -> float:  # uses no CPU: only the wall cap stops it
+        start = time.monotonic()
+        try:
+            with _Deadline(0.2):
+                time.sleep(seconds)
+        except _TimeUp:
+            pass
+        return time.monotonic() - start
+
+    monkeypatch.setenv(load.FACTOR_ENV, "1")
+    assert sleeps_for(3.0) < 1.5  # stopped at 4 x 0.2 s
+    monkeypatch.setenv(load.FACTOR_ENV, "5")
+    assert sleeps_for(1.5) >= 1.4  # the cap is now 4 s: it ran to its end
+    start = time.monotonic()
+    with pytest.raises(_TimeUp), _Deadline(0.2):
+        while True:  # a loop: stopped once it used 0.8 x 0.2 s of CPU, whatever the load
+            pass
+    assert time.monotonic() - start < 2.0
 
 
 # ----------------------------------------------------------------------------- waiting

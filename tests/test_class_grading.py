@@ -202,7 +202,10 @@ def class_roster(tmp: Path):
 
 def read_scores(course: Path, csv_name: str = "grades.csv") -> dict[tuple[str, str], float]:
     with open(course / csv_name, newline="") as f:
-        return {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(f)}
+        return {  # a blank score (not graded) is None: never equal to an expected score
+            (r["student_id"], r["assignment"]): float(r["score"]) if r["score"] else None
+            for r in csv.DictReader(f)
+        }
 
 
 # Grading the class is the most expensive thing in the suite, so it happens once per

@@ -283,7 +283,9 @@ CHECK_TIME_FACTOR = 12.0
 #: CPU time: on a machine crowded by other processes (a class graded in parallel) a slow
 #: but correct call is not cut off because it did not get the CPU ...
 CPU_SHARE = 0.8
-#: ... up to this many times the limit on the clock (code that sleeps or waits).
+#: ... up to this many times the limit on the clock (code that sleeps or waits), times the
+#: machine's load factor (:func:`attention_ref.course.load.load_factor`: at a load average
+#: of ten times the cores a call gets a tenth of a core, and needs ten times as long).
 LOADED_FACTOR = 4.0
 #: Environment variable that overrides the per-call limit (seconds; 0 turns limits off).
 TIME_LIMIT_ENV = "ATTENTION_REF_TIME_LIMIT"
@@ -291,18 +293,14 @@ TIME_LIMIT_ENV = "ATTENTION_REF_TIME_LIMIT"
 
 def resolve_time_limit(time_limit: float | None = None) -> float | None:
     """The per-call limit in seconds: ``time_limit`` if given, else ``$ATTENTION_REF_TIME_LIMIT``,
-    else :data:`DEFAULT_TIME_LIMIT`, times the machine's load factor (1 on a quiet machine:
-    :func:`attention_ref.course.load.load_factor`; a correct answer is not "an infinite
-    loop" because the machine is busy). ``0`` (or less) means no limit (``None``)."""
+    else :data:`DEFAULT_TIME_LIMIT`. ``0`` (or less) means no limit (``None``)."""
     if time_limit is None:
         raw = os.environ.get(TIME_LIMIT_ENV, "").strip()
         try:
             time_limit = float(raw) if raw else DEFAULT_TIME_LIMIT
         except ValueError:
             time_limit = DEFAULT_TIME_LIMIT
-    if not time_limit or time_limit <= 0:
-        return None
-    return float(time_limit) * load_factor()
+    return float(time_limit) if time_limit and time_limit > 0 else None
 
 
 class _TimeUp(BaseException):  # noqa: N818 - an event; BaseException so `except Exception` in
@@ -380,10 +378,11 @@ class _Deadline:
             _Deadline._arm()
             return
         now, cpu = time.monotonic(), time.process_time() - due.cpu0
-        if cpu < CPU_SHARE * due.seconds and now < due.t0 + LOADED_FACTOR * due.seconds:
+        cap = due.t0 + LOADED_FACTOR * load_factor() * due.seconds
+        if cpu < CPU_SHARE * due.seconds and now < cap:
             # The machine is busy (other processes had the CPU): the code has not yet had
             # its time. Wait until it has used its share of the CPU, up to the wall cap.
-            wait = min(CPU_SHARE * due.seconds - cpu, due.t0 + LOADED_FACTOR * due.seconds - now)
+            wait = min(CPU_SHARE * due.seconds - cpu, cap - now)
             signal.setitimer(signal.ITIMER_REAL, max(wait, 0.05))
             return
         if _importing(frame) and due.grace > 0:
