@@ -42,6 +42,7 @@ c.CourseDirectory.db_url = os.environ.get(
 from attention_ref.course import cell_limits as _cell_limits  # noqa: E402
 from attention_ref.course import feedback as _feedback  # noqa: E402
 from attention_ref.course import inert as _inert  # noqa: E402
+from attention_ref.course import repair as _repair  # noqa: E402
 from attention_ref.course import sandbox as _sandbox  # noqa: E402
 from attention_ref.course import trusted as _trusted  # noqa: E402
 
@@ -52,7 +53,11 @@ _CourseExecute = _cell_limits.execute_preprocessor(
     _sandbox.kernel_manager_class() if _sandbox.enabled() else None,
     trusted=_trusted if _trusted.enabled() else None,
 )
+# A notebook as JupyterLab writes it (pasted images, copied or deleted cells, odd tags and
+# ids, foreign nbgrader metadata) is repaired against the source before nbgrader reads it,
+# the repairs listed in a last cell (attention_ref/course/repair.py).
 c.Autograde.sanitize_preprocessors = [
+    _repair.Repair,
     *Autograde.class_traits()["sanitize_preprocessors"].default(),
     _trusted.SourceTags,
 ]
@@ -69,9 +74,14 @@ c.Autograde.autograde_preprocessors = [
 # the HTML pages of formgrader and the feedback make it inert again as they render it (a
 # notebook graded before this was done, or by another configuration).
 c.HTMLExporter.preprocessors = [_inert.Inert]
-# Feedback shows that hidden tests ran and their points, never their code.
+# Every id that rendered markdown carries is prefixed ("md-"): a student's heading cannot
+# take the id of an element of formgrader's page that its scripts look up.
+c.HTMLExporter.filters = {"markdown2html": _inert.markdown2html}
+# Feedback shows that hidden tests ran and their points, never their code; what hiding
+# them changed is made inert again (before GetGrades adds the gradebook's scores).
 c.GenerateFeedback.preprocessors = [
     _feedback.HideHiddenTests,
+    _inert.Inert,
     *GenerateFeedback.class_traits()["preprocessors"].default(),
 ]
 c.Execute.timeout = _cell_limits.CellLimits().cell  # the limit of cells outside autograde

@@ -114,6 +114,21 @@ ADDED_MARKDOWN = (
 RAW_HTML = f'<script>{run("raw-cell")}</script><img src=x onerror="{run("raw-img")}">'
 
 
+#: A student's code cell holding its own hidden-test markers, and an HTML output built
+#: around the line between them: were that line cut from the output (as the instructor's
+#: hidden lines are), the ``title`` would close early and ``onerror`` be an attribute.
+HIDDEN_LINE = "# student-chosen-line-7c41"
+HIDDEN_MARKER_HTML = (
+    f'<img src="data:image/gif;base64,R0lG" title="a\n{HIDDEN_LINE}">\n'
+    f'q" onerror={run("hidden-marker")} b="\n<b title="">{MARKER}</b>'
+)
+HIDDEN_MARKER_CELL = (
+    f"### BEGIN HIDDEN TESTS\n{HIDDEN_LINE}\n### END HIDDEN TESTS\n"
+    "from IPython.display import publish_display_data\n"
+    f"publish_display_data({{'text/html': {HIDDEN_MARKER_HTML!r}, 'text/plain': 'x'}})\n"
+)
+
+
 def display_code(name: str, data: dict, metadata: dict) -> str:
     """A code cell that displays ``data`` as it is (``raw``), printing its name first."""
     return (

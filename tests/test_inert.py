@@ -364,3 +364,53 @@ def test_the_course_config_makes_notebooks_inert_after_grading_and_in_its_pages(
     autograde = ast.literal_eval(out[0])
     assert autograde[-1] == "Inert" and autograde.index("SaveAutoGrades") < len(autograde) - 1
     assert out[1] == "['Inert']" and out[2] == "False", out
+
+
+# --------------------------------------------------------------------------- the feedback
+def course_config():
+    """The course's nbgrader_config.py, loaded."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    return PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+
+
+def feedback_exporter():
+    """The HTML exporter as ``nbgrader generate_feedback`` builds it from the course's
+    nbgrader_config.py (its own preprocessors, then the converter's, in order; GetGrades,
+    which needs a gradebook, left out)."""
+    from nbconvert import HTMLExporter
+
+    config = course_config()
+    exporter = HTMLExporter(config=config, template_name="classic")
+    for pp in config.GenerateFeedback.preprocessors:
+        if pp.__name__ != "GetGrades":
+            exporter.register_preprocessor(pp, enabled=True)
+    return exporter
+
+
+def test_a_students_own_hidden_test_markers_cut_nothing_from_the_feedback():
+    """A student's cell with its own ``### BEGIN HIDDEN TESTS`` line and an HTML output
+    built around it: hiding hidden tests cuts nothing of it (markers count only in the
+    instructor's test cells), and the page is made inert after hiding them."""
+    student = nbformat.v4.new_code_cell(injections.HIDDEN_MARKER_CELL, execution_count=1)
+    student.outputs = [
+        nbformat.v4.new_output(
+            "display_data", data={"text/html": injections.HIDDEN_MARKER_HTML, "text/plain": "x"}
+        )
+    ]
+    student.metadata["nbgrader"] = {"grade": False, "solution": True, "grade_id": "sdpa"}
+    hidden = "assert instructor_only_check(sdpa) == 42\n"
+    test = nbformat.v4.new_code_cell(
+        f"assert True\n### BEGIN HIDDEN TESTS\n{hidden}### END HIDDEN TESTS\n", execution_count=2
+    )
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1}
+    nb = inert.make_inert(nbformat.v4.new_notebook(cells=[student, test]))
+    assert not scriptable(nb.cells[0].outputs[0].data["text/html"])  # inert as graded
+    html, _ = feedback_exporter().from_notebook_node(nb, resources={})
+    handlers = [a for a in Tags(html).attrs if a[1].startswith("on")]
+    assert handlers == [], handlers
+    # The student's cell is shown as written, the instructor's hidden test is not.
+    assert injections.HIDDEN_LINE in html and injections.MARKER in html
+    assert "instructor_only_check" not in html and "hidden tests ran here" in html
+    names = [p.__name__ for p in course_config().GenerateFeedback.preprocessors]
+    assert names.index("Inert") == names.index("HideHiddenTests") + 1, names

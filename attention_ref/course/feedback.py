@@ -9,6 +9,17 @@ cell's error by the error itself (a traceback quotes the lines it passed through
 removes every line of hidden-test code that a cell's output repeats word for word. The
 cell's points are shown as before.
 
+Hidden-test markers count only in the instructor's own cells: the test cells (graded, no
+solution) whose grade id is one of the test cells of the assignment's source notebook
+(solutions/, which nbgrader names in the resources), and only the hidden lines of the
+source's test cells are cut from outputs. A student's cell
+holding its own ``### BEGIN HIDDEN TESTS`` line is shown as written: taken for a hidden
+block, it would let the student choose which lines of an output are cut, and cut an HTML
+output into a live ``onerror``. The page is made inert again after this
+(:class:`attention_ref.course.inert.Inert`, next in ``GenerateFeedback.preprocessors``),
+whatever this removed. Without a source notebook (a notebook converted on its own), the
+test cells are those that nbgrader's metadata marks as graded and not a solution.
+
 What a student still learns: that hidden tests ran in that cell, whether the cell passed,
 its points, and the check's feedback message (which names the exercise's mistake and the
 input shapes it failed on, never the test's code). A submission that records the code
@@ -21,6 +32,7 @@ This module imports nothing from the course package (nbgrader_config.py loads it
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
@@ -45,26 +57,62 @@ def hide(source: str) -> str:
     return HIDDEN.sub(PLACEHOLDER, source)
 
 
+def is_test_cell(cell) -> bool:
+    """Whether nbgrader's metadata marks ``cell`` as a test cell (graded, no solution)."""
+    nbg = cell.get("metadata", {}).get("nbgrader") or {}
+    return cell.get("cell_type") == "code" and bool(nbg.get("grade")) and not nbg.get("solution")
+
+
+def instructor_blocks(nb) -> dict[str, set[str]]:
+    """``{grade_id: {hidden block, ...}}`` of the test cells of ``nb``."""
+    blocks: dict[str, set[str]] = {}
+    for cell in nb.cells:
+        if is_test_cell(cell):
+            gid = cell.metadata["nbgrader"].get("grade_id", "")
+            blocks.setdefault(gid, set()).update(HIDDEN.findall(cell.source))
+    return blocks
+
+
 class HideHiddenTests(Preprocessor):
-    """Remove the code of hidden tests, and whatever repeats it, from a notebook."""
+    """Remove the code of hidden tests, and whatever repeats it, from a notebook: the
+    hidden blocks of the instructor's test cells only (see the module's docstring)."""
 
     enabled = Bool(True).tag(config=True)  # nbconvert's preprocessors are off by default
 
     def preprocess(self, nb, resources):
+        source = self._source(resources)
+        blocks = instructor_blocks(source if source is not None else nb)
         secret: set[str] = set()
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                secret |= hidden_lines(cell.source)
+        for found in blocks.values():
+            for block in found:
+                secret |= hidden_lines(block)
         for cell in nb.cells:
             if cell.cell_type != "code":
                 continue
-            had_hidden = bool(HIDDEN.search(cell.source))
-            cell.source = hide(cell.source)
+            gid = (cell.metadata.get("nbgrader") or {}).get("grade_id", "")
+            had_hidden = is_test_cell(cell) and gid in blocks and bool(HIDDEN.search(cell.source))
+            if had_hidden:
+                cell.source = hide(cell.source)
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "error" and had_hidden:
                     out["traceback"] = [f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"]
                 _scrub(out, secret)
         return nb, resources
+
+    def _source(self, resources):
+        """The assignment's source notebook (the instructor's), or None where the
+        resources name none or it is absent."""
+        info = (resources or {}).get("nbgrader") or {}
+        assignment, notebook = info.get("assignment"), info.get("notebook")
+        if not assignment or not notebook:
+            return None
+        import nbformat  # noqa: PLC0415
+        from nbgrader.coursedir import CourseDirectory  # noqa: PLC0415
+
+        course = CourseDirectory(config=self.config)
+        folder = course.format_path(course.source_directory, ".", assignment)
+        path = Path(folder) / f"{notebook}.ipynb"
+        return nbformat.read(path, as_version=4) if path.is_file() else None
 
 
 def _scrub(out, secret: set[str]) -> None:

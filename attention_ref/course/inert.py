@@ -45,6 +45,7 @@ from pathlib import Path
 
 import bleach
 from bleach.css_sanitizer import CSSSanitizer
+from jinja2 import pass_context
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
@@ -92,7 +93,10 @@ DROPPED_WITH_CONTENT = re.compile(
 DATA_IMAGE = re.compile(r"data:image/(png|jpeg|gif);base64,[A-Za-z0-9+/=\s]*\Z", re.I)
 #: An image a markdown cell carries (nbconvert embeds it from the cell's attachments).
 ATTACHMENT = re.compile(r"attachment:[\w.-]+\Z")
-WEB_LINK = re.compile(r"(https?:|mailto:|#)", re.I)
+#: A link that may stay a link: an absolute web address, mail, or a place in the page.
+#: ``http:notes.html`` (no ``//``) is a relative link, to a file beside the notebook on
+#: the instructor's own server: it is not one.
+WEB_LINK = re.compile(r"(https?://[^/\\\s]|mailto:|#)", re.I)
 
 
 def _attribute_allowed(tag: str, name: str, value: str) -> bool:
@@ -248,6 +252,61 @@ def render_problem(markdown: str) -> str:
     audit.feed(markdown2html_mistune(markdown))
     audit.close()
     return audit.problem
+
+
+# --------------------------------------------------------------------------- element ids
+#: Prefix of every element id (and ``name``) that rendered markdown carries: a heading
+#: ``# why_sqrt_dk`` is ``<h1 id="md-why_sqrt_dk">``, never an id of formgrader's own page
+#: (the score box of the answer ``why_sqrt_dk``, ``statusmessage``) that its scripts look up.
+ID_PREFIX = "md-"
+_TAG = re.compile(r"<[A-Za-z][^<>]*>")
+#: One attribute of a tag, its value quoted or not (each matched whole, in order, so
+#: that ``id=`` inside another attribute's value is that value's text).
+_ATTRIBUTE = re.compile(
+    r"""(\s+)([^\s"'<>/=]+)(?:(\s*=\s*)(?:"([^"]*)"|'([^']*)'|([^\s"'<>]+)))?"""
+)
+
+
+def _prefix_attribute(m: re.Match) -> str:
+    space, attr, eq = m.group(1, 2, 3)
+    value = next((v for v in m.group(4, 5, 6) if v is not None), None)
+    name = attr.lower()
+    if value is None or name not in ("id", "name", "href"):
+        return m.group(0)
+    if name == "href":
+        if not value.startswith("#") or value == "#":  # a link elsewhere: as it is
+            return m.group(0)
+        value = "#" + ID_PREFIX + value[1:]
+    else:
+        value = ID_PREFIX + value
+    return f'{space}{attr}{eq}"{value}"'
+
+
+def prefix_ids(html: str) -> str:
+    """``html`` (rendered markdown) with :data:`ID_PREFIX` before every element id and
+    name, and before the target of every link to a place in the page, so that links
+    between headings still work and no id can be one of the page's own."""
+    return _TAG.sub(lambda t: _ATTRIBUTE.sub(_prefix_attribute, t.group(0)), html)
+
+
+def _render_markdown(source: str, attachments: dict, path: str) -> str:
+    from nbconvert.filters.markdown_mistune import (  # noqa: PLC0415
+        IPythonRenderer,
+        MarkdownWithMath,
+    )
+
+    renderer = IPythonRenderer(escape=False, attachments=attachments, path=path)
+    return MarkdownWithMath(renderer=renderer).render(source)
+
+
+@pass_context
+def markdown2html(context, source: str) -> str:
+    """The HTML exporter's ``markdown2html`` filter, as formgrader's page and the feedback
+    render every markdown cell (nbgrader_config.py: ``HTMLExporter.filters``), with every
+    element id prefixed (:func:`prefix_ids`)."""
+    cell = context.get("cell", {}) or {}
+    path = (context.get("resources", {}) or {}).get("metadata", {}).get("path", "")
+    return prefix_ids(_render_markdown(source, cell.get("attachments", {}) or {}, path))
 
 
 def as_text(markdown: str) -> str:
