@@ -414,3 +414,52 @@ def test_a_students_own_hidden_test_markers_cut_nothing_from_the_feedback():
     assert "instructor_only_check" not in html and "hidden tests ran here" in html
     names = [p.__name__ for p in course_config().GenerateFeedback.preprocessors]
     assert names.index("Inert") == names.index("HideHiddenTests") + 1, names
+
+
+# --------------------------------------------------------------------------- ids and links
+#: Headings whose ids are those of formgrader's page: the score box of the written answer
+#: (its grade id) and the status line its scripts write to.
+CLOBBERING = "# why_sqrt_dk\n\n## statusmessage\n\nSee [above](#why_sqrt_dk).\n"
+
+
+def page_ids(html: str) -> list[str]:
+    return [v for _, name, v in Tags(html).attrs if name in ("id", "name")]
+
+
+def test_ids_that_markdown_makes_are_prefixed_in_the_course_pages():
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(CLOBBERING)])
+    html, _ = HTMLExporter(config=course_config(), template_name="classic").from_notebook_node(nb)
+    ids = page_ids(html)
+    assert "md-why_sqrt_dk" in ids and "md-statusmessage" in ids, ids
+    assert not {"why_sqrt_dk", "statusmessage"} & set(ids), ids
+    links = [v for tag, name, v in Tags(html).attrs if tag == "a" and name == "href"]
+    assert "#md-why_sqrt_dk" in links and "#why_sqrt_dk" not in links, links  # still link
+
+
+def test_prefix_ids_reads_attributes_whole():
+    html = (
+        "<a name=a id='b' href=\"#c\" title=\"x id=y\" data-id=\"z\">t</a> id=\"text\""
+        '<a href="https://x.org/#y">w</a>'
+    )
+    out = inert.prefix_ids(html)
+    assert page_ids(out) == ["md-a", "md-b"], out
+    assert 'href="#md-c"' in out and 'title="x id=y"' in out and 'data-id="z"' in out
+    assert 'id="text"' in out and 'href="https://x.org/#y"' in out  # text, other pages
+
+
+#: Links that only look absolute: ``http:notes.html`` is relative (to a file the student
+#: submitted beside the notebook, served by formgrader on the instructor's origin).
+RELATIVE = ["http:notes.html", "http:figure.svg", "https:/api/contents", "HTTP:x.html", "http:"]
+
+
+@pytest.mark.parametrize("url", RELATIVE)
+def test_a_link_is_a_link_only_when_absolute(url):
+    for md in [f"see [my notes]({url})", f"![figure]({url})", f"<{url}>"]:
+        out = rendered(inert.inert_markdown(md))
+        assert not [a for a in Tags(out).attrs if a[1] in ("href", "src")], out
+    cleaned = inert.clean_html(f'<a href="{url}">notes</a>')
+    assert "href" not in cleaned and "notes" in cleaned
+    kept = "see [the paper](https://arxiv.org/abs/1706.03762)"
+    assert inert.inert_markdown(kept) == kept
