@@ -173,6 +173,18 @@ _TABLE = """
     underflows to 0/0 when the maximum is taken over the whole array).
   hint: subtract np.max(x, axis=axis, keepdims=True) before np.exp; the result is unchanged
     mathematically.
+[scale_float32] the scale sqrt(d_k) is computed in float32 (torch.tensor(d_k,
+    dtype=torch.float32), or torch.tensor(float(d_k)), whose default dtype is float32) and
+    divides float64 scores: the result is float64, but only as exact as float32's rounding of
+    sqrt(d_k) (about 7 significant digits).
+  hint: compute the scale in q's dtype: math.sqrt(d_k) (a Python float), or
+    torch.sqrt(torch.tensor(d_k, dtype=q.dtype, device=q.device)).
+[softmax_shift_not_max] the scores are shifted by something other than their maximum (the
+    row's minimum or mean): on a row whose values lie far apart, x - min (or x - mean) still
+    leaves an exponent above exp's range (709.8 in float64, 88.7 in float32), so np.exp
+    overflows to inf and inf / inf is NaN.
+  hint: subtract the maximum, np.max(x, axis=axis, keepdims=True): then every exponent is at
+    most 0, and the largest is exactly exp(0) = 1.
 [outputs_swapped_order] returned (weights, out) instead of (out, weights).
   hint: end with `return out, weights`.
 [mask_inverted_nan_rows] the mask is inverted: True must mean 'may attend'. Filling where the
@@ -212,6 +224,10 @@ _TABLE = """
   hint: masked_fill(~mask, float('-inf')) before the softmax.
 [softmax_dim_ignored] the softmax is taken over the wrong dimension (dim is ignored).
   hint: pass dim=dim to the softmax, the max and the sum.
+[dead_rows_found_along_last_dim] the rows with no allowed position are found along the last
+    dimension (mask.any(-1)), not along dim: with dim=0 a fully masked column still comes out
+    NaN.
+  hint: look for them along the softmax's dimension: mask.any(dim=dim, keepdim=True).
 [fully_masked_row_uniform] a fully masked row gets uniform weights instead of zeros: every score
     of the row became the same large negative number (masked_fill(~mask, -1e9), the 0/1-mask
     idiom scores * mask - 1e9 * (1 - mask), or, in float32, an additive mask whose constant
@@ -490,6 +506,15 @@ _TABLE = """
 [dropout_after_linear2] dropout is applied to the output of linear2 instead of the hidden
     activations between the layers.
   hint: linear2(self.dropout(torch.relu(self.linear1(x)))).
+[ff_dropout_not_rescaled] the hidden activations are dropped but the kept ones are not
+    rescaled by 1/(1-p): in eval mode, where nothing is dropped, the next layer then sees
+    larger activations on average than in training.
+  hint: use nn.Dropout(dropout) (it rescales the kept values), or divide by (1 - p) after
+    multiplying by a random mask.
+[ff_dropout_on_input] dropout is applied to the input x (before linear1) instead of the hidden
+    activations.
+  hint: linear2(self.dropout(torch.relu(self.linear1(x)))): drop the hidden units, not the
+    input's features.
 [dropout_misplaced] dropout is not applied (only) to the hidden activations: it belongs between
     relu(linear1(x)) and linear2, once.
   hint: linear2(self.dropout(torch.relu(self.linear1(x)))).
@@ -507,6 +532,11 @@ _TABLE = """
   hint: self.{dropout} = nn.Dropout(dropout), applied to what self.{name} returns before it is
     added to the residual stream, as PyTorch's layer does: dropout on the attention weights
     and inside the feed-forward network does not replace it.
+[dropout_on_residual_stream] a dropout acts on the residual stream: on the sum x + sublayer(x)
+    (e.g. norm1(dropout1(x + a)), or x = dropout1(x + a)) or on a norm's output (e.g.
+    dropout1(norm1(x + a))), so the stream itself loses values in training mode.
+  hint: apply {dropouts} to each sub-layer's output only, before the residual add: post-norm x =
+    norm1(x + dropout1(a)), pre-norm x = x + dropout1(a), where a is what the sub-layer returns.
 [attention_dropout_not_passed] the dropout is not passed on to the self-attention.
   hint: self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout) (as a keyword:
     the third positional argument is bias).
@@ -807,6 +837,16 @@ _TABLE = """
   hint: mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril().
 [block_dropout_never_applied] dropout is never applied to the sub-layer outputs.
   hint: x = x + self.dropout(attn_out); x = x + self.dropout(ff_out).
+[block_dropout_on_residual] dropout is applied to the residual sum (self.dropout(x + out)), so
+    in training mode it drops the residual stream itself, not only the sub-layer's output.
+  hint: x = x + self.dropout(out): drop what the sub-layer returns, then add it to x.
+[block_sublayer_dropout_missing] {name}'s output is not dropped before the residual add.
+  hint: x = x + self.dropout(...) around what self.{name} returns: the feed-forward network's
+    own dropout (on its hidden units) does not replace it.
+[block_dropout_misplaced] the dropout acts somewhere other than on {name}'s output (on the
+    sub-layer's input, after the norm, or without nn.Dropout's 1/(1 - p) rescaling).
+  hint: h = self.ln1(x), out, weights = self.attn(h, h, h, mask), x = x + self.dropout(out);
+    the same with ln2 and ff.
 [generator_ignored] the generator argument is ignored (the global random state is used).
   hint: pass it on: torch.multinomial(probs, 1, generator=generator).
 [gqa_full_projections_reduced] the keys and values are projected to all n_heads heads (d_model
@@ -1102,16 +1142,66 @@ _TABLE = """
 [triton_future_tiles_loaded] the key tiles entirely in the future of a block of queries are
     still loaded (and only masked): causal attention should do about half the work.
   hint: end the loop over key tiles at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q) when causal.
+[triton_future_tiles_computed] the loop still visits the key tiles entirely in the future of a
+    block of queries: their loads are masked off, but tl.dot multiplies them, so causal attention
+    does all of the arithmetic.
+  hint: end the loop itself (not only its loads) at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q)
+    when causal.
+[triton_causal_end_short] the causal loop ends one key too early ((start_m + 1) * BLOCK_M + n_k -
+    n_q - 1): when that end falls just past a tile's start, the last tile a query of the block
+    sees is never visited.
+  hint: the last query of the block, start_m * BLOCK_M + BLOCK_M - 1, sees keys up to itself + n_k
+    - n_q; the loop's end is one past that: min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q).
+[triton_unit_column_stride] the kernel assumes a column stride of 1 (X + row * stride_row + cols,
+    as Triton's tutorial 02 does): in a transposed view the columns are not adjacent.
+  hint: pass x.stride(1) too and use it: X + row * stride_row + cols * stride_col.
+[triton_v_strides_of_k] v is addressed with k's strides: when k and v have different layouts, v
+    is read in the wrong order.
+  hint: pass all four strides of v (v.stride()) and use them in v's pointers.
+[triton_load_out_of_bounds] {detail}: a tl.load without the mask of its rows or columns (q's rows
+    past n_q, say) reads memory the kernel was not given; on a GPU that is garbage or a crash.
+  hint: give every tl.load the mask of the elements that exist (mask=offs_m[:, None] < n_q for q,
+    offs_n < n_k for k and v) and other=0.0.
+[triton_store_out_of_bounds] {detail}: a tl.store without the mask of its rows or columns writes
+    outside the rows of its own program. Unwatched, the interpreter writes past the tensor (a crash
+    or corrupted memory) or over another program's rows; it runs the programs one after another,
+    so it hides the race such a store has on a GPU, where programs run at once.
+  hint: store with the mask of the rows (and columns) that exist: mask=offs_m[:, None] < n_q for
+    out, offs_m < n_q for lse, cols < n_cols for a softmax row.
+[triton_finite_mask] the mask is a finite number (-1.0e6, as Triton's tutorial 06 has it), not
+    -inf: a query that sees no key of a tile gets weights exp(0) = 1 for masked keys, so a query
+    that sees no key at all gets the mean of their values instead of 0, and a finite lse.
+  hint: mask with -float("inf"), and guard the rows that have seen nothing (m_i = -inf) by
+    exponentiating against 0; at the end l_i = 0 marks them: out = 0, lse = -inf.
+[triton_weights_tile_max] the weights of a tile are exponentiated against the tile's own maximum
+    while the sum and the accumulator are rescaled against the running one: the tiles are summed
+    on different scales.
+  hint: p = tl.exp(s - m_new[:, None]) with m_new = tl.maximum(m_i, tl.max(s, axis=1)), the same
+    m_new that gives alpha = tl.exp(m_i - m_new).
+[triton_scale_twice] the scores are scaled by 1/sqrt(d) twice (q scaled before the kernel and the
+    scores again, say): the weights are too flat.
+  hint: scale once: s = tl.dot(q, kT) * scale with scale = 1 / sqrt(d), and q as given.
+[triton_exp_of_log2_scores] the scores are in log2 units (log2(e) folded into the scale, as
+    Triton's tutorial 06 does) but exponentiated with tl.exp: the weights are too sharp.
+  hint: with log2(e) in the scale use tl.exp2 everywhere (p, alpha), and lse = (m_i +
+    tl.log2(l_i)) / log2(e); or leave log2(e) out and use tl.exp.
+[triton_bwd_causal_offset] the backward pass's causal mask or its loop's end ignores n_k - n_q
+    (notebook 12's j <= i and min(n_k, i1), written for n_q = n_k): with n_q != n_k query i sees
+    keys j <= i + n_k - n_q, as in the forward kernel.
+  hint: end the loop over key tiles at min(n_k, i1 + n_k - n_q) and mask with keys > rows + n_k -
+    n_q, exactly as the forward pass masks.
 
 # --- 15 the attention of today's open models
 [window_not_causal] the window is symmetric or not causal: a query sees the keys after it
     (within the window) as well as before.
   hint: keep the causal condition too: allowed = (k <= q) & (k > q - window).
 [window_off_by_one_wide] the window is one too wide: each query sees window + 1 keys
-    (k >= q - window).
+    (k >= q - window), as when window counts the keys besides the query (flash-attention's
+    left).
   hint: a query sees window keys, itself included: q - window < k <= q, i.e. k > q - window.
 [window_off_by_one_narrow] the window is one too narrow: each query sees window - 1 keys
-    (k > q - window + 1), as with a window that counts the keys besides the query.
+    (k > q - window + 1), as when flash-attention's left = window - 1 is used with the test
+    k > q - left meant for window.
   hint: a query sees window keys, itself included: q - window < k <= q, i.e. k > q - window.
 [window_empty_slots_attended] an empty slot of the rolling cache (position -1) is attended: it
     passes the causal test -1 <= q.
@@ -1121,11 +1211,18 @@ _TABLE = """
     (B, 1, n_q, n_k).
 [window_mask_not_boolean] the mask is not boolean (True = may attend).
   hint: build it from comparisons (k <= q, k > q - window) combined with &, which give bool.
+[window_mask_wrong_device] a tensor of the mask is built on the CPU while the positions are
+    on another device (a GPU): the mask cannot be combined with them there, or comes back on
+    the wrong device.
+  hint: build everything from the inputs (q_positions[:, None], k_positions[None, :]) or pass
+    device=q_positions.device wherever you create a tensor.
 [ring_overwrites_newest] once the ring is full, each new position overwrites the newest
     entry (the last slot written) instead of the oldest: the keys still in the window are lost.
   hint: position p goes to slot p % size, the slot of position p - size, the oldest entry.
-[ring_slot_off_by_one] a position goes to the slot next to p % size (off by one).
-  hint: position p goes to slot p % size: p = start + i for the i-th new entry, counting from 0.
+[ring_slot_off_by_one] an entry goes to the slot next to the one where its position is
+    recorded (off by one): the entries no longer match their positions.
+  hint: write the entry and its position to the same slot: slots[..., p % size, :] and
+    positions[p % size], with p = start + i for the i-th new entry, counting from 0.
 [ring_positions_not_recorded] the ring's positions are not updated where a new entry was
     written: those slots keep a stale position (or -1, empty), so the mask attends to the wrong
     keys or skips the right ones.
@@ -1139,11 +1236,12 @@ _TABLE = """
     are lost.
   hint: build attend = cat([slots, new], dim=-2) from the ring as it was, before writing into
     a copy of it.
-[ring_new_entries_not_attended] attend holds only the size slots of the ring: the new entries
-    must follow the ring as it was (size + t of them), since a ring of window - 1 slots has no
-    room for both the new key and the oldest one still in the window.
+[ring_new_entries_not_attended] attend holds only the ring after writing (as Mistral's cache
+    does: W slots, written, then read, in slot or in time order): the new entries must follow
+    the ring as it was (size + t of them), since this ring has window - 1 slots, with no room
+    for both the new key and the oldest one still in the window.
   hint: attend = torch.cat([slots, new], dim=-2), attend_positions = torch.cat([positions,
-    torch.arange(start, start + t)]).
+    torch.arange(start, start + t, device=positions.device)]).
 [mla_scale_without_rope_dims] the scores are divided by sqrt(d_nope), the width of the
     queries' parts without positions: the rotary part counts too.
   hint: each head's query is d_nope + d_rope wide (the key's two parts as well): scale by
@@ -1153,6 +1251,14 @@ _TABLE = """
     d_nope + d_rope features.
   hint: absorbing w_uk changes how the score is computed, not its value: scale by
     1 / sqrt(d_nope + d_rope), as the explicit form would.
+[mla_scale_by_latent_and_rope_width] the scores are divided by sqrt(r + d_rope), the width
+    of the cached latent and rotary key: the score is still a dot product of d_nope + d_rope
+    features, the explicit form's.
+  hint: scale by 1 / sqrt(d_nope + d_rope), with d_nope = q_nope.shape[-1] (not c_kv's r).
+[mla_scores_wrong_device] a tensor of the scores is built on the CPU while the inputs are on
+    another device (a GPU).
+  hint: pass device=q_nope.device (and dtype=q_nope.dtype) wherever you create a tensor, or
+    build everything from the inputs.
 [mla_scores_not_scaled] the scores are not scaled.
   hint: multiply them by 1 / sqrt(d_nope + d_rope), with d_nope = q_nope.shape[-1] and
     d_rope = q_rope.shape[-1].
@@ -1171,34 +1277,50 @@ _TABLE = """
     device=positions.device).
 [route_gates_not_renormalised] the gates are the top k of the softmax over all experts,
     not renormalised: they sum to less than 1.
-  hint: Mixtral (whatever norm_topk_prob says) and Qwen3 with norm_topk_prob=True (its
-    default) divide the chosen probabilities by their sum; GPT-OSS takes the softmax of the top
-    k logits only.
+  hint: Mixtral (whatever norm_topk_prob says) and Qwen3 with norm_topk_prob=True (route's
+    default, and the released Qwen3-MoE checkpoints'; transformers' Qwen3MoeConfig defaults to
+    False) divide the chosen probabilities by their sum; GPT-OSS takes the softmax of the top k
+    logits only.
 [route_norm_topk_prob_ignored] norm_topk_prob=False is ignored: the chosen probabilities are
     renormalised although the model does not do it.
   hint: for router "qwen3", divide the gates by their sum only when norm_topk_prob is True.
 [route_softmax_over_tokens] the softmax runs over the tokens (dim 0), not over each token's
     experts.
   hint: probs = logits.softmax(dim=-1): each row (a token) sums to 1 over the experts.
+[route_wrong_device] a tensor of the router is built on the CPU while the logits are on
+    another device (a GPU).
+  hint: derive everything from the logits (softmax, topk), or pass device=logits.device
+    wherever you create a tensor.
 [route_experts_not_indices] experts must be each token's top_k distinct expert indices, an
     integer tensor (N, top_k).
   hint: gates, experts = probs.topk(top_k, dim=-1) gives the indices as torch.long.
 [aux_loss_wrong_axis] the mean router probability is taken over the wrong axis: over each
-    token's experts (a constant 1/E) instead of over the tokens, so the loss is always top_k.
+    token's experts (a constant 1/E, or 1/top_k over its gates) instead of over the tokens, so
+    the loss no longer depends on the router: N * top_k summed, or E / top_k with a mean (as
+    transformers 4.36's Mixtral loss returned).
   hint: P = probs.mean(dim=0), shape (E,): expert i's mean probability over the tokens.
 [aux_loss_fraction_of_slots] f_i is divided by the number of slots (N * top_k), not by the
     number of tokens N: the loss is top_k times too small.
   hint: f_i = (assignments to expert i) / N, so the f_i sum to top_k (as in transformers'
     load_balancing_loss_func).
+[aux_loss_first_choice_only] f_i counts only each token's first choice (experts[:, 0]), as
+    DeepSpeed's and GShard's top-2 loss does (balanced, it gives 1): this loss counts every
+    assignment, so the f_i sum to top_k (balanced, it gives top_k).
+  hint: count all of experts, every column: torch.bincount(experts.flatten(), minlength=E) / N.
 [aux_loss_missing_num_experts] the factor E (the number of experts) is missing: the loss is
     E times too small and its balanced value depends on E.
   hint: return E * (f * P).sum(), with E = probs.shape[-1].
 [aux_loss_probs_of_chosen_only] P_i averages only the probabilities of the experts each
-    token chose (the others counted as 0), not every token's probability of expert i.
+    token chose (the others counted as 0; or their gates, renormalised, as MaxText once did),
+    not every token's probability of expert i.
   hint: P = probs.mean(dim=0) over all tokens, whatever they chose.
 [aux_loss_not_differentiable] the loss does not reach probs through autograd (detached, or
     rebuilt from Python numbers), so it cannot train the router.
   hint: compute it with torch operations on probs itself; only the counts f_i are constants.
+[aux_loss_wrong_device] a tensor of the loss (the counts, most likely) is built on the CPU
+    while probs is on another device (a GPU).
+  hint: torch.zeros(E, dtype=probs.dtype, device=probs.device), or torch.bincount of experts
+    (which lives where experts does).
 """
 
 

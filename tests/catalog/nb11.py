@@ -81,6 +81,63 @@ class BlockNoDropout(_Block):
     mode = "no_dropout"
 
 
+@mistake("gpt_block", id="block_dropout_never_applied")
+class BlockNoSelfDropout(nn.Module):
+    """No self.dropout at all: only the FeedForward's own dropout (on its hidden units)
+    acts in training mode."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+
+    def forward(self, x):
+        T = x.shape[1]
+        h = self.ln1(x)
+        a, w = self.attn(h, h, h, torch.ones(T, T, dtype=torch.bool, device=x.device).tril())
+        x = x + a
+        return x + self.ff(self.ln2(x)), w
+
+
+@mistake("gpt_block", id="block_dropout_on_residual")
+class BlockDropoutOnSum(_Block):
+    """Dropout on the residual sum: x = self.dropout(x + out)."""
+
+    def forward(self, x):
+        m = self.mask(x.shape[1], x.device)
+        h = self.ln1(x)
+        a, w = self.attn(h, h, h, m)
+        x = self.dropout(x + a)
+        return self.dropout(x + self.ff(self.ln2(x))), w
+
+
+@mistake("gpt_block", id="block_sublayer_dropout_missing")
+class BlockDropoutOnAttentionOnly(_Block):
+    """The attention's output dropped, the feed-forward's not (its own dropout on the hidden
+    units taken for the block's)."""
+
+    def forward(self, x):
+        m = self.mask(x.shape[1], x.device)
+        h = self.ln1(x)
+        a, w = self.attn(h, h, h, m)
+        x = x + self.dropout(a)
+        return x + self.ff(self.ln2(x)), w
+
+
+@mistake("gpt_block", id="block_dropout_misplaced")
+class BlockDropoutOnInput(_Block):
+    """Dropout on each sub-layer's input, after the norm."""
+
+    def forward(self, x):
+        m = self.mask(x.shape[1], x.device)
+        h = self.dropout(self.ln1(x))
+        a, w = self.attn(h, h, h, m)
+        x = x + a
+        return x + self.ff(self.dropout(self.ln2(x))), w
+
+
 @mistake("gpt_block", id="parameter_names")
 class BlockTorchAttention(_Block):
     def __init__(self, d_model, n_heads, d_ff, dropout=0.0):
@@ -117,6 +174,24 @@ class BlockMaskInBuffer(_Block):
 @alternative("gpt_block")
 class BlockCorrect(_Block):
     pass
+
+
+@alternative("gpt_block")
+class BlockFunctionalDropout(_Block):
+    """nn.functional.dropout with the module's p and training flag; GPT-2's attention
+    dropout (on the weights) passed to MultiHeadAttention as well."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0):
+        super().__init__(d_model, n_heads, d_ff, dropout)
+        self.attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+
+    def forward(self, x):
+        m = self.mask(x.shape[1], x.device)
+        p = self.dropout.p
+        h = self.ln1(x)
+        a, w = self.attn(h, h, h, m)
+        x = x + nn.functional.dropout(a, p, self.training)
+        return x + nn.functional.dropout(self.ff(self.ln2(x)), p, self.training), w
 
 
 @alternative("gpt_block")
