@@ -307,6 +307,8 @@ from nbgrader.utils import notebook_hash, parse_utc  # noqa: E402
 from traitlets import Integer  # noqa: E402
 from traitlets.config import LoggingConfigurable  # noqa: E402
 
+from . import students  # noqa: E402
+
 
 class SubmissionLimits(LoggingConfigurable):
     """The caps on one submission (``c.SubmissionLimits.max_bytes = ...`` in
@@ -380,6 +382,8 @@ def inbound_entry(path: str, aid: str | None = None) -> tuple[dict | None, str, 
     claimed = name.split("+", 1)[0]
     if owner != claimed:
         return None, owner, f"named after {claimed}"
+    if students.refusal(owner):  # a pattern (attention_ref/course/students.py)
+        return None, owner, students.refusal(owner)
     if not stat.S_ISDIR(st.st_mode):
         return None, owner, f"{_kind(st.st_mode)}, not a folder"
     parts = name.split("+")
