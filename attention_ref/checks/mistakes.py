@@ -721,6 +721,11 @@ _TABLE = """
 [span_loss_start_end_swapped] start and end are swapped: the start logits are scored against the
     true end.
   hint: pair start_logits with start and end_logits with end.
+[span_loss_not_differentiable] the loss does not reach the logits through autograd (detached,
+    or computed in NumPy or Python numbers and wrapped in torch.tensor), so it cannot train the
+    model.
+  hint: compute it with torch operations on the logits themselves (masked_fill, log_softmax,
+    indexing), without .detach(), .numpy() or torch.tensor(...).
 
 # --- 10 summarization
 [pool_summed] the token vectors are summed, not averaged.

@@ -15,7 +15,8 @@ import torch
 
 from ..apps import qa as ref
 from ._core import Context, Mistake, exercise
-from .toolkit import MODEL_TOL, dtype_name, expect_tensor
+from .remote import autograd_grad
+from .toolkit import MODEL_TOL, TOL, dtype_name, expect_tensor
 
 NEG = float("-inf")
 
@@ -306,3 +307,40 @@ def check_span_loss(candidate, ctx: Context) -> None:
                 likely=mistakes[0].name,
                 hint=mistakes[0].hint,
             )
+    _expect_span_loss_gradient(candidate, ctx, label, s, e, start, end, mask)
+
+
+def _expect_span_loss_gradient(candidate, ctx: Context, label: str, *args) -> None:
+    """The loss trains the model: autograd reaches both logits (the last case's, in
+    float64), with the reference loss's gradient (softmax minus one-hot over the context,
+    halved and averaged over the batch; 0 outside the mask)."""
+    s64, e64, start, end, mask = (a.double() if a.is_floating_point() else a for a in args)
+    case = f"{label}: logits {tuple(s64.shape)} float64 requiring grad"
+    s, e = (t.detach().clone().requires_grad_() for t in (s64, e64))
+    # Called through a lambda: ctx.call copies its arguments, which would cut them off
+    # from the leaves whose gradients are checked.
+    got = ctx.call(lambda: candidate(s, e, start.clone(), end.clone(), mask.clone()),
+                   case=case, call_name="span_loss")  # fmt: skip
+    if not isinstance(got, torch.Tensor) or got.grad_fn is None:
+        ctx.fail(
+            "the loss is not connected to the logits for autograd (it has no grad_fn): was "
+            "it detached, or rebuilt from NumPy or Python numbers (torch.tensor(...))?",
+            case=case,
+            mistake="span_loss_not_differentiable",
+        )
+    grads = ctx.call(
+        lambda: autograd_grad(got, [s, e], allow_unused=True),
+        case=case,
+        call_name="autograd's backward pass through span_loss",
+    )
+    leaves = [t.detach().clone().requires_grad_() for t in (s64, e64)]
+    want = torch.autograd.grad(ref.span_loss(*leaves, start, end, mask), leaves)
+    for name, grad, w in zip(("start_logits", "end_logits"), grads, want, strict=True):
+        if grad is None:
+            ctx.fail(
+                f"no gradient reached {name}.",
+                case=case,
+                mistake="span_loss_not_differentiable",
+            )
+        ctx.expect_close(grad, w, what=f"the gradient of the loss with respect to {name}",
+                         case=case, **TOL[torch.float64])  # fmt: skip

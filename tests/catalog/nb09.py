@@ -1,5 +1,6 @@
 """Catalog for notebook 09: best_span, span_loss."""
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -184,3 +185,32 @@ def span_loss_stacked(start_logits, end_logits, start, end, mask):
     targets = torch.stack([start, end])  # (2, B)
     log_p = logits.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
     return -log_p.mean()
+
+
+@mistake("span_loss", id="span_loss_not_differentiable")
+def span_loss_numpy(start_logits, end_logits, start, end, mask):
+    """Computed in NumPy and wrapped in torch.tensor: the right number, no gradient."""
+
+    def ce(logits, target):
+        x = np.where(mask.numpy(), logits.detach().numpy(), -np.inf)
+        x = x - x.max(-1, keepdims=True)
+        log_p = x - np.log(np.exp(x).sum(-1, keepdims=True))
+        return -log_p[np.arange(len(target)), target.numpy()].mean()
+
+    loss = (ce(start_logits, start) + ce(end_logits, end)) / 2
+    return torch.tensor(loss, dtype=start_logits.dtype)
+
+
+@mistake("span_loss", id="span_loss_not_differentiable")
+def span_loss_detached(start_logits, end_logits, start, end, mask):
+    """The right loss, detached (e.g. to log it) before it is returned."""
+    return span_loss_cross_entropy(start_logits, end_logits, start, end, mask).detach()
+
+
+@alternative("span_loss")
+def span_loss_nll(start_logits, end_logits, start, end, mask):
+    """F.nll_loss on log_softmax, with torch.where and a -inf tensor of the logits' dtype."""
+    neg = torch.tensor(float("-inf"), dtype=start_logits.dtype)
+    ls = F.nll_loss(torch.where(mask, start_logits, neg).log_softmax(-1), start)
+    le = F.nll_loss(torch.where(mask, end_logits, neg).log_softmax(-1), end)
+    return 0.5 * ls + 0.5 * le
