@@ -399,7 +399,15 @@ def from_deepseek_v3(hf_model: nn.Module) -> OpenGPT:
             cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.q_lora_rank, base=rope_base(cfg),
             eps=hf_attn.kv_a_layernorm.variance_epsilon, bias=bool(cfg.attention_bias),
         )  # fmt: skip
-        attn.scale = hf_attn.scaling
+        d_q = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if abs(hf_attn.scaling - d_q**-0.5) > 1e-12 * d_q**-0.5:
+            # YaRN's mscale multiplies transformers' scaling; the course's MLA (sdpa in forward,
+            # absorbed_scores in step) always divides by sqrt(d_q): refuse, never differ silently
+            raise NotImplementedError(
+                f"layer {i} scales its scores by {hf_attn.scaling!r}, not 1/sqrt(qk_head_dim="
+                f"{d_q}) = {d_q**-0.5!r} (rope_scaling={cfg.rope_scaling!r}): only unscaled "
+                "attention is supported"
+            )
         prefix = h + "self_attn."
         _load(attn, {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
         if i < cfg.first_k_dense_replace:

@@ -13,12 +13,15 @@ How the gates come from the router's logits ``z`` (one row per token), as each m
 - ``"qwen3"``: the same, renormalised only with ``norm_topk_prob=True`` (Qwen3-MoE's
   configurations set it; Qwen2-MoE's do not);
 - ``"deepseek_v3"``: ``s = sigmoid(z)``; the experts are *selected* on ``s + b``, with a
-  learned correction bias ``b`` (load balancing without an auxiliary loss) and
+  correction bias ``b`` (load balancing without an auxiliary loss: during training, after
+  each step, ``b_i`` moves by a fixed step gamma, up for an expert below its share of the
+  load and down for one above it, by the sign of the error, not by gradient) and
   group-limited: the experts form ``n_group`` groups, a group scores the sum of its two best
-  ``s + b``, only the ``topk_group`` best groups compete; the *gates* are the selected
-  ``s`` (without ``b``), normalised to sum to 1 (``norm_topk_prob``), times
-  ``routed_scaling_factor``. Shared experts (one SwiGLU of ``n_shared`` times the width)
-  see every token and are added ungated;
+  ``s + b``, only the ``topk_group`` best groups compete (the others' experts score 0, as in
+  ``transformers``' port; DeepSeek's own gate gives them -inf, see :func:`route`); the
+  *gates* are the selected ``s`` (without ``b``), normalised to sum to 1
+  (``norm_topk_prob``), times ``routed_scaling_factor``. Shared experts (one SwiGLU of
+  ``n_shared`` times the width) see every token and are added ungated;
 - ``"gpt_oss"``: the top ``k`` *logits* (the router has a bias), softmax over those ``k``
   only (the same gates as ``"mixtral"``, since softmax then renormalise is softmax over
   the chosen; but ``probs`` are not defined over all experts: the softmax of all logits
@@ -68,7 +71,8 @@ def route(
     Args:
         logits: ``(N, E)``, one row per token.
         top_k: experts per token.
-        router: ``"mixtral"``, ``"qwen3"`` or ``"deepseek_v3"`` (see the module's doc).
+        router: ``"mixtral"``, ``"qwen3"``, ``"deepseek_v3"`` or ``"gpt_oss"`` (see the
+            module's doc).
 
     Returns:
         ``(gates (N, top_k), experts (N, top_k) long, probs (N, E))``: ``probs`` are the
@@ -104,8 +108,10 @@ def route(
     best_groups = group_score.topk(topk_group, dim=-1).indices  # (N, topk_group)
     in_best = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best_groups, True)
     in_best = in_best[:, :, None].expand_as(grouped).reshape(-1, E)  # (N, E)
-    # Experts outside the best groups score 0, as DeepSeek-V3 does (not -inf: where an
-    # in-group expert's s + b < 0, an expert outside the best groups can still win).
+    # Experts outside the best groups score 0, as transformers' DeepseekV3TopkRouter does, so
+    # that the course's model matches it. DeepSeek's own gate (inference/model.py) masks them
+    # with -inf: the two pick different experts where an in-group expert's s + b < 0, since
+    # an expert outside the best groups then still beats it here.
     experts = choice.masked_fill(~in_best, 0.0).topk(top_k, dim=-1).indices  # (N, k)
     gates = scores.gather(1, experts)  # (N, k): the scores, not the biased choice
     if norm_topk_prob:

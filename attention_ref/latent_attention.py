@@ -106,7 +106,6 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, eps=eps)
         self.kv_b_proj = nn.Linear(kv_lora_rank, n_heads * (d_nope + d_v), bias=False)
         self.o_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
-        self.scale = d_q**-0.5
 
     window = None  # full attention (for models that ask their layers for a window)
 

@@ -1,9 +1,11 @@
 """Sliding-window attention and the rolling key-value cache: notebook 15.
 
-Mistral, Mixtral, the local layers of Gemma 2 and 3 and every other layer of GPT-OSS let
-each query see only the last ``window`` positions. The convention of ``transformers`` 4.57
-(``masking_utils.sliding_window_overlay``, used by Mistral, Mixtral, Qwen2/3, Gemma 2/3 and
-GPT-OSS alike, with ``config.sliding_window`` as ``window``)::
+Mistral 7B (v0.1), the local layers of Gemma 2 and 3 and every other layer of GPT-OSS let
+each query see only the last ``window`` positions (the released Mixtral and Qwen3-MoE models
+have no window: Mixtral's ``sliding_window`` is unset, Qwen3-MoE's ``use_sliding_window``
+False; their configurations can set one, as notebook 15's tiny models do). The convention of
+``transformers`` 4.57 (``masking_utils.sliding_window_overlay``, used alike by every model
+above that sets ``config.sliding_window``, taken as ``window``)::
 
     query i may see key j  <=>  i - window < j <= i      (and key j is not padding)
 
@@ -131,7 +133,9 @@ class RollingKVCache:
 
     Holds the keys and values of the last ``size`` positions (``size = window - 1`` is all
     a sliding-window layer needs), each with its absolute position and, optionally, whether
-    it is a real token. Position ``p`` lives in slot ``p % size``.
+    it is a real token. Position ``p`` lives in slot ``p % size`` (with the course's
+    :func:`rolling_append`; a learner's may keep another layout: the cache hands each call
+    back the ring the previous one returned, and the mask goes by the positions).
 
     :meth:`append` returns the cached positions *and* the new ones (so ``t`` new queries
     can attend to all of them, whatever ``t``), then keeps only the last ``size``: the
@@ -280,8 +284,9 @@ class SlidingWindowAttention(RotaryAttention):
 
 class SinkAttention(SlidingWindowAttention):
     """:class:`SlidingWindowAttention` with GPT-OSS's *attention sinks*: one learned logit
-    ``sinks[h]`` per head joins every row's softmax and is then dropped, so a head can
-    attend to "nothing"::
+    ``sinks[h]`` per head joins every row's softmax (in its denominator only) and is then
+    dropped, so a head can attend to "nothing" (StreamingLLM's attention sinks are another
+    thing: the first tokens of a text, kept in the cache beside the window)::
 
         weights[i, j] = exp(s_ij) / (sum_j' exp(s_ij') + exp(sinks[h]))
 

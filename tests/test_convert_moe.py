@@ -165,6 +165,14 @@ def test_conversion_figures_meet_the_targets():
     assert rows[0]["float32"] <= 1e-5 and rows[0]["float64"] <= 1e-12 and rows[0]["greedy_equal"]
 
 
+def test_deepseek_attention_scaled_otherwise_is_refused_not_silently_wrong():
+    # YaRN's mscale changes transformers' scaling; the course's MLA divides by sqrt(d_q)
+    model = _tiny("deepseek_v3")
+    model.model.layers[0].self_attn.scaling *= 1.1
+    with pytest.raises(NotImplementedError, match="only unscaled attention"):
+        from_hf_moe(model)
+
+
 def test_a_weight_layout_other_than_4_57s_is_refused_by_name(monkeypatch):
     model = _tiny("mixtral")
     monkeypatch.setitem(convert_moe.LAYOUT, "mixtral", "model.layers.0.mlp.experts.gate_up_proj")

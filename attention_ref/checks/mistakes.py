@@ -743,6 +743,15 @@ _TABLE = """
     topk(...).indices)
 [select_padding] padding is selected: the mask is not applied before ranking.
   hint: give padding slots a score of -inf before ranking, and AND the result with the mask.
+[select_mask_after_topk] the mask is applied after ranking: the k best slots are picked with
+    padding among them, then the padding is dropped, so a document can get fewer than k
+    sentences although it has k real ones.
+  hint: give padding slots a score of -inf before ranking (masked_fill(~mask, float('-inf'))),
+    then pick the k best.
+[select_k_above_slots] k can exceed the number of sentence slots S, and topk(k) then raises:
+    a document with fewer real sentences than k gets all of them.
+  hint: take topk(min(k, S)) (per row: min(k_b, n_real_b)), or compare each sentence's rank
+    with k, which works for any k.
 [select_lowest] the lowest scores are selected, not the highest.
   hint: rank in descending order (topk picks the largest by default).
 [select_threshold] k is ignored: sentences are selected by a threshold (score > 0).

@@ -55,6 +55,15 @@ def window_padding_ignored(q_positions, k_positions, window, key_padding=None):
     return _window_mask(q_positions, k_positions, window, key_padding, padding=False)
 
 
+@mistake("sliding_window_mask", id="window_mask_wrong_device")
+def window_started_on_the_cpu(q_positions, k_positions, window, key_padding=None):
+    allowed = torch.ones(len(q_positions), len(k_positions), dtype=torch.bool)  # no device=
+    allowed = allowed & (k_positions[None, :] <= q_positions[:, None]) & (k_positions >= 0)
+    if window is not None:
+        allowed = allowed & (k_positions[None, :] > q_positions[:, None] - window)
+    return allowed if key_padding is None else allowed & key_padding[:, None, None, :]
+
+
 @mistake("sliding_window_mask", id="window_mask_not_boolean")
 def window_float(q_positions, k_positions, window, key_padding=None):
     return _window_mask(q_positions, k_positions, window, key_padding).float()
@@ -106,9 +115,39 @@ def ring_fill_then_replace_last(slots, positions, new, start):
     return _ring_loop(slots, positions, new, start, slot_of=lambda p, size: min(p, size - 1))
 
 
-@mistake("rolling_append", id="ring_slot_off_by_one")
-def ring_one_based_slots(slots, positions, new, start):
+@alternative("rolling_append")
+def ring_one_based_slots_consistently(slots, positions, new, start):
+    # slot (p + 1) % size, entry and position alike: another layout, read back as written
     return _ring_loop(slots, positions, new, start, slot_of=lambda p, size: (p + 1) % size)
+
+
+@mistake("rolling_append", id="ring_slot_off_by_one")
+def ring_entry_one_slot_off(slots, positions, new, start):
+    size, t = slots.shape[-2], new.shape[-2]
+    ring, ring_pos = slots.clone(), positions.clone()
+    for i in range(t):
+        p = start + i
+        ring[..., (p + 1) % size, :] = new[..., i, :]  # one slot off ...
+        ring_pos[p % size] = p  # ... from where its position is recorded
+    new_pos = torch.arange(start, start + t, device=positions.device)
+    return torch.cat([slots, new], dim=-2), torch.cat([positions, new_pos]), ring, ring_pos
+
+
+@mistake("rolling_append", id="ring_new_entries_not_attended")
+def ring_mistral_write_then_read(slots, positions, new, start):
+    # mistral-inference's RotatingBufferCache while decoding: write into the W slots, then
+    # attend to them (right for a ring of W slots; this one has W - 1)
+    _, _, ring, ring_pos = _ring_loop(slots, positions, new, start)
+    return ring, ring_pos, ring, ring_pos
+
+
+@mistake("rolling_append", id="ring_new_entries_not_attended")
+def ring_mistral_unrotated(slots, positions, new, start):
+    # the same, the ring "unrotated" into time order and its empty slots left out
+    _, _, ring, ring_pos = _ring_loop(slots, positions, new, start)
+    order = torch.sort(ring_pos).indices
+    order = order[ring_pos[order] >= 0]
+    return ring[..., order, :], ring_pos[order], ring, ring_pos
 
 
 @mistake("rolling_append", id="ring_positions_not_recorded")
@@ -143,6 +182,18 @@ def ring_new_positions_on_the_cpu(slots, positions, new, start):
 def ring_attends_the_ring_only(slots, positions, new, start):
     _, _, ring, ring_pos = _ring_loop(slots, positions, new, start)
     return ring, ring_pos, ring, ring_pos  # as Mistral's ring of W slots, but with W - 1
+
+
+@alternative("rolling_append")
+def ring_in_time_order_like_transformers(slots, positions, new, start):
+    # transformers' DynamicSlidingWindowLayer: concatenate, keep the last size entries (the
+    # ring stays oldest-first, its empty slots first; the cache hands it back as returned)
+    size, t = slots.shape[-2], new.shape[-2]
+    attend = torch.cat([slots, new], dim=-2)
+    attend_positions = torch.cat(
+        [positions, torch.arange(start, start + t, device=positions.device)]
+    )
+    return attend, attend_positions, attend[..., -size:, :], attend_positions[-size:]
 
 
 @alternative("rolling_append")
@@ -184,6 +235,20 @@ def scores_scaled_by_d_nope(q_nope, q_rope, c_kv, k_rope, w_uk):
 @mistake("absorbed_scores", id="mla_scale_by_latent_width")
 def scores_scaled_by_r(q_nope, q_rope, c_kv, k_rope, w_uk):
     return _scores(q_nope, q_rope, c_kv, k_rope, w_uk, width=c_kv.shape[-1])
+
+
+@mistake("absorbed_scores", id="mla_scale_by_latent_and_rope_width")
+def scores_scaled_by_cached_width(q_nope, q_rope, c_kv, k_rope, w_uk):
+    # the width of what is cached, r + d_rope (as flashinfer's MLA benchmark scales)
+    return _scores(q_nope, q_rope, c_kv, k_rope, w_uk, width=c_kv.shape[-1] + k_rope.shape[-1])
+
+
+@mistake("absorbed_scores", id="mla_scores_wrong_device")
+def scores_accumulated_on_the_cpu(q_nope, q_rope, c_kv, k_rope, w_uk):
+    B, H, t, _ = q_nope.shape
+    scores = torch.zeros(B, H, t, c_kv.shape[1], dtype=q_nope.dtype)  # no device=
+    scores = scores + (q_nope @ w_uk) @ c_kv[:, None].mT + q_rope @ k_rope[:, None].mT
+    return scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
 
 
 @mistake("absorbed_scores", id="mla_scores_not_scaled")
@@ -280,6 +345,31 @@ def route_experts_as_float(logits, top_k, router="mixtral", *, norm_topk_prob=Tr
     return gates, experts.to(logits.dtype), probs
 
 
+@mistake("route", id="route_wrong_device")
+def route_gates_filled_on_the_cpu(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+    probs = logits.softmax(-1)
+    top, experts = probs.topk(top_k, dim=-1)
+    gates = torch.zeros(logits.shape[0], top_k, dtype=logits.dtype)  # no device=
+    gates = gates + (top if router == "qwen3" and not norm_topk_prob
+                     else top / top.sum(-1, keepdim=True))  # fmt: skip
+    return gates, experts, probs
+
+
+@alternative("route")
+def route_softmax_in_float32_like_transformers(logits, top_k, router="mixtral", *,
+                                               norm_topk_prob=True):  # fmt: skip
+    # transformers 4.57's Mixtral and Qwen3-MoE blocks (and Mistral's moe.py): the softmax in
+    # float32 whatever the logits' dtype, the gates cast back; GPT-OSS's router as it is
+    routing_weights = torch.nn.functional.softmax(logits, dim=1, dtype=torch.float)
+    if router == "gpt_oss":
+        top, experts = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(top, dim=1), experts, routing_weights.to(logits.dtype)
+    gates, experts = torch.topk(routing_weights, top_k, dim=-1)
+    if router == "mixtral" or norm_topk_prob:
+        gates /= gates.sum(dim=-1, keepdim=True)
+    return gates.to(logits.dtype), experts, routing_weights.to(logits.dtype)
+
+
 @alternative("route")
 def route_softmax_of_chosen_logits(logits, top_k, router="mixtral", *, norm_topk_prob=True):
     # renormalising the top-k probabilities = softmax over the top-k logits
@@ -339,6 +429,50 @@ def balance_chosen_probs(probs, experts):
     f = torch.bincount(experts.flatten(), minlength=E).to(probs.dtype) / N
     chosen = torch.zeros_like(probs).scatter(1, experts, probs.gather(1, experts))
     return E * (f * chosen.mean(0)).sum()
+
+
+@mistake("load_balancing_loss", id="aux_loss_first_choice_only")
+def balance_deepspeed_top2(probs, experts):
+    # DeepSpeed's top2gating: the mask of the first choices only, mean(me * ce) * E * E
+    E = probs.shape[-1]
+    mask1 = torch.nn.functional.one_hot(experts[:, 0], E).to(probs.dtype)
+    me, ce = probs.mean(dim=0), mask1.mean(dim=0)
+    return (me * ce).mean() * E * E
+
+
+@mistake("load_balancing_loss", id="aux_loss_wrong_axis")
+def balance_transformers_4_36(probs, experts):
+    # transformers 4.36's Mixtral load_balancing_loss_func, fed the chosen experts and their
+    # renormalised probabilities (the softmax of the top-k logits): a constant, E / top_k
+    E = probs.shape[-1]
+    routing_weights = probs.gather(-1, experts)
+    routing_weights = routing_weights / routing_weights.sum(-1, keepdim=True)
+    expert_mask = torch.nn.functional.one_hot(experts.unsqueeze(2), E)  # (N, k, 1, E)
+    expert_mask = torch.max(expert_mask, dim=-2).values.to(probs.dtype)  # (N, k, E)
+    tokens_per_group_and_expert = torch.mean(expert_mask, dim=-2)  # (N, E)
+    router_prob_per_group_and_expert = torch.mean(routing_weights, dim=-1)  # (N,)
+    return torch.mean(
+        tokens_per_group_and_expert * router_prob_per_group_and_expert.unsqueeze(-1)
+    ) * (E**2)
+
+
+@mistake("load_balancing_loss", id="aux_loss_probs_of_chosen_only")
+def balance_maxtext_topk_gates(probs, experts):
+    # MaxText's dense_matmul before its fix: the load from the top-k gates (renormalised), not
+    # from every expert's probability
+    N, E = probs.shape
+    top = probs.gather(1, experts)
+    weights = torch.zeros_like(probs).scatter(1, experts, top / top.sum(-1, keepdim=True))
+    density = torch.nn.functional.one_hot(experts, E).sum(dim=1).to(probs.dtype).mean(dim=0)
+    return torch.mean(density * weights.mean(dim=0)) * E**2
+
+
+@mistake("load_balancing_loss", id="aux_loss_wrong_device")
+def balance_counts_on_the_cpu(probs, experts):
+    N, E = probs.shape
+    counts = torch.zeros(E, dtype=probs.dtype)  # no device=
+    counts.index_add_(0, experts.flatten(), torch.ones(experts.numel(), dtype=probs.dtype))
+    return E * (counts / N * probs.mean(0)).sum()
 
 
 @mistake("load_balancing_loss", id="aux_loss_not_differentiable")
