@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..apps import summarization as ref
-from ._core import Context, Mistake, exercise
+from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named
 from .toolkit import dtype_name
 
@@ -93,9 +93,11 @@ def check_pool_sentences(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- select_sentences
-#: (B, S, k, k an int or a (B,) "tensor"); float32 and float64 alternate.
-SELECT_CASES = [(4, 7, 2, "int"), (1, 5, 1, "int"), (5, 9, 3, "tensor"), (3, 6, 4, "int")]
-SELECT_MORE_CASES = [(16, 12, 3, "tensor"), (6, 4, 5, "int")]
+#: (B, S, k, k an int or a (B,) "tensor" below S, or a "tensor over" S in its first row);
+#: float32 and float64 alternate. k may exceed S: such a document gets every real sentence.
+SELECT_CASES = [(4, 7, 2, "int"), (1, 5, 1, "int"), (5, 9, 3, "tensor"), (3, 6, 4, "int"),
+                (2, 4, 6, "int"), (3, 5, 0, "tensor over")]  # fmt: skip
+SELECT_MORE_CASES = [(16, 12, 3, "tensor"), (6, 4, 5, "int"), (5, 6, 0, "tensor over")]
 
 
 def _select_cases(ctx: Context):
@@ -111,8 +113,16 @@ def _select_cases(ctx: Context):
         mask = torch.arange(S)[None, :] < n_real[:, None]
         scores = torch.randn(B, S, generator=g, dtype=torch.float64)
         scores = torch.where(mask, scores, scores.abs() + 5.0).to(dtype)  # padding scores high
-        kk = torch.from_numpy(rng.integers(1, S, size=B)).long() if kind == "tensor" else k
-        label = f"k a (B,) tensor {kk.tolist()}" if kind == "tensor" else f"k={k}"
+        if kind == "tensor over":
+            kk = torch.from_numpy(rng.integers(1, S + 3, size=B)).long()
+            kk[0] = S + 2
+        elif kind == "tensor":
+            kk = torch.from_numpy(rng.integers(1, S, size=B)).long()
+        else:
+            kk = k
+        label = f"k a (B,) tensor {kk.tolist()}" if kind != "int" else f"k={k}"
+        if int(torch.as_tensor(kk).max()) > S:
+            label += f" (more than the S={S} slots)"
         label = f"scores {(B, S)} {dtype_name(dtype)}, real sentences {n_real.tolist()}, {label}"
         yield label, scores, mask, kk
     # Positive scores that are all below zero / a threshold rule must still pick k.
@@ -122,12 +132,13 @@ def _select_cases(ctx: Context):
 
 def _select_model(scores, mask, k, *, mode="correct"):
     """The selection ``(B, S)`` as (possibly mistaken) code makes it: the k best real
-    sentences, or modes "no_mask", "lowest", "threshold" (score > 0), "threshold_no_mask"."""
+    sentences, or modes "no_mask", "mask_after" (the k best slots, padding among them, then
+    AND the mask), "lowest", "threshold" (score > 0), "threshold_no_mask"."""
     if mode.startswith("threshold"):
         return scores > 0 if mode == "threshold_no_mask" else (scores > 0) & mask
     B, S = scores.shape
     kk = k if isinstance(k, torch.Tensor) else torch.full((B,), k)
-    largest, use_mask = mode != "lowest", mode != "no_mask"
+    largest, use_mask = mode != "lowest", mode not in ("no_mask", "mask_after")
     x = scores.double()
     if use_mask:
         x = x.masked_fill(~mask, float("-inf") if largest else float("inf"))
@@ -135,11 +146,12 @@ def _select_model(scores, mask, k, *, mode="correct"):
     out = torch.zeros(B, S, dtype=torch.bool)
     for b in range(B):
         out[b, order[b, : int(kk[b])]] = True
-    return out & mask if use_mask else out
+    return out & mask if use_mask or mode == "mask_after" else out
 
 
 SELECT_MISTAKES = [
     ("select_padding", "no_mask"),
+    ("select_mask_after_topk", "mask_after"),
     ("select_lowest", "lowest"),
     ("select_threshold", "threshold"),
     ("select_threshold", "threshold_no_mask"),
@@ -155,7 +167,14 @@ def check_select_sentences(candidate, ctx: Context) -> None:
     """A boolean (B, S) selection (indices named as such), equal to the k best real
     sentences, mistakes named by the model's modes."""
     for case, scores, mask, k in _select_cases(ctx):
-        got = ctx.call(candidate, scores, mask, k, case=case)
+        try:
+            got = ctx.call(candidate, scores, mask, k, case=case)
+        except CheckFailure as err:
+            said = str(err).split("\n")[0]  # the error itself, not the quoted line
+            over = int(torch.as_tensor(k).max()) > scores.shape[1]
+            if not over or "Likely mistake" in str(err) or "out of range" not in said:
+                raise  # the cause is elsewhere (or already named)
+            raise naming(err, named("select_k_above_slots")) from None
         expected = ref.select_sentences(scores, mask, k)
         if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
             likely = ""

@@ -121,3 +121,33 @@ def select_topk_loop(scores, mask, k):
         idx = scores[b].masked_fill(~mask[b], float("-inf")).topk(n).indices
         out[b, idx] = True
     return out
+
+
+@mistake("select_sentences", id="select_mask_after_topk")
+def select_topk_then_mask(scores, mask, k):
+    """Top k over every slot, padding included, then the padding dropped."""
+    out = torch.zeros_like(mask)
+    for b, kb in enumerate(_per_row(k, scores.shape[0])):
+        out[b, scores[b].topk(min(int(kb), scores.shape[1])).indices] = True
+    return out & mask
+
+
+@mistake("select_sentences", id="select_k_above_slots")
+def select_topk_k(scores, mask, k):
+    """topk(k) on the masked scores, assuming k <= S (a -inf slot is then dropped)."""
+    x = scores.masked_fill(~mask, float("-inf"))
+    out = torch.zeros_like(mask)
+    for b, kb in enumerate(_per_row(k, scores.shape[0])):
+        out[b, x[b].topk(int(kb)).indices] = True
+    return out & mask
+
+
+@alternative("select_sentences")
+def select_sort_threshold(scores, mask, k):
+    """The k-th best real score per row as a threshold (k clamped to the real count)."""
+    x = scores.masked_fill(~mask, float("-inf"))
+    B, S = scores.shape
+    kk = k if isinstance(k, torch.Tensor) else torch.full((B,), k)
+    kk = torch.minimum(kk, mask.sum(1)).clamp(min=1)
+    kth = x.sort(1, descending=True).values.gather(1, (kk - 1)[:, None])
+    return (x >= kth) & mask
