@@ -1,5 +1,12 @@
-"""The course's benchmarks: ``python -m attention_ref.bench attention|apps|all``.
+"""The course's benchmarks: ``python -m attention_ref.bench [calibrate|attention|apps|...|all]``
+(no argument: ``all``, as ``make bench`` runs it, the calibration first).
 
+- ``calibrate``: how fast this machine is, so that budget figures compare across machines:
+  one line per thread count of ``--threads`` (default 1, then 2),
+  ``calibration threads=1 matmul_s=0.123 train_s=0.456 cpu_s=2.3 (...)``: the seconds of a
+  fixed float32 matrix multiply and of a fixed small training loop (20 AdamW steps of a
+  two-layer GPT), the best of 3 each, and the CPU time of the whole line. A figure
+  measured on a machine whose ``train_s`` is 2.5 times this one's scales by about 2.5.
 - ``attention`` (notebook 12): time and peak extra memory of naive attention, the reference
   :func:`~attention_ref.efficient.online_softmax_attention` and PyTorch's fused
   ``scaled_dot_product_attention``, for several sequence lengths, with the ratios to
@@ -137,6 +144,92 @@ def naive_bytes(batch: int, heads: int, n: int, itemsize: int) -> int:
 
 def _fmt_bytes(n: float) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+# ----------------------------------------------------------------------------- calibration
+#: The fixed work of ``calibrate``: ``CALIBRATION_MATMULS`` products of two float32
+#: ``CALIBRATION_N x CALIBRATION_N`` matrices, and ``CALIBRATION_STEPS`` AdamW steps of a
+#: small GPT (the course's, two layers, ``d_model`` 64) on seeded random token batches.
+CALIBRATION_N = 1024
+CALIBRATION_MATMULS = 8
+CALIBRATION_STEPS = 20
+
+
+def calibration(threads: int | None = None, repeats: int = 3) -> dict[str, float]:
+    """How fast this machine runs the course's kind of work, on the CPU with ``threads``
+    PyTorch threads (None or 0: PyTorch's current setting; restored after):
+    ``matmul_s``, the seconds of the fixed matrix products, and ``train_s``, the seconds
+    of the fixed small training loop (the best of ``repeats`` runs each, after a warm-up),
+    with ``threads`` (``torch.get_num_threads()`` while it ran) and ``cpu_s``, the
+    process's CPU time for the whole calibration (less sensitive than wall time to other
+    work on a shared machine). A budget figure measured on two machines compares through
+    these: a machine whose ``train_s`` is 2.5 times another's trains the course's models
+    about 2.5 times slower. The course trains on one thread (:func:`~attention_ref.training.
+    train`'s ``cpu_threads=1``); on a busy machine two threads can be many times slower."""
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _calibration(repeats)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _calibration(repeats: int) -> dict[str, float]:
+    from .gpt import GPT
+
+    cpu = torch.device("cpu")
+    cpu0 = time.process_time()
+    gen = torch.Generator().manual_seed(0)
+    n = CALIBRATION_N
+    a = torch.randn(n, n, generator=gen)
+    b = torch.randn(n, n, generator=gen)
+
+    def matmuls() -> None:
+        for _ in range(CALIBRATION_MATMULS):
+            a @ b
+
+    vocab, batch, T = 64, 64, 16
+    tokens = torch.randint(0, vocab, (CALIBRATION_STEPS, batch, T + 1), generator=gen)
+
+    def train_loop() -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = GPT(vocab, d_model=64, n_heads=4, n_layers=2, d_ff=256, max_len=T)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for x in tokens:
+            logits = model(x[:, :-1])  # (batch, T, vocab)
+            loss = F.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    matmul_s = best_time(matmuls, cpu, repeats)
+    train_s = best_time(train_loop, cpu, repeats)
+    return {
+        "threads": torch.get_num_threads(),
+        "matmul_s": matmul_s,
+        "train_s": train_s,
+        "cpu_s": time.process_time() - cpu0,
+    }
+
+
+def calibration_line(figures: dict[str, float]) -> str:
+    """``calibration threads=1 matmul_s=0.123 train_s=0.456 cpu_s=2.3 (...)``."""
+    return (
+        f"calibration threads={figures['threads']} matmul_s={figures['matmul_s']:.3f} "
+        f"train_s={figures['train_s']:.3f} cpu_s={figures['cpu_s']:.1f} "
+        f"({CALIBRATION_MATMULS} float32 matmuls {CALIBRATION_N}x{CALIBRATION_N}; "
+        f"{CALIBRATION_STEPS} AdamW steps of a 2-layer d_model=64 GPT, batch 64x16; "
+        f"best of 3, CPU, torch={torch.__version__})"
+    )
+
+
+@benchmark("calibrate", "this machine's speed: a fixed matmul and a fixed small training loop")
+def bench_calibrate(opts: argparse.Namespace) -> bool:
+    for n_threads in opts.threads:  # one line per thread count (default: 1, then 2)
+        print(calibration_line(calibration(n_threads)), flush=True)
+    return True
 
 
 # ----------------------------------------------------------------------------- attention
@@ -808,7 +901,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m attention_ref.bench",
         description="Benchmarks of the Attention from Scratch course.",
     )
-    p.add_argument("which", choices=[*BENCHMARKS, "all"], help="which benchmark to run")
+    p.add_argument(
+        "which",
+        nargs="?",
+        default="all",
+        choices=[*BENCHMARKS, "all"],
+        help="which benchmark to run (default: all, the calibration first)",
+    )
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
     p.add_argument("--device", default=default_device)
     p.add_argument(
@@ -816,7 +915,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         nargs="+",
         default=[1, 2],
-        help="CPU thread counts, one run of the attention lines each (0: PyTorch's default)",
+        help="CPU thread counts, one run of the attention lines and one calibration line "
+        "each (0: PyTorch's default)",
     )
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--batch", type=int, default=1)

@@ -254,3 +254,35 @@ def test_grading_benchmark_compares_the_local_and_a_two_worker_cluster(monkeypat
     assert "grading cluster students=4 local_s=60.0 two_worker_cluster_s=66.0 ratio=1.10" in out
     assert "target engine_overhead<=10%_per_job_at_20_students: met (9.0%" in out
     assert bench.main(argv) == 0
+
+
+def test_calibration_prints_one_line_of_positive_figures_per_thread_count(capsys):
+    """The figures themselves depend on the machine: only their form is checked."""
+    import torch
+
+    before = torch.get_num_threads()
+    assert bench.main(["calibrate", "--threads", "1", "2"]) == 0
+    assert torch.get_num_threads() == before  # restored
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    num = r"(\d+\.\d+)"
+    form = re.compile(rf"calibration threads=(\d+) matmul_s={num} train_s={num} cpu_s={num} \(")
+    for line, threads in zip(lines, (1, 2), strict=True):
+        m = form.match(line)
+        assert m, line
+        assert int(m.group(1)) == threads
+        assert float(m.group(2)) > 0 and float(m.group(3)) > 0
+
+
+def test_no_argument_runs_everything_with_the_calibration_first(monkeypatch):
+    assert bench._parser().parse_args([]).which == "all"
+    assert next(iter(bench.BENCHMARKS)) == "calibrate"
+    ran = []
+    for name in bench.BENCHMARKS:
+        monkeypatch.setitem(
+            bench.BENCHMARKS,
+            name,
+            bench.Benchmark(name, "", lambda opts, name=name: ran.append(name) or True),
+        )
+    assert bench.main([]) == 0
+    assert ran == list(bench.BENCHMARKS) and ran[0] == "calibrate"
