@@ -2,8 +2,10 @@
 
 import torch
 
+from attention_ref.apps import expert_load as expert_load_module
 from attention_ref.apps.expert_load import coefficient_of_variation, expert_load
 from attention_ref.apps.variants import VariantsResult
+from attention_ref.data.vocab import pad_batch
 from attention_ref.experts import load_balancing_loss
 
 
@@ -18,6 +20,25 @@ def test_expert_load_gives_each_experts_share_and_trains_with_the_given_loss():
     assert load.shape == (8,) and load.dtype == torch.float64
     assert abs(load.sum().item() - 1) < 1e-12 and (load >= 0).all()
     assert len(calls) == 3 and all(p[1] == 8 and e[1] == 2 for p, e in calls)
+
+
+def test_the_balancing_loss_sees_the_real_tokens_only(monkeypatch):
+    # as transformers' load_balancing_loss_func given an attention mask: no padding positions
+    real_inputs, sizes = [], []
+
+    def recording_pad_batch(sequences):
+        ids, real = pad_batch(sequences)
+        real_inputs.append((int(real[:, :-1].sum()), real[:, :-1].numel()))  # reads ids[:, :-1]
+        return ids, real
+
+    def recording_loss(probs, experts):
+        sizes.append((probs.shape[0], experts.shape[0]))
+        return load_balancing_loss(probs, experts)
+
+    monkeypatch.setattr(expert_load_module, "pad_batch", recording_pad_batch)
+    expert_load(recording_loss, alpha=0.1, seed=0, steps=2)
+    assert sizes == [(n, n) for n, _ in real_inputs[:2]]
+    assert any(n < positions for n, positions in real_inputs[:2])  # those batches had padding
 
 
 def test_coefficient_of_variation_is_zero_when_balanced_and_grows_with_the_spread():

@@ -60,7 +60,9 @@ def expert_load(
     device: torch.device | str = "cpu",
     data: GrammarData | None = None,
 ) -> torch.Tensor:
-    """Train :class:`TinyMoELM` with loss ``lm + alpha * balancing_loss(probs, experts)``.
+    """Train :class:`TinyMoELM` with loss ``lm + alpha * balancing_loss(probs, experts)``,
+    both over the real tokens only (padding is left out of the balancing loss, as
+    ``transformers`` leaves it out given an attention mask).
 
     Args:
         balancing_loss: ``(probs (N, E), experts (N, k)) -> scalar``, the auxiliary loss.
@@ -86,14 +88,18 @@ def expert_load(
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         batch = torch.randint(0, len(data.train), (32,), generator=g)
-        ids, _ = encode([data.train[i] for i in batch])
+        ids, real = encode([data.train[i] for i in batch])
         ids = ids.to(device)  # (32, T)
         logits = model(ids[:, :-1])  # (32, T-1, V)
         lm = nn.functional.cross_entropy(
             logits.reshape(-1, vocab_size), ids[:, 1:].reshape(-1), ignore_index=0
         )
         _, chosen, probs = model.moe.last_routing  # (N, k), (N, E)
-        loss = lm + alpha * balancing_loss(probs, chosen)
+        # the real tokens only, as transformers' load_balancing_loss_func does with an
+        # attention mask: else the padding positions (one embedding, so all routed alike)
+        # would be balanced too, though the language-model loss and the load leave them out
+        real_in = real[:, :-1].reshape(-1).to(device)  # (N,)
+        loss = lm + alpha * balancing_loss(probs[real_in], chosen[real_in])
         opt.zero_grad()
         loss.backward()
         opt.step()
