@@ -51,7 +51,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import load, sandbox, trusted
+from . import load, repair, sandbox, trusted
 from .cell_limits import (
     KERNEL_RESTARTED,
     MESSAGE_CUT,
@@ -365,6 +365,15 @@ def _grade_once(root_path: Path, aid: str, student: str, force: bool, deadline: 
     """One run of :func:`grade_submission`."""
     outcome = Outcome(student, aid)
     try:
+        # >>> repair.py: nbgrader_config.py's Repair mends a notebook as JupyterLab writes it
+        # before nbgrader reads it; listed here. One that cannot be read is not graded.
+        why = repair.note_repairs(
+            root_path / "submitted" / student / aid, root_path / "solutions" / aid, outcome.notes
+        )
+        if why:
+            outcome.not_graded(why)
+            return outcome
+        # <<< repair.py
         result = _autograde(nbgrader_api(root_path), aid, student, force)
         if KERNEL_RESTARTED in _result_text(result):
             outcome.notes.append(
