@@ -62,6 +62,15 @@ def _no_keepdims_softmax(x, axis):
     return e / np.sum(e, axis=axis)
 
 
+def _wrong_shift(x: np.ndarray, axis: int) -> bool:
+    """True where only a shift by something other than the maximum overflows: every value's
+    exp is finite in x's dtype, but a row spans more than that range (so x - min, or x -
+    mean, overflows, and x - max cannot)."""
+    limit = float(np.log(np.finfo(x.dtype).max))
+    span = np.max(x, axis=axis) - np.min(x, axis=axis)
+    return bool(np.abs(x).max() < limit and span.max() > limit)
+
+
 #: id, what the mistaken softmax computes from (x, axis) in float64.
 SOFTMAX_MISTAKES = [
     ("softmax_axis_ignored", lambda x, axis: M.softmax(x, -1)),
@@ -87,9 +96,20 @@ def check_softmax_np(candidate, ctx: Context) -> None:
             np.stack([1000 + rng.normal(size=4), -1000 + rng.normal(size=4)]),
             -1,
         ),
+        (
+            "rows spanning 1400 (from -700 to +700)",
+            np.array([[-700.0, -300.0, 0.0, 700.0], [700.0, -700.0, 650.0, -650.0]])
+            + rng.uniform(-1, 1, size=(2, 4)),
+            -1,
+        ),
     ]
     if ctx.thorough:
         cases += [
+            (
+                "a float32 row spanning 174 (from -87 to +87)",
+                np.array([-87.0, -87.0, -87.0, 87.0], dtype=np.float32),
+                -1,
+            ),
             ("a (3, 4, 5, 2) array, axis=2", rng.normal(size=(3, 4, 5, 2)), 2),
             ("a (5, 3) matrix, axis=-2", 3 * rng.normal(size=(5, 3)), -2),
             ("large negative logits around -1000", -1000 + rng.normal(size=(3, 7)), -1),
@@ -98,6 +118,13 @@ def check_softmax_np(candidate, ctx: Context) -> None:
         case = f"{label}; x {x.shape} {x.dtype}"
         got = ctx.call(candidate, x, axis=axis, case=case)
         expected = ref.softmax_np(x.astype(np.float64), axis=axis)
+        if isinstance(got, np.ndarray) and _wrong_shift(x, axis) and not np.all(np.isfinite(got)):
+            ctx.fail(
+                "the result contains NaN or inf on a row whose values span more than exp's "
+                "range, although every value on its own is small enough for exp.",
+                case=case,
+                mistake="softmax_shift_not_max",
+            )
         overflow = abs(x).max() > 500
         if overflow and isinstance(got, np.ndarray) and not np.all(np.isfinite(got)):
             ctx.fail(
@@ -241,7 +268,10 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             w64,
             case=case,
             allowed=c.mask,
-            mistakes=lambda which, c=c: attention_mistakes(c, which),
+            mistakes=lambda which, c=c: [
+                *attention_mistakes(c, which),
+                *_float32_scale_mistake(c, which, torch_dtype),
+            ],
             tol=TOL[np.float64 if torch_dtype is None else torch_dtype],
             out_hint="the weights are right: out = weights @ v.",
             otherwise=named("mask_not_applied_before_softmax"),
@@ -249,6 +279,21 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
         )
     if torch_dtype is not None and ctx.thorough:
         _check_causal_leak(candidate, ctx, torch_dtype)
+
+
+def _float32_scale_mistake(c: AttnCase, which: int, torch_dtype) -> list[Mistake]:
+    """On float64 tensors, the tutorials' ``/ torch.sqrt(torch.tensor(d_k,
+    dtype=torch.float32))``: a scale rounded to float32 (exact for d_k = 4, 16, 64, ...,
+    where the model is the right answer and names nothing); ``which`` 0 = out, 1 = weights."""
+    if torch_dtype != torch.float64:
+        return []
+    q, k, v = (as_float64(a) for a in (c.q, c.k, c.v))
+    scale = float(np.sqrt(np.float32(q.shape[-1])))
+
+    def model():
+        return M.attention(q, k, v, c.mask, scale=scale)[which]
+
+    return [Mistake.of("scale_float32", model=model)]
 
 
 def _nan_rows_where_mask_is_full(weights, mask: np.ndarray) -> bool:

@@ -40,6 +40,18 @@ def softmax_global_max(x, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
+@mistake("softmax_np", id="softmax_shift_not_max")
+def softmax_shift_by_min(x, axis=-1):
+    e = np.exp(x - x.min(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@mistake("softmax_np", id="softmax_shift_not_max")
+def softmax_shift_by_mean(x, axis=-1):
+    e = np.exp(x - x.mean(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
 @mistake("softmax_np", id="wrong_type")
 def softmax_returns_list(x, axis=-1):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
@@ -250,6 +262,27 @@ def sdpa_multiply_scores(q, k, v, mask=None):
         s = s * mask
     w = torch.softmax(s, dim=-1)
     return w @ v, w
+
+
+@mistake("sdpa", id="scale_float32")
+def sdpa_float32_scale(q, k, v, mask=None):
+    # The tutorials' idiom: a float32 scale divides float64 scores.
+    scores = q @ k.transpose(-2, -1) / torch.sqrt(torch.tensor(q.shape[-1], dtype=torch.float32))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+@alternative("sdpa")
+def sdpa_tensor_scale_in_q_dtype(q, k, v, mask=None):
+    # The same idiom with the scale in q's dtype and on q's device.
+    d_k = torch.tensor(q.shape[-1], dtype=q.dtype, device=q.device)
+    scores = q @ k.transpose(-2, -1) / torch.sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
 
 
 @alternative("sdpa")
