@@ -118,6 +118,20 @@ def _uniform_fully_masked(mask, dim):
     return applies
 
 
+def _nan_where_last_dim_guarded(got: torch.Tensor, mask: np.ndarray, dim: int) -> bool:
+    """NaN exactly where a slice is fully masked along ``dim`` (not the last) but not along
+    the last dimension: the mark of rows with no allowed position found with a hard-coded
+    ``mask.any(-1)`` (the softmax's NaN kept wherever the last dimension has a True)."""
+    last = got.ndim - 1
+    if got.ndim < 2 or dim % got.ndim == last:
+        return False
+    m = np.broadcast_to(mask, tuple(got.shape))
+    dead = ~m.any(axis=dim, keepdims=True)
+    kept = m.any(axis=-1, keepdims=True)
+    pattern = np.broadcast_to(dead, m.shape) & np.broadcast_to(kept, m.shape)
+    return bool(pattern.any() and np.array_equal(torch.isnan(got).numpy(), pattern))
+
+
 @exercise(
     "masked_softmax",
     forbidden=_forbid("masked_softmax"),
@@ -143,6 +157,10 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
         ("scores (6, 4) normalised over dim=0, mask (6, 4)", randn(6, 4), m1.T.contiguous(), 0),
         ("scores (3, 4), all allowed", randn(3, 4), torch.ones(3, 4, dtype=torch.bool), -1),
         ("large scores (around 1000)", 1000 * randn(4, 6), m1, -1),
+        (
+            "scores (6, 4) normalised over dim=0, column 2 fully masked",
+            *(randn(6, 4), m_dead.T.contiguous(), 0),
+        ),
     ]
     if ctx.thorough:
         m3 = torch.from_numpy(random_mask(rng, (2, 3, 4, 7), 0.5, attend=None))
@@ -161,6 +179,13 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
             s64, mnp = s.double().numpy(), mask.numpy()
             dead = ~np.broadcast_to(mnp, s64.shape).any(axis=dim)
             if isinstance(got, torch.Tensor) and dead.any() and torch.isnan(got).any():
+                if _nan_where_last_dim_guarded(got, mnp, dim):
+                    ctx.fail(
+                        f"the positions fully masked along dim={dim} came out NaN, except "
+                        "where a whole slice along the last dimension is masked.",
+                        case=case,
+                        mistake="dead_rows_found_along_last_dim",
+                    )
                 ctx.fail(
                     "a fully masked row came out NaN.", case=case, mistake="fully_masked_row_nan"
                 )

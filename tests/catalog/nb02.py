@@ -133,6 +133,12 @@ def masked_softmax_ignores_dim(scores, mask, dim=-1):
     return w.nan_to_num(0.0)
 
 
+@mistake("masked_softmax", id="dead_rows_found_along_last_dim")
+def masked_softmax_dead_rows_last_dim(scores, mask, dim=-1):
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
+    return torch.where(mask.any(-1, keepdim=True), w, torch.zeros_like(w))  # -1, not dim
+
+
 @mistake("masked_softmax", id="input_modified")
 def masked_softmax_in_place(scores, mask, dim=-1):
     scores.masked_fill_(~mask, float("-inf"))
