@@ -9,8 +9,9 @@ per-head query and key norms or none) and its feed-forward network a
 ``window - 1`` positions for a windowed layer.
 
 The converters read the weights of a ``transformers`` model by name, as notebook 13's
-(:mod:`attention_ref.convert`) do, in the layouts of 4.57 (one module per expert) and of 5.x
-(every expert's weights in one tensor, ``experts.gate_up_proj``, the gates' rows first);
+(:mod:`attention_ref.convert`) do, in the layouts of 4.57 (one module per expert, but
+GPT-OSS's experts already fused) and of 5.x (every expert's weights in one tensor,
+``experts.gate_up_proj``, the gates' rows first);
 queries and keys are reordered from the halves layout of rotary positions to adjacent
 pairs (:func:`~attention_ref.convert.rotate_half_permutation`), Qwen3's per-head norm
 weights with them:
@@ -167,7 +168,8 @@ def greedy_generate(
 # ----------------------------------------------------------------------------- converters
 #: A weight each converter reads, by ``model_type``: the layout of ``transformers`` 4.57.
 #: A weight each architecture has in the layouts the converters read (transformers 4.57:
-#: one module per expert; 5.x: every expert's weights in one tensor, ``experts.gate_up_proj``).
+#: one module per expert, GPT-OSS's fused; 5.x: every expert's weights in one tensor,
+#: ``experts.gate_up_proj``).
 LAYOUT = {
     "mixtral": (
         "model.layers.0.block_sparse_moe.experts.0.w1.weight",

@@ -501,7 +501,7 @@ def _route_cases(ctx: Context) -> list[tuple]:
         ("qwen3: 9 tokens, 8 experts, top_k=2, norm_topk_prob=False", 9, 8, 2, "qwen3", False,
          1.0),
         ("gpt_oss: 6 tokens, 4 experts, top_k=2", 6, 4, 2, "gpt_oss", None, 1.0),
-        ("qwen3: 8 tokens, 6 experts, top_k=2, norm_topk_prob left at its default (True)", 8, 6,
+        ("qwen3: 8 tokens, 6 experts, top_k=2, norm_topk_prob left at route's default (True)", 8, 6,
          2, "qwen3", None, 1.0),
         ("mixtral: 6 tokens, 4 experts, top_k=2, norm_topk_prob=False (mixtral renormalises "
          "whatever it says)", 6, 4, 2, "mixtral", False, 1.0),
