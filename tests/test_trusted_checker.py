@@ -12,6 +12,8 @@ test cells of plain asserts run in the checker.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import pickle
@@ -414,9 +416,10 @@ def test_a_grading_process_keeps_its_checker_while_it_answers_and_replaces_one_h
     monkeypatch,
 ):
     """One checker serves every notebook a grading process grades (starting one costs 1.5 s
-    of CPU), but only while it answers at once: a kernel that connected and sent nothing
-    holds the checker in its request, and the next notebook gets a new checker, never that
-    one."""
+    of CPU), but only while it answers at once. A kernel that connected and sent nothing
+    no longer holds it (each connection is read as its bytes come); a checker that does not
+    answer (here: stopped) is replaced, and the next notebook never gets it."""
+    import signal
     import time
 
     from attention_ref.course import trusted
@@ -431,7 +434,9 @@ def test_a_grading_process_keeps_its_checker_while_it_answers_and_replaces_one_h
         assert trusted.shared_checker() is first  # idle, with a late record skipped
         held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         held.connect(str(first.socket))  # a request begun, never sent
-        time.sleep(1.0)  # the checker takes the connection and waits for the request
+        time.sleep(1.0)  # the checker has taken the connection
+        assert trusted.shared_checker() is first  # it did not wait on it
+        first.proc.send_signal(signal.SIGSTOP)  # a checker that does not answer
         second = trusted.shared_checker()
         assert second is not first and second.proc.pid != first.proc.pid
         assert first.proc.wait(timeout=15) is not None  # the held-up one was stopped
@@ -440,4 +445,393 @@ def test_a_grading_process_keeps_its_checker_while_it_answers_and_replaces_one_h
     finally:
         while trusted._SHARED:
             trusted._SHARED.pop().stop()
-        first.stop()
+        with contextlib.suppress(OSError):
+            first.proc.send_signal(signal.SIGCONT)
+        first.stop(busy=True)
+
+
+# ----------------------------------------------------------------------------- no kernel stalls it
+def _frame(tree, buffers=()) -> bytes:
+    payload = wire.pack(tree, list(buffers))
+    return len(payload).to_bytes(8, "big") + payload
+
+
+#: What a hostile kernel sends the checker on a connection of its own.
+ATTACKS = {
+    # three bytes of a frame's length, and the connection held open
+    "stalled": lambda: b"\0\0\0",
+    # a frame whose candidate PyTorch cannot build (torch.device raised, uncaught)
+    "killing": lambda: _frame(
+        {"op": "check", "id": "softmax_np", "candidate": {"t": "device", "v": "bogus"}}
+    ),
+    # a frame of 100 MB whose one buffer is used 48 times: 4.8 GB if built
+    "amplifying": lambda: _frame(
+        {
+            "op": "check",
+            "id": "softmax_np",
+            "candidate": {
+                "t": "list",
+                "v": [{"t": "nd", "dtype": "uint8", "shape": [100 * 2**20], "buf": 0}] * 48,
+            },
+        },
+        [bytes(100 * 2**20)],
+    ),
+    "garbage": lambda: b"\x00\x00\x00\x00\x00\x00\x00\x05{not json",
+}
+
+
+def _serve_cell(path, namespace) -> list:
+    """A kernel connecting to the checker at ``path`` for its test cell of plain asserts."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    seen: list = []
+    _cell_kernel(sock, namespace, seen)
+    return seen
+
+
+def test_no_connection_stalls_crashes_or_swells_the_checker():
+    """Each attack comes in a cell of its own, on a connection of its own that stays open;
+    that cell fails, and the checker serves the next cell at once, as it does the rest."""
+    import time
+
+    from attention_ref.course.trusted import CheckerProcess
+
+    checker = CheckerProcess()
+    held = []
+    try:
+        for name, attack in ATTACKS.items():
+            checker.begin(f"attack-{name}", "assert True", "")
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(str(checker.socket))
+            conn.sendall(attack())
+            held.append(conn)
+            time.sleep(0.5)  # the checker has the bytes before the cell ends
+            record = checker.end(f"attack-{name}")
+            assert record["passed"] is False, (name, record)
+            start = time.monotonic()
+            checker.begin(f"next-{name}", "assert total == 3", "")
+            seen = _serve_cell(checker.socket, {"total": 3})
+            record = checker.end(f"next-{name}")
+            took = time.monotonic() - start
+            assert record["passed"], json.dumps([name, record, seen])
+            assert seen and seen[0]["passed"], (name, seen)
+            assert took < 10, f"{name}: the next cell took {took:.1f} s"
+        assert checker.proc.poll() is None and checker.responsive(2.0)
+    finally:
+        for conn in held:
+            conn.close()
+        checker.stop()
+
+
+def test_a_connection_that_never_sends_its_request_fails_its_cell_not_the_next():
+    """A connection left half sent in one cell is closed after FIRST_FRAME_WAIT: the cell
+    it came in fails; the cells that run meanwhile and after are served."""
+    import time
+
+    from attention_ref.checks import checker as checker_mod
+
+    out = io.StringIO()
+    state = checker_mod._State(out)
+    state.apply(b'{"cell": "a", "source": "assert True", "asserts": true}')
+    a, b = socket.socketpair()
+    with a, b:
+        w = checker_mod._Waiting(a, state.record, time.monotonic())
+        checker_mod._failed_connection(w, "a connection sent no whole request")
+        state.apply(b'{"end": true}')
+    record = json.loads(out.getvalue().splitlines()[-1])
+    assert record["passed"] is False and "no whole request" in json.dumps(record), record
+
+
+def test_every_error_in_handling_a_request_is_that_requests_failure():
+    """Whatever the request makes the checker's own code raise, judge returns a failure
+    and tells the kernel; it never raises."""
+    from attention_ref.checks.checker import AssertCell
+
+    for tree in (
+        {"op": "check", "id": "softmax_np", "candidate": {"t": "device", "v": "bogus"}},
+        {"op": "check", "id": "softmax_np", "candidate": {"t": "size", "v": [-1]}},
+        {"op": "check", "id": "softmax_np", "candidate": {"t": "bigint", "v": "9" * 10**5}},
+        {
+            "op": "check",
+            "id": "softmax_np",
+            "candidate": {"t": "tensor", "dtype": "float32", "shape": [-2], "device": "meta"},
+        },
+        {"op": "cell", "id": ["not", "a", "string"]},
+    ):
+        checker, kernel = socket.socketpair()
+        with checker, kernel:
+            kernel.sendall(_frame(tree))
+            verdict = judge(
+                checker,
+                AssertCell("assert True") if tree["op"] == "cell" else Expected("softmax_np"),
+            )
+            if tree["op"] == "check":
+                assert verdict["passed"] is False, (tree, verdict)
+                answer = wire.recv_frame(kernel)
+                assert b"verdict" in answer
+
+
+def test_decoding_bounds_the_bytes_it_builds_however_often_a_buffer_is_used():
+    node = {"t": "nd", "dtype": "uint8", "shape": [2**20], "buf": 0}
+    buffers = [memoryview(bytes(2**20))]
+    once = wire.Decoder(buffers, lambda n: n)({"t": "list", "v": [node] * 4})
+    assert len(once) == 4 and all(a.nbytes == 2**20 for a in once)
+    many = {"t": "list", "v": [node] * (wire.MAX_DECODED // 2**20 + 1)}
+    with pytest.raises(wire.WireError, match="counts once for each time"):
+        wire.Decoder(buffers, lambda n: n)(many)
+
+
+def test_a_frame_is_read_as_it_comes_and_refused_when_it_announces_too_much():
+    reader = wire.FrameReader()
+    frame = _frame({"op": "cell"})
+    for i in range(len(frame) - 1):
+        assert reader.feed(frame[i : i + 1]) is None
+    assert wire.unpack(reader.feed(frame[-1:]))[0] == {"op": "cell"}
+    with pytest.raises(wire.WireError, match="over the limit"):
+        wire.FrameReader().feed((wire.MAX_FRAME + 1).to_bytes(8, "big"))
+
+
+def test_a_check_whose_kernel_stops_answering_ends_when_the_grader_says_the_cell_ended():
+    """The kernel asked for a check, then never answered the checker's call of its
+    function (a thread of the learner's holds the connection while the cell ends): the
+    grader's next order ends the wait, and the check fails, at once."""
+    import time
+
+    checker, kernel = socket.socketpair()
+    order_r, order_w = socket.socketpair()
+    with checker, kernel, order_r, order_w:
+        enc = wire.Encoder(
+            lambda obj: {
+                "t": "handle",
+                "id": 1,
+                "type": "function",
+                "mro": [],
+                "callable": True,
+                "is_type": False,
+            }
+        )
+        kernel.sendall(_frame({"op": "check", "id": "softmax_np", "candidate": enc(len)}))
+        threading.Timer(1.0, lambda: order_w.sendall(b'{"end": true}\n')).start()
+        start = time.monotonic()
+        verdict = judge(checker, Expected("softmax_np"), abort=order_r.fileno())
+        took = time.monotonic() - start
+    assert verdict["passed"] is False and took < 10, (took, verdict)
+    assert "ended before the check finished" in verdict["message"], verdict
+
+
+# ----------------------------------------------------------------------------- no impersonation
+class _ClaimsTensor:
+    """A kernel object whose class says it is torch.Tensor, with an ``allclose`` of its own."""
+
+    ran: list = []
+
+    def allclose(self, *args, **kwargs):
+        _ClaimsTensor.ran.append(1)
+        return True
+
+
+_ClaimsTensor.__module__ = "torch"
+_ClaimsTensor.__qualname__ = "Tensor"
+
+
+class _StuckTensor(torch.Tensor):
+    """A tensor subclass that will not cross as the plain tensor it holds."""
+
+    def as_subclass(self, cls):
+        raise RuntimeError("no")
+
+    def allclose(self, *args, **kwargs):
+        _ClaimsTensor.ran.append(1)
+        return True
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "assert w.allclose(torch.ones(3))",
+        "assert torch.allclose(w, torch.ones(3))",
+        "assert isinstance(w, torch.Tensor) and torch.equal(w, torch.ones(3))",
+        "assert np.allclose(w, np.ones(3))",
+    ],
+)
+@pytest.mark.parametrize("kind", ["claims", "stuck"])
+def test_a_kernel_object_never_passes_for_a_tensor_in_a_cell_of_asserts(source, kind):
+    """Only a tensor that crossed as data is a tensor in the checker: an object whose class
+    claims torch.Tensor (or a subclass that will not let go) fails the cell, runs none of
+    its methods, and leaves PyTorch's C++ type checks alone (the checker stays up)."""
+    _ClaimsTensor.ran.clear()
+    w = _ClaimsTensor() if kind == "claims" else torch.ones(3).as_subclass(_StuckTensor)
+    verdict = _run_cell(source, {"w": w}, "import numpy as np\nimport torch")
+    assert not verdict["passed"], verdict
+    assert _ClaimsTensor.ran == [], "the kernel's method ran"
+    # an honest tensor still passes
+    verdict = _run_cell(source, {"w": torch.ones(3)}, "import numpy as np\nimport torch")
+    assert verdict["passed"], verdict
+
+
+class _Changing(dict):
+    """Globals whose ``ratio`` is 1e9 at one read and -1e9 at the next."""
+
+    def __getitem__(self, name):
+        if name == "ratio":
+            self.reads = getattr(self, "reads", 0) + 1
+            return 1e9 if self.reads % 2 else -1e9
+        return super().__getitem__(name)
+
+
+class _Main:
+    def __init__(self, namespace):
+        self.namespace = namespace
+
+    @property
+    def __dict__(self):
+        return self.namespace
+
+
+def test_a_name_is_read_from_the_kernel_once_per_cell():
+    """``assert 0.9 < ratio and ratio < 1.1`` sees one value of ``ratio``."""
+    namespace = _Changing()
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    saved = sys.modules["__main__"]
+    from attention_ref.checks.checker import AssertCell
+
+    def serve():
+        sys.modules["__main__"] = _Main(namespace)
+        try:
+            _kernel(kernel, None, None, seen)
+        finally:
+            sys.modules["__main__"] = saved
+
+    t = threading.Thread(target=serve)
+    t.start()
+    with checker:
+        verdict = judge(checker, AssertCell("assert 0.9 < ratio and ratio < 1.1\nx = ratio", ""))
+    t.join(30)
+    assert not verdict["passed"], verdict
+    assert namespace.reads == 1, namespace.reads
+
+
+def _borrows(q, k, v):
+    import torch.nn.functional as F
+
+    try:
+        return F.scaled_dot_product_attention(
+            torch.as_tensor(q), torch.as_tensor(k), torch.as_tensor(v)
+        )
+    except Exception:  # noqa: BLE001 - the trick: the tripwire's exception swallowed
+        return F.scaled_dot_product_attention(
+            torch.as_tensor(q), torch.as_tensor(k), torch.as_tensor(v)
+        )
+
+
+def _borrows_softmax(x, axis=-1):
+    from attention_ref import softmax_np
+
+    return softmax_np(x, axis)
+
+
+def test_the_learners_calls_from_a_cell_of_asserts_get_the_notebooks_forbidden_list():
+    from attention_ref import sdpa
+    from attention_ref.checks.checker import AssertCell
+
+    source = (
+        "q = torch.randn(2, 3, 4)\n"
+        "assert torch.allclose(attend(q, q, q), sdpa(q, q, q)[0], atol=1e-5)"
+    )
+    imports = "import torch\nfrom attention_ref import sdpa"
+    for fn, forbid, named in (
+        (_borrows, (), "scaled_dot_product_attention"),
+        (_borrows_softmax, ("softmax_np",), "attention_ref.softmax_np"),
+    ):
+        checker, kernel = socket.socketpair()
+        seen: list = []
+        cell = (
+            source
+            if fn is _borrows
+            else "x = np.ones((2, 3))\nassert np.allclose(attend(x), 1 / 3)"
+        )
+        t = threading.Thread(target=_cell_kernel, args=(kernel, {"attend": fn}, seen))
+        t.start()
+        with checker:
+            verdict = judge(checker, AssertCell(cell, imports + "\nimport numpy as np", forbid))
+        t.join(30)
+        assert not verdict["passed"], verdict
+        assert named in verdict["message"] and "reference_used" in verdict["message"], verdict
+
+    # the same cell with the learner's own code passes
+    def own(q, k, v):
+        w = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+        return w @ v
+
+    checker, kernel = socket.socketpair()
+    seen = []
+    t = threading.Thread(target=_cell_kernel, args=(kernel, {"attend": own}, seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, AssertCell(source, imports, ("sdpa",)))
+    t.join(30)
+    assert verdict["passed"], verdict
+    assert sdpa is not None
+
+
+# ----------------------------------------------------------------------------- the tripwire
+def _swallowed(q, k, v, mask=None):
+    """The reference called inside try/except: the tripwire's exception is caught, and
+    the second call ran unwatched."""
+    import attention_ref
+
+    try:
+        return attention_ref.sdpa(q, k, v, mask)
+    except Exception:  # noqa: BLE001 - the trick
+        return attention_ref.sdpa(q, k, v, mask)
+
+
+def _fused(call):
+    def sdpa(q, k, v, mask=None):
+        """PyTorch's fused attention for the output, the weights by hand."""
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        try:
+            out = call(q, k, v, attn_mask=mask)
+        except Exception:  # noqa: BLE001 - and the tripwire's exception swallowed
+            out = weights @ v
+        return out.nan_to_num(0.0), weights
+
+    return sdpa
+
+
+BORROWERS = {
+    "try/except": _swallowed,
+    "functools.partial": _fused(
+        __import__("functools").partial(torch.nn.functional.scaled_dot_product_attention)
+    ),
+    "torch.ops.aten": _fused(torch.ops.aten.scaled_dot_product_attention),
+    "torch.ops.aten overload": _fused(torch.ops.aten.scaled_dot_product_attention.default),
+    "torch._C._nn": _fused(torch._C._nn.scaled_dot_product_attention),
+}
+
+
+@pytest.mark.parametrize("how", sorted(BORROWERS))
+def test_a_forbidden_call_is_caught_however_it_is_made_and_whatever_the_learner_catches(how):
+    """Graded: the kernel records that the tripwire fired, and the call fails with
+    reference_used whatever the learner's code returned; PyTorch's fused attention is
+    stopped in every spelling (a call from C, as partial makes it, fires no profile
+    event)."""
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_kernel, args=(kernel, "sdpa", BORROWERS[how], seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, Expected("sdpa"))
+    t.join(60)
+    assert not verdict["passed"] and "reference_used" in verdict["message"], (how, verdict)
+
+
+def test_the_self_check_catches_the_reference_inside_try_except():
+    from attention_ref.checks import CheckFailure, run_check
+
+    with pytest.raises(CheckFailure, match="reference_used"):
+        run_check("sdpa", _swallowed)

@@ -244,17 +244,22 @@ class _Tripwire:
             else:
                 self.builtins[id(fn)] = desc
         self._old = None
+        #: What the learner's call reached that it may not: kept, so that a ``try/except``
+        #: of the learner's around the forbidden call does not undo it.
+        self.fired: list[str] = []
 
     def _profile(self, frame, event, arg):
         if event == "call":
             desc = self.codes.get(frame.f_code)
             if desc is not None:
                 sys.setprofile(None)
+                self.fired.append(desc)
                 raise ReferenceUsed(desc)
         elif event == "c_call":
             desc = self.builtins.get(id(arg))
             if desc is not None:
                 sys.setprofile(None)
+                self.fired.append(desc)
                 raise ReferenceUsed(desc)
 
     def __enter__(self):
@@ -521,9 +526,12 @@ class Context:
         if _remote.is_remote(fn):
             return self._call_remote(fn, copies, kw_copies, case, name, on, limit)
         deadline = _Deadline(limit)
+        tripwire = _Tripwire(self._forbidden)
         try:
-            with deadline, _Tripwire(self._forbidden), _remote.learner_code(limit):
+            with deadline, tripwire, _remote.learner_code(limit):
                 result = fn(*copies, **kw_copies)
+            if tripwire.fired:  # the learner's code caught the tripwire's exception
+                raise ReferenceUsed(tripwire.fired[0])
         except _remote.KernelError as err:  # the learner's code, in a graded kernel
             self._kernel_failed(err.info, name, case, limit)
         except _TimeUp as up:
@@ -551,6 +559,12 @@ class Context:
         except _remote.KernelGone as gone:
             self._gone(gone)
         except Exception as err:  # the learner's bug, reported as feedback
+            if tripwire.fired:  # ... after a forbidden call it caught: that call is the news
+                self.fail(
+                    f"your code calls {tripwire.fired[0]} instead of implementing the exercise.",
+                    mistake="reference_used",
+                    case=case,
+                )
             where, line = _student_line(err)
             self._raised(
                 {"type": type(err).__name__, "message": str(err), "where": where, "line": line},
@@ -694,8 +708,6 @@ class Context:
                     "inputs).",
                     case=case,
                     mistake="wrong_dtype",
-                    hint="keep the computation in the input's dtype; if you work in float64, "
-                    "cast back with .to(q.dtype).",
                 )
             if got.device != like.device:
                 self.fail(

@@ -274,7 +274,7 @@ class Agent:
 
         import torch
 
-        from ._core import REGISTRY, ReferenceUsed, _Deadline, _TimeUp
+        from ._core import ReferenceUsed, _Deadline, _TimeUp
 
         op = msg.get("op")
         target, args, kwargs = msg.get("target"), msg.get("args", ()), msg.get("kwargs", {})
@@ -282,10 +282,14 @@ class Agent:
             target, args, kwargs = torch.autograd.grad, args, kwargs
         elif op == "backward":
             target, args = _backward, args
-        key = (msg.get("exercise") or "", bool(msg.get("tripwire")))
+        forbid = msg.get("forbid")
+        key = (
+            str(msg.get("exercise") or ""),
+            bool(msg.get("tripwire")),
+            tuple(str(e) for e in forbid) if isinstance(forbid, list) else None,
+        )
         if key not in self._forbidden:
-            ex = REGISTRY.get(key[0])
-            self._forbidden[key] = ex.forbidden() if ex is not None and key[1] else []
+            self._forbidden[key] = _forbidden_for(*key)
         tripwire = graded_tripwire(self._forbidden[key])
         deadline = _Deadline(msg.get("limit"))
         before = [_snapshot(a) for a in args]
@@ -299,17 +303,23 @@ class Agent:
                 out = target(*args, **kwargs)
                 if op == "backward":
                     out = {str(k): leaf.grad for k, leaf in self.leaves.items()}
+            if tripwire.fired:  # caught by the learner's own try/except: fired all the same
+                raise ReferenceUsed(tripwire.fired[0])
         except _TimeUp as up:
             if up.deadline is not deadline:
                 raise
             return self.reply_error("timeout", limit=msg.get("limit"))
         except ReferenceUsed as used:
-            return self.reply_error("reference", name=used.name)
+            return self.reply_error(
+                "reference", name=tripwire.fired[0] if tripwire.fired else used.name
+            )
         except NotImplementedError as err:
             return self.reply_error("not_implemented", err)
         except CallbackFailed:
             return self.reply_error("callback")
         except Exception as err:  # noqa: BLE001 - the learner's error is data
+            if tripwire.fired:  # a forbidden call made the learner's code fail later
+                return self.reply_error("reference", name=tripwire.fired[0])
             return self._raised(err)
         except KeyboardInterrupt:
             raise  # the grader interrupted the cell at its time limit: the cell ends here
@@ -418,6 +428,11 @@ def _watch_off() -> tuple:
         fn = getattr(_thread, name, None)
         if fn is not None:
             out.append((fn, "a new thread (the check watches the code it calls)"))
+    torch_c = getattr(sys.modules.get("torch"), "_C", None)
+    for name in ("_pop_torch_function_stack", "_push_on_torch_function_stack"):
+        fn = getattr(torch_c, name, None)
+        if fn is not None:
+            out.append((fn, f"torch._C.{name} (which would switch off the check's watch)"))
     return tuple(out)
 
 
@@ -437,14 +452,18 @@ def _graded_tripwire_class():
     class GradedTripwire(_Tripwire):
         def __init__(self, forbidden: list) -> None:
             super().__init__(forbidden)
+            #: What the learner's code reached that it may not (kept, whatever the learner's
+            #: code did with the exception that stopped it there).
+            self.fired: list[str] = []
             self._profile = self._make_profile()
+            self._guard = _torch_guard(forbidden, self.fired)
 
         def _make_profile(self):
             # One flat function (it runs on every call the learner's code makes): a code
             # object of the checks' files is found by one dict lookup, its file name
             # matched once per code object (the course's Triton notebook runs millions
             # of calls in Triton's interpreter).
-            codes, builtins_, seen = self.codes, self.builtins, _CHECK_CODES
+            codes, builtins_, seen, fired = self.codes, self.builtins, _CHECK_CODES, self.fired
 
             def profile(frame, event, arg):
                 if event == "call":
@@ -458,6 +477,7 @@ def _graded_tripwire_class():
                             desc = "the course's checks (attention_ref.checks)"
                     if desc is not None:
                         sys.setprofile(None)
+                        fired.append(desc)
                         raise ReferenceUsed(desc)
                 elif event == "c_call":
                     if frame.f_code in own:
@@ -465,17 +485,127 @@ def _graded_tripwire_class():
                     desc = builtins_.get(id(arg))
                     if desc is not None:
                         sys.setprofile(None)
+                        fired.append(desc)
                         raise ReferenceUsed(desc)
 
             return profile
 
         def __enter__(self):
             self._old = sys.getprofile()
+            if self._guard is not None:
+                self._guard.__enter__()
             sys.setprofile(self._profile)  # always on: the checks' code is always forbidden
             return self
 
+        def __exit__(self, *exc):
+            sys.setprofile(self._old)
+            if self._guard is not None:
+                self._guard.__exit__(*exc)
+            return False
+
     own = {_Tripwire.__exit__.__code__, GradedTripwire.__exit__.__code__}
     return GradedTripwire
+
+
+def _forbidden_for(exercise: str, tripwire: bool, forbid: tuple[str, ...] | None) -> list:
+    """What the learner's call may not reach: the exercise's forbidden list, or in a test
+    cell of plain asserts (``forbid``) those of the notebook's exercises and PyTorch's
+    fused attention in every case."""
+    from ._core import REGISTRY
+
+    if not tripwire:
+        return []
+    if forbid is None:
+        ex = REGISTRY.get(exercise)
+        return ex.forbidden() if ex is not None else []
+    from .toolkit import BUILTIN_ATTENTION
+
+    out: list = list(BUILTIN_ATTENTION)
+    for name in forbid:
+        ex = REGISTRY.get(name)
+        if ex is not None:
+            out.extend(ex.forbidden())
+    return out
+
+
+#: PyTorch's attention as its operators are named, however they are reached (the
+#: functional API, ``torch.ops.aten.*`` and its overloads, ``torch._C``, a ``partial`` or
+#: ``map`` of any of them, which no profile hook sees): forbidding the public function
+#: forbids the family.
+_ATEN_FAMILIES = {
+    "scaled_dot_product_attention": (
+        "scaled_dot_product",
+        "flash_attention",
+        "efficient_attention",
+        "cudnn_attention",
+        "fused_attention",
+    ),
+    "multi_head_attention_forward": ("multi_head_attention", "transformer_encoder_layer"),
+}
+
+
+def _torch_guard(forbidden: list, fired: list):
+    """A torch-function mode that stops the learner's call at any forbidden PyTorch function,
+    whatever way it is called (None when nothing of PyTorch's is forbidden); what it
+    stopped is added to ``fired``."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    by_id: dict[int, str] = {}
+    families: list[tuple[str, str]] = []
+    for fn, desc in forbidden:
+        mod = getattr(fn, "__module__", None) or ""
+        name = getattr(fn, "__name__", "") or ""
+        if not (mod.startswith("torch") or getattr(fn, "__self__", None) is torch):
+            continue
+        by_id[id(fn)] = desc
+        for part in _ATEN_FAMILIES.get(name, ()):
+            families.append((part, desc))
+    if not by_id:
+        return None
+    return _guard_class()(by_id, families, fired)
+
+
+@functools.cache
+def _guard_class():
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from ._core import ReferenceUsed
+
+    class ForbiddenTorch(TorchFunctionMode):
+        def __init__(self, by_id: dict, families: list, fired: list) -> None:
+            super().__init__()
+            self.by_id, self.families, self.fired = by_id, families, fired
+            self.names: dict[str, str | None] = {}
+            self.depth = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            desc = self.by_id.get(id(func))
+            if desc is None and isinstance(
+                func, torch._ops.OpOverload | torch._ops.OpOverloadPacket
+            ):
+                name = str(getattr(func, "_qualified_op_name", "") or func.name())
+                if name not in self.names:
+                    self.names[name] = next((d for p, d in self.families if p in name), None)
+                desc = self.names[name]
+            if desc is not None:
+                self.fired.append(desc)
+                raise ReferenceUsed(desc)
+            return func(*args, **(kwargs or {}))
+
+        def __enter__(self):
+            self.depth = torch._C._len_torch_function_stack()
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            stack = torch._C._len_torch_function_stack()
+            if stack != self.depth + 1 or torch._C._get_function_stack_at(stack - 1) is not self:
+                self.fired.append("a switch of PyTorch's function modes (the check's watch)")
+                return False  # the learner's code took this mode off: leave the stack be
+            return super().__exit__(*exc)
+
+    return ForbiddenTorch
 
 
 def _backward(tensor: Any, gradient: Any = None) -> None:

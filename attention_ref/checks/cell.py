@@ -28,6 +28,7 @@ import sys
 import traceback
 from typing import Any
 
+from .mistakes import tag
 from .remote import ACTIVE, KernelError, KernelGone, Link, describe, is_remote
 
 #: The file name the test cell's code runs under (its lines are found by it in tracebacks).
@@ -62,7 +63,10 @@ class KernelNamespace(dict):
                     f"{name!r} is a module of the notebook's that the checker has not loaded; "
                     "import it in a cell of the instructor's (not an answer cell)"
                 )
-            return module
+            value = module
+        # Read once per cell: ``assert 0.9 < ratio and ratio < 1.1`` sees one value of
+        # ``ratio``, however the kernel's global changes between two reads.
+        self[name] = value
         return value
 
 
@@ -87,18 +91,28 @@ def _failure(err: BaseException, source: str) -> str:
         what = f"your code raised {err.info.get('type', 'an error')}: {err.info.get('message', '')}"
         if err.info.get("kind") == "timeout":
             what = f"your code took longer than the {err.info.get('limit')} s one call may take"
+        elif err.info.get("kind") == "reference":
+            what = (
+                f"your code calls {err.info.get('name', '?')} instead of implementing the "
+                "exercise" + tag("reference_used")
+            )
     else:
         what = f"{type(err).__name__}: {err}"
     return f"test cell failed at {where}: {what}" if where else f"test cell failed: {what}"
 
 
-def run_test_cell(link: Link, source: str, imports: str, limit: float | None) -> dict:
+def run_test_cell(
+    link: Link, source: str, imports: str, limit: float | None, forbid: tuple[str, ...] = ()
+) -> dict:
     """Execute the instructor's ``source`` here against the kernel at ``link``; the verdict
     ``{"exercise": "", "passed", "message", "cases": 0}``. ``limit``: seconds each call
-    of the learner's code may take."""
+    of the learner's code may take; ``forbid``: the exercises the notebook checks, whose
+    forbidden functions the learner's calls may not reach (PyTorch's fused attention
+    never)."""
     namespace = KernelNamespace(link)
     _imports(namespace, imports)
     link.limit, link.exercise, link.learner_limit = limit, "", (limit,)
+    link.forbid = tuple(forbid)
     printed = io.StringIO()
     ACTIVE[:] = [link]
     try:

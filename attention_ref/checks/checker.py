@@ -29,6 +29,7 @@ import pickle
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,9 @@ class AssertCell:
 
     source: str
     imports: str = ""
+    #: The exercises the notebook checks: the learner's calls from the cell get their
+    #: forbidden lists (and PyTorch's fused attention is always forbidden there).
+    forbid: tuple[str, ...] = ()
 
 
 @dataclass
@@ -91,24 +95,56 @@ def _send_verdict(sock: socket.socket, verdict: dict) -> None:
     wire.send_frame(sock, buf.getvalue())
 
 
-def judge(sock: socket.socket, expect: Expected | AssertCell | None) -> dict:
+def _refused(asked: str, message: str) -> dict:
+    return {"exercise": asked, "passed": False, "cases": 0, "message": message}
+
+
+def judge(
+    sock: socket.socket,
+    expect: Expected | AssertCell | None,
+    frame: bytes | None = None,
+    abort: int | None = None,
+) -> dict:
     """Run one check that the kernel at ``sock`` asks for, as ``expect`` says (None: the
     source makes no further check here, so none is run and the request fails; an
     :class:`AssertCell`: the kernel must ask for the cell, whose source runs here); send
     the kernel its feedback and return the verdict ``{"exercise", "passed", "message",
-    "cases"}``."""
-    link = Link(sock)
+    "cases"}``. ``frame``: the request, when the caller has read it (else it is read here,
+    within :data:`FIRST_FRAME_WAIT` seconds); ``abort``: a file descriptor whose being
+    readable ends the check (the grader's next order: the cell is over).
+
+    Whatever the kernel sends or does, this returns a verdict: any error in handling the
+    request is the request's failure, never the checker's."""
     try:
-        tree, buffers = wire.unpack(wire.recv_frame(sock))
+        return _judge(sock, expect, frame, abort)
+    except Exception as err:  # noqa: BLE001 - a request's failure, never the checker's
+        verdict = _refused("", f"not graded: the checker could not handle the request ({err})")
+        verdict["message"] = verdict["message"][:2000]
+        with contextlib.suppress(Exception):
+            _send_verdict(sock, verdict)
+        return verdict
+
+
+def _judge(sock, expect, frame, abort) -> dict:
+    link = Link(sock, abort=abort)
+    try:
+        if frame is None:
+            frame = wire.recv_frame(sock, deadline=time.monotonic() + FIRST_FRAME_WAIT)
+        tree, buffers = wire.unpack(frame)
         if not isinstance(tree, dict) or tree.get("op") not in ("check", "cell"):
             raise wire.WireError("the kernel's first message is not a check request")
-        asked = str(tree.get("id", "")) if tree["op"] == "check" else ""
+        asked = str(tree.get("id", ""))[:200] if tree["op"] == "check" else ""
         candidate = link.decode(tree.get("candidate"), buffers) if asked else None
     except (wire.WireError, OSError, ValueError, KeyError, TypeError) as err:
-        return {"exercise": "", "passed": False, "message": f"unreadable request: {err}"}
+        verdict = _refused("", f"unreadable request: {err}"[:2000])
+        with contextlib.suppress(Exception):
+            _send_verdict(sock, verdict)
+        return verdict
     verdict: dict[str, Any] = {"exercise": asked, "cases": 0}
     if isinstance(expect, AssertCell) and tree["op"] == "cell":
-        verdict = run_test_cell(link, expect.source, expect.imports, resolve_time_limit())
+        verdict = run_test_cell(
+            link, expect.source, expect.imports, resolve_time_limit(), expect.forbid
+        )
     elif isinstance(expect, AssertCell) or tree["op"] == "cell":
         where = "this cell makes no check" if expect is not None else "no test cell runs now"
         if expect is not None and not isinstance(expect, AssertCell):
@@ -155,7 +191,9 @@ def main(argv: list[str]) -> int:
     - ``{"cell": ID, "source": SRC}``: a graded test cell starts; its record begins.
       The checker then serves the kernel's check requests (each attributed to this cell)
       until the next order. With ``"asserts": true, "imports": LINES`` the cell makes no
-      check: the kernel asks for the cell and the checker runs ``SRC`` itself;
+      check: the kernel asks for the cell and the checker runs ``SRC`` itself
+      (``"forbid": [EXERCISE, ...]``: the exercises the notebook checks, whose forbidden
+      functions the learner's calls from the cell may not use);
     - ``{"end": true}``: the cell has finished; the answer is its record;
     - ``{"ping": true}``: the answer is ``{"pong": true}`` (the grader's test that this
       checker is free before it serves another notebook);
@@ -175,6 +213,31 @@ def main(argv: list[str]) -> int:
             os.rmdir(os.path.dirname(path))
 
 
+#: Seconds a kernel's connection may take to send its whole request (a few bytes to a
+#: few megabytes, sent at once): one that has not is closed, and its cell fails.
+FIRST_FRAME_WAIT = 30.0
+#: Connections waiting for their request at once; beyond it the oldest is closed.
+MAX_WAITING = 16
+
+
+@dataclass
+class _Waiting:
+    """A kernel's connection whose request has not fully come: read without waiting on it."""
+
+    conn: socket.socket
+    record: CellRecord | None  # the cell running when it connected
+    deadline: float
+    reader: wire.FrameReader = field(default_factory=wire.FrameReader)
+
+
+def _failed_connection(waiting: _Waiting, why: str) -> None:
+    """Close a connection that stalled or sent garbage; the cell it came in fails."""
+    with contextlib.suppress(OSError):
+        waiting.conn.close()
+    if waiting.record is not None:
+        waiting.record.results.append(_refused("", f"not graded: {why}"))
+
+
 def _serve(path: str) -> int:
     import selectors
 
@@ -184,7 +247,8 @@ def _serve(path: str) -> int:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     os.chmod(path, 0o666)  # the kernel runs under another user id when grading as root
-    server.listen(4)
+    server.listen(16)
+    server.setblocking(False)
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
@@ -192,48 +256,143 @@ def _serve(path: str) -> int:
     sel.register(server, selectors.EVENT_READ, "kernel")
     stdin = sys.stdin.fileno()
     sel.register(stdin, selectors.EVENT_READ, "grader")
-    record: CellRecord | None = None
+    state = _State(out)
     # The grader's orders, read from the pipe itself: a buffered readline would keep a
     # second order that came with the first (a cell's end right after its start) out of
     # sight of the next select, and the grader would wait for an answer never sent. Orders
-    # come before the kernel's requests: a cell's start is always read before the request
-    # its kernel makes in it.
-    pending = b""
-    orders: list[bytes] = []
+    # are applied before any connection is accepted or served: a cell's start is always
+    # read before the request its kernel makes in it. No connection is ever waited on:
+    # each one's request is read as its bytes come, and one whose request has not come
+    # within FIRST_FRAME_WAIT seconds is closed. A request is then judged on its own
+    # connection, with time limits, and the grader's next order ends it.
+    waiting: dict[int, _Waiting] = {}
+    ready: list[tuple[_Waiting, bytes]] = []
     while True:
-        if not orders:
-            ready = {key.data for key, _ in sel.select()}
-            if "grader" in ready:
-                chunk = os.read(stdin, 65536)
-                if not chunk:
-                    return 0
-                *lines, pending = (pending + chunk).split(b"\n")
-                orders.extend(line for line in lines if line.strip())
-            if not orders:
-                if "kernel" in ready:
-                    conn, _ = server.accept()
-                    with conn:
-                        if record is None:
-                            judge(conn, None)  # refused: no graded cell is running
-                        else:
-                            record.results.append(judge(conn, record.next_expected()))
-                continue
-        order = json.loads(orders.pop(0))
-        if order.get("quit"):
+        timeout = None
+        if ready:
+            timeout = 0.0
+        elif waiting:
+            timeout = max(0.0, min(w.deadline for w in waiting.values()) - time.monotonic())
+        sel.select(timeout)
+        if state.read_orders(stdin):
             return 0
+        # New connections, then whatever bytes the waiting ones have, without blocking.
+        for _ in range(MAX_WAITING):
+            try:
+                conn, _ = server.accept()
+            except OSError:  # none waiting (BlockingIOError), or one gone already
+                break
+            # An order written before the kernel connected is in the pipe by now: the
+            # connection belongs to the cell it starts.
+            if state.read_orders(stdin):
+                conn.close()
+                return 0
+            conn.setblocking(False)
+            if len(waiting) >= MAX_WAITING:
+                oldest = min(waiting.values(), key=lambda w: w.deadline)
+                sel.unregister(oldest.conn)
+                del waiting[oldest.conn.fileno()]
+                _failed_connection(oldest, "too many connections to the checker at once")
+            w = _Waiting(conn, state.record, time.monotonic() + FIRST_FRAME_WAIT)
+            waiting[conn.fileno()] = w
+            sel.register(conn, selectors.EVENT_READ, "conn")
+        for fd, w in list(waiting.items()):
+            try:
+                data = w.conn.recv(max(1, min(w.reader.wanted, 1 << 20)))
+                if not data:
+                    raise wire.WireError("the connection closed before its request came")
+                frame = w.reader.feed(data)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except (OSError, wire.WireError) as err:
+                sel.unregister(w.conn)
+                del waiting[fd]
+                _failed_connection(w, f"a connection to the checker broke off ({err})")
+                continue
+            if frame is not None:
+                sel.unregister(w.conn)
+                del waiting[fd]
+                ready.append((w, frame))
+        now = time.monotonic()
+        for fd, w in list(waiting.items()):
+            if w.deadline <= now:
+                sel.unregister(w.conn)
+                del waiting[fd]
+                _failed_connection(
+                    w, f"a connection sent no whole request within {FIRST_FRAME_WAIT:g} s"
+                )
+        if ready and not _grader_waiting(stdin):
+            w, frame = ready.pop(0)
+            state.judge(w, frame, stdin)
+
+
+def _grader_waiting(fd: int) -> bool:
+    """Whether the grader has written an order not read yet."""
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+class _State:
+    """The checker's record of the running cell, and the grader's orders applied to it."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.record: CellRecord | None = None
+        self.pending = b""  # the start of an order whose end has not come
+
+    def read_orders(self, fd: int) -> bool:
+        """Read and apply the grader's orders waiting on ``fd``, without waiting for any;
+        True when the checker is to end (``quit``, or the grader gone)."""
+        while _grader_waiting(fd):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return True
+            *lines, self.pending = (self.pending + chunk).split(b"\n")
+            for line in lines:
+                if line.strip() and self.apply(line):
+                    return True
+        return False
+
+    def apply(self, line: bytes) -> bool:
+        """Apply one order; True for ``quit``."""
+        try:
+            order = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(order, dict):
+            return False
+        if order.get("quit"):
+            return True
         if order.get("ping"):
-            out.write(json.dumps({"pong": True}) + "\n")
-            out.flush()
+            self._say({"pong": True})
         elif "cell" in order:
             source = str(order.get("source", ""))
-            record = CellRecord(str(order["cell"]), expected_checks(source))
+            self.record = CellRecord(str(order["cell"]), expected_checks(source))
             if order.get("asserts"):  # the grader's word: the source makes no check
-                record.asserts = AssertCell(source, str(order.get("imports", "")))
+                forbid = tuple(str(e) for e in order.get("forbid", []) or [])
+                self.record.asserts = AssertCell(source, str(order.get("imports", "")), forbid)
         elif order.get("end"):
-            summary = record.summary() if record is not None else {"passed": False}
-            record = None
-            out.write(json.dumps(summary) + "\n")
-            out.flush()
+            summary = self.record.summary() if self.record is not None else {"passed": False}
+            self.record = None
+            self._say(summary)
+        return False
+
+    def _say(self, answer: dict) -> None:
+        self.out.write(json.dumps(answer) + "\n")
+        self.out.flush()
+
+    def judge(self, w: _Waiting, frame: bytes, abort: int) -> None:
+        """Judge one request on its own connection; its verdict goes to the record of the
+        cell it came in, if that cell still runs (else it is refused, and nothing runs)."""
+        record = w.record if w.record is not None and w.record is self.record else None
+        with w.conn:
+            w.conn.setblocking(True)
+            verdict = judge(
+                w.conn, record.next_expected() if record is not None else None, frame, abort
+            )
+        if record is not None:
+            record.results.append(verdict)
 
 
 if __name__ == "__main__":

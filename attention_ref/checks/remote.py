@@ -23,6 +23,7 @@ import io
 import pickle
 import socket
 import sys
+import time
 from typing import Any
 
 import torch
@@ -33,6 +34,8 @@ from . import wire
 GRACE = 30.0
 #: The longest the checker waits for an answer to a request without a time limit.
 NO_LIMIT_WAIT = 600.0
+#: The longest one frame to the kernel may take to send (a kernel that stops reading).
+SEND_WAIT = 60.0
 
 
 class KernelGone(Exception):  # noqa: N818 - an event
@@ -116,8 +119,13 @@ class _Pickler(pickle.Pickler):
 class Link:
     """One connection to one graded kernel, for one check."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, abort: int | None = None) -> None:
         self.sock = sock
+        #: A file descriptor (the grader's orders) whose being readable ends the check: the
+        #: cell is over, and no answer of its kernel is waited for any longer.
+        self.abort = abort
+        with contextlib.suppress(OSError):
+            sock.settimeout(SEND_WAIT)  # a kernel that stops reading cannot hold a send
         self.seq = 0
         self.proxies: dict[int, Any] = {}
         self.tensors: dict[int, RemoteTensor] = {}
@@ -125,6 +133,9 @@ class Link:
         self.pending: BaseException | None = None
         self.limit: float | None = None  # the per-request limit of attribute reads
         self.exercise = ""
+        #: In a test cell of plain asserts: the exercises whose forbidden functions the
+        #: learner's calls may not reach (None: the exercise's own list).
+        self.forbid: tuple[str, ...] | None = None
         self.dead: str = ""
         self.leaves: dict[int, torch.Tensor] = {}  # key -> the check's tensor
         self._leaf_keys: dict[int, int] = {}  # id(tensor) -> key
@@ -170,6 +181,7 @@ class Link:
             limit=limit,
             exercise=self.exercise,
             tripwire=tripwire,
+            **({"forbid": list(self.forbid)} if self.forbid is not None else {}),
             rng=torch.get_rng_state(),
             watch=watch,
         )
@@ -223,17 +235,45 @@ class Link:
         with torch.no_grad():
             self.request("inplace_many", None, value=batch)
 
+    def _receive(self, deadline: float, wait: float) -> bytes:
+        """The kernel's next frame, by ``deadline`` (``time.monotonic()``): read as its
+        bytes come, never blocking on them, and given up as soon as the grader's next order
+        comes (the cell is over)."""
+        import selectors
+
+        reader = wire.FrameReader()
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(self.sock, selectors.EVENT_READ, "kernel")
+            if self.abort is not None:
+                sel.register(self.abort, selectors.EVENT_READ, "grader")
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise wire.WireError(f"no answer within {wait:g} s")
+                events = sel.select(left)
+                if any(key.data == "grader" for key, _ in events):
+                    raise wire.WireError("the test cell ended before the check finished")
+                if not events:
+                    continue
+                chunk = self.sock.recv(max(1, min(reader.wanted, 1 << 20)))
+                if not chunk:
+                    raise wire.WireError("the connection closed")
+                frame = reader.feed(chunk)
+                if frame is not None:
+                    return frame
+        finally:
+            sel.close()
+
     def _answer(self, seq: int, wait: float) -> Any:
-        self.sock.settimeout(wait)
+        deadline = time.monotonic() + wait
         while True:
-            try:
-                tree, buffers = wire.unpack(wire.recv_frame(self.sock))
-            except TimeoutError:
-                raise wire.WireError(f"no answer within {wait:g} s") from None
+            tree, buffers = wire.unpack(self._receive(deadline, wait))
             if not isinstance(tree, dict):
                 raise wire.WireError("an answer that is not a record")
             if "cb" in tree:
                 self._serve_callback(tree, buffers)
+                deadline = time.monotonic() + wait  # the kernel's call goes on
                 continue
             if tree.get("seq") not in (seq, None):
                 continue  # the late answer of a request the checker gave up on
@@ -333,27 +373,65 @@ def _resolve(name: str) -> type | None:
     return obj if isinstance(obj, type) else None
 
 
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not in C
+
+
+def _data_class(c: type) -> bool:
+    """Whether ``c`` is a class whose objects cross only as data (a tensor, an array, a
+    NumPy scalar) or one of Python's built-in types."""
+    import numpy as np
+
+    return issubclass(c, torch.Tensor | np.ndarray | np.generic) or c.__module__ == "builtins"
+
+
+def _claimable(c: type) -> bool:
+    """Whether a stand-in may answer ``isinstance`` against ``c``: only a class written in
+    Python all the way down (``torch.nn.Module``, a course class). A class with a base made
+    in C (a tensor, an array, a built-in type) is one the checker's C libraries read the
+    memory of, and a stand-in claiming it would make them read garbage."""
+    if c is object or _data_class(c):
+        return False
+    return all(b is object or b.__flags__ & _HEAPTYPE for b in c.__mro__) and not any(
+        (b.__module__ or "").startswith("torch._C") for b in c.__mro__
+    )
+
+
 def _proxy_class(node: dict) -> type:
-    mro = tuple(str(n) for n in node.get("mro", []))
-    key = (str(node.get("type", "object")), mro, bool(node.get("is_type")))
+    mro = tuple(str(n) for n in _list_of(node.get("mro", [])))
+    key = (str(node.get("type", "object"))[:100], mro, bool(node.get("is_type")))
     cls = _CLASSES.get(key)
     if cls is None:
-        spoof = next((c for c in map(_resolve, mro) if c is not None and c is not object), None)
+        resolved = [c for c in map(_resolve, mro) if c is not None]
+        spoof = next((c for c in resolved if _claimable(c)), None)
         attrs: dict[str, Any] = {"__slots__": ()}
-        if spoof is not None and not node.get("is_type"):
+        base: type = Remote
+        if not node.get("is_type") and any(_data_class(c) for c in resolved if c is not object):
+            # A tensor or an array that did not cross as data (a subclass that would not
+            # let go, a layout or dtype the wire does not carry): nothing of it is used,
+            # and it never passes for the data it claims to be.
+            base = _Inert
+        elif spoof is not None and not node.get("is_type"):
             attrs["__class__"] = property(lambda self, c=spoof: c)
         if node.get("is_type"):
             # A class of the kernel's: isinstance(x, type) holds, and issubclass against
             # the torch and course classes it derives from answers as in the kernel
-            # (issubclass walks __bases__ of what is not a real class).
-            bases = tuple(c for c in map(_resolve, node.get("bases", [])) if c is not None)[:1] or (
-                object,
-            )
+            # (issubclass walks __bases__ of what is not a real class); never a data class.
+            bases = tuple(
+                c
+                for c in map(_resolve, _list_of(node.get("bases", [])))
+                if c is not None and not _data_class(c)
+            )[:1] or (object,)
             attrs["__class__"] = property(lambda self: type)
             attrs["__bases__"] = property(lambda self, b=bases: b)
-        cls = type(key[0], (Remote,), attrs)
+        cls = type(key[0], (base,), attrs)
         _CLASSES[key] = cls
     return cls
+
+
+def _list_of(v: Any) -> list:
+    if not isinstance(v, list):
+        raise wire.WireError("a malformed description")
+    return v
 
 
 class Remote:
@@ -410,6 +488,31 @@ class Remote:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} in the graded kernel>"
+
+
+class _Inert(Remote):
+    """The stand-in of a kernel object that claims to be a tensor or an array but did not
+    cross as data: every use of it is a ``TypeError`` (nothing of it runs, here or in the
+    kernel)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"a {type(self).__name__} that is not a plain tensor or array (it could not be "
+            "read as data: a subclass, or a layout or dtype the checks do not take)"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._refuse()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._refuse()
+
+    __call__ = __iter__ = __next__ = __len__ = __bool__ = _refuse
+    __contains__ = __getitem__ = __setitem__ = _refuse
 
 
 #: Dunder attributes a stand-in fetches from the kernel (others are the stand-in's own).

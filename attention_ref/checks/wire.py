@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import struct
+import time
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,10 @@ import numpy as np
 #: The largest frame either side accepts (a check's inputs are small; a frame near this
 #: size is a kernel trying to exhaust the checker's memory).
 MAX_FRAME = 256 * 2**20
+#: The most bytes of arrays and tensors the checker builds from one frame: a buffer that
+#: the tree references many times counts as many times (24 references to one 200 MB buffer
+#: would otherwise take 4.8 GB from a 200 MB frame).
+MAX_DECODED = MAX_FRAME
 _LEN = struct.Struct("!Q")
 
 #: dtypes that cross as raw bytes (anything else is a handle).
@@ -71,6 +77,8 @@ TORCH_DTYPES = {
 }
 #: How deep a container may nest before the rest of it becomes a handle.
 MAX_DEPTH = 32
+#: The devices a tensor may name (anything else is malformed, not PyTorch's to parse).
+_DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu)(:[0-9]{1,3})?")
 
 
 class WireError(RuntimeError):
@@ -84,10 +92,20 @@ def send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(_LEN.pack(len(payload)) + payload)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes from ``sock``; with a ``deadline`` (``time.monotonic()``), a
+    :class:`WireError` once it passes, however slowly the bytes trickle in."""
     chunks, got = [], 0
     while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WireError(f"a frame not received in time ({got} of {n} bytes came)")
+            sock.settimeout(left)
+        try:
+            chunk = sock.recv(min(n - got, 1 << 20))
+        except TimeoutError:
+            raise WireError(f"a frame not received in time ({got} of {n} bytes came)") from None
         if not chunk:
             raise WireError("the connection closed")
         chunks.append(chunk)
@@ -95,11 +113,49 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock: socket.socket) -> bytes:
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
-    if n > MAX_FRAME:
-        raise WireError(f"a frame of {n} bytes announced, over the limit of {MAX_FRAME}")
-    return _recv_exact(sock, n)
+def recv_frame(sock: socket.socket, deadline: float | None = None, limit: int = MAX_FRAME) -> bytes:
+    """One frame; a :class:`WireError` when it announces more than ``limit`` bytes, or when
+    it has not fully come by ``deadline`` (``time.monotonic()``; None: the socket's own
+    timeout applies)."""
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
+    if n > limit:
+        raise WireError(f"a frame of {n} bytes announced, over the limit of {limit}")
+    return _recv_exact(sock, n, deadline)
+
+
+class FrameReader:
+    """The first frame of one connection, read without ever waiting on it: the checker
+    :meth:`feed` s it whatever bytes the connection has (a non-blocking socket), however
+    few, and serves other connections meanwhile."""
+
+    def __init__(self, limit: int = MAX_FRAME) -> None:
+        self.limit = limit
+        self.buf = bytearray()
+        self.size: int | None = None
+
+    def feed(self, data: bytes) -> bytes | None:
+        """Add ``data``; the whole frame once it has come (None until then). A
+        :class:`WireError` when the frame announces more than the limit."""
+        self.buf += data
+        if self.size is None and len(self.buf) >= _LEN.size:
+            (self.size,) = _LEN.unpack(bytes(self.buf[: _LEN.size]))
+            if self.size > self.limit:
+                raise WireError(
+                    f"a frame of {self.size} bytes announced, over the limit of {self.limit}"
+                )
+        if self.size is not None and len(self.buf) >= _LEN.size + self.size:
+            with memoryview(self.buf) as view:
+                frame = bytes(view[_LEN.size : _LEN.size + self.size])
+            self.buf = bytearray()
+            return frame
+        return None
+
+    @property
+    def wanted(self) -> int:
+        """How many more bytes the frame needs (at least 1 before its length is known)."""
+        if self.size is None:
+            return _LEN.size - len(self.buf)
+        return _LEN.size + self.size - len(self.buf)
 
 
 # ----------------------------------------------------------------------------- kernel -> checker
@@ -230,8 +286,23 @@ class Decoder:
         self.buffers = buffers
         self.handle = handle
         self.tensor_ref = tensor_ref
+        self.budget = MAX_DECODED  # bytes of arrays this frame may still make here
 
     def __call__(self, node: Any, depth: int = 0) -> Any:
+        """The value of ``node``: a :class:`WireError` for anything malformed, whatever
+        went wrong in building it (a device PyTorch does not know, a shape it refuses)."""
+        if depth:
+            return self._value(node, depth)
+        try:
+            return self._value(node, depth)
+        except WireError:
+            raise
+        except RecursionError:
+            raise WireError("a value nested too deep") from None
+        except Exception as err:  # noqa: BLE001 - the kernel's malformed data, never a crash
+            raise WireError(f"a malformed value ({type(err).__name__}: {err})"[:500]) from None
+
+    def _value(self, node: Any, depth: int = 0) -> Any:
         if depth > MAX_DEPTH + 1 or not isinstance(node, dict):
             raise WireError("a malformed value")
         t = node.get("t")
@@ -245,10 +316,10 @@ class Decoder:
         if t == "float":
             return float.fromhex(str(node["v"]))
         if t in ("tuple", "list"):
-            items = [self(v, depth + 1) for v in _list(node["v"])]
+            items = [self._value(v, depth + 1) for v in _list(node["v"])]
             return tuple(items) if t == "tuple" else items
         if t == "dict":
-            return {str(k): self(v, depth + 1) for k, v in _list(node["v"])}
+            return {str(k): self._value(v, depth + 1) for k, v in _list(node["v"])}
         if t in ("nd", "npscalar"):
             dtype = str(node["dtype"])
             if dtype not in NP_DTYPES:
@@ -268,7 +339,10 @@ class Decoder:
                 raise WireError(f"an unknown dtype {name!r}")
             return dt
         if t == "device":
-            return torch.device(str(node["v"]))
+            name = str(node["v"])
+            if not _DEVICE.fullmatch(name):
+                raise WireError(f"an unknown device {name[:40]!r}")
+            return torch.device(name)
         if t == "size":
             return torch.Size([int(v) for v in _list(node["v"])])
         if t in ("handle", "checker"):
@@ -279,11 +353,22 @@ class Decoder:
         shape = tuple(int(s) for s in _list(node["shape"]))
         if any(s < 0 for s in shape):
             raise WireError("a negative dimension")
-        buf = self.buffers[int(node["buf"])]
-        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        index = int(node["buf"])
+        if not 0 <= index < len(self.buffers):
+            raise WireError("an array whose buffer is not in the frame")
+        buf = self.buffers[index]
+        n = 1
+        for s in shape:
+            n *= s
         if n * dtype.itemsize != len(buf):
             raise WireError("an array whose bytes do not match its shape")
-        return np.frombuffer(bytes(buf), dtype=dtype).reshape(shape).copy()
+        self.budget -= len(buf)
+        if self.budget < 0:
+            raise WireError(
+                f"a frame whose arrays come to more than {MAX_DECODED} bytes (a buffer "
+                "counts once for each time it is used)"
+            )
+        return np.frombuffer(buf, dtype=dtype).reshape(shape).copy()
 
     def _tensor(self, node: dict):
         import torch
