@@ -61,6 +61,10 @@ _TABLE = """
 [wrong_type]
 [wrong_shape]
 [wrong_dtype]
+  hint: keep the result in the dtype the spec asks for (the inputs', unless it says otherwise):
+    create tensors with dtype=x.dtype, torch.zeros_like(x) or x.new_zeros(...), and cast a
+    result computed in another dtype back with .to(x.dtype), x being an input tensor (the
+    logits, q, ...).
 [wrong_device]
 [not_a_tuple]
 [input_modified]
@@ -919,7 +923,7 @@ _TABLE = """
   hint: when t > 1 pass a mask (t, T) with True where key j <= len_before + i.
 [kv_unshifted] the causal mask is not shifted by the number of cached positions: new position i
     is at absolute position len_before + i, so it sees keys j <= len_before + i.
-  hint: build the mask as torch.ones(t, T, dtype=torch.bool).tril(T - t).
+  hint: build the mask as torch.ones(t, T, dtype=torch.bool, device=x_new.device).tril(T - t).
 [kv_only_new] the new queries attend only to the new keys, not to the cached ones.
   hint: attend to all keys and values that cache.append(k, v) returns.
 [kv_no_w_o] the output projection w_o is missing.
