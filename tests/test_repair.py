@@ -88,8 +88,11 @@ def test_a_pasted_image_is_embedded_and_renders_inert(source, released):
     from nbconvert import HTMLExporter
 
     cell = released.cells[index(released, "why_sqrt_dk")]
-    cell.source = "The variance grows with d_k, see:\n\n![image.png](attachment:image.png)\n"
-    cell["attachments"] = {"image.png": {"image/png": PNG}}
+    cell.source = (
+        "The variance grows with d_k, see:\n\n![image.png](attachment:image.png)\n"
+        "and ![a plot](attachment:my%20plot.png)\n"  # a file's name, escaped by JupyterLab
+    )
+    cell["attachments"] = {"image.png": {"image/png": PNG}, "my plot.png": {"image/gif": PNG}}
     trusted = frozenset(c.source for c in source.cells if c.cell_type == "markdown")
     # The control: as JupyterLab wrote it, the grading views' inert markdown fails on it.
     with pytest.raises(Exception, match="missing attachment"):
@@ -98,6 +101,7 @@ def test_a_pasted_image_is_embedded_and_renders_inert(source, released):
     assert notes == []  # nothing was wrong: the image is kept
     answer = fixed.cells[index(fixed, "why_sqrt_dk")]
     assert f"![image.png](data:image/png;base64,{PNG})" in answer.source
+    assert f"![a plot](data:image/gif;base64,{PNG})" in answer.source
     assert "attachments" not in answer
     make_inert(fixed, trusted)
     html, _ = HTMLExporter().from_notebook_node(fixed)
@@ -245,6 +249,18 @@ def test_deleted_instructor_cells_are_put_back_in_place(source, released):
     assert problem(fixed) == ""
 
 
+def test_a_test_cell_moved_above_its_answer_is_moved_back_below_it(source, released):
+    test = released.cells.pop(index(released, "test_sdpa"))
+    released.cells.insert(index(released, "sdpa"), test)  # dragged above its answer
+    released.cells.append(released.cells.pop(index(released, "test_softmax_np")))  # to the end
+    fixed, notes = rp.repair(released, source)
+    assert index(fixed, "test_sdpa") == index(fixed, "sdpa") + 1
+    assert index(fixed, "test_softmax_np") == len(fixed.cells) - 1  # below its answer: stays
+    assert notes == [
+        "cell 17 (test_sdpa) stood above the answer it checks, cell 18 (sdpa): moved right below it"
+    ]
+
+
 def test_nbformat_44_with_problems_stays_44(source, released):
     released.nbformat_minor = 4
     for c in released.cells:
@@ -298,24 +314,27 @@ def test_a_repaired_notebook_is_repaired_the_same_way_and_once(source, released)
 
 # ----------------------------------------------------------------------------- end to end
 def jupyterlab_submission(source, released):
-    """The released notebook, solved (but for sdpa, which misses the 1/sqrt(d_k) scale:
-    test_sdpa fails), then edited as in JupyterLab: a pasted image in the written answer,
-    a copied test cell, a deleted test cell, a comma in a tag, an invalid cell id, an
-    unknown grade id, comment and score in a test cell's nbgrader metadata."""
+    """The released notebook, solved (but for sdpa_np, which misses the 1/sqrt(d_k)
+    scale: test_sdpa_np fails), then edited as in JupyterLab: a pasted image in the
+    written answer, a copied test cell, a deleted test cell, a test cell dragged above its
+    answer, a comma in a tag, an invalid cell id, an unknown grade id, comment and score
+    in a test cell's nbgrader metadata."""
     nb = copy.deepcopy(released)
     for c in nb.cells:
         if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code":
             c.source = strip_solution_markers(source.cells[index(source, gid(c))].source)
-    sdpa = nb.cells[index(nb, "sdpa")]
-    sdpa.source = sdpa.source.replace(" / math.sqrt(d_k)", "")
-    assert "sqrt" not in sdpa.source
+    wrong = nb.cells[index(nb, "sdpa_np")]
+    wrong.source = wrong.source.replace(" / np.sqrt(d_k)", "")
+    assert "sqrt" not in wrong.source
     written = nb.cells[index(nb, "why_sqrt_dk")]
     written.source = "Scores grow like sqrt(d_k):\n\n![image.png](attachment:image.png)\n"
     written["attachments"] = {"image.png": {"image/png": PNG}}
     copied = copy.deepcopy(nb.cells[index(nb, "test_softmax_np")])
     copied["id"] = "5e1f0c2a-77aa-4bde-9b1c-0f3e2d4c5b6a"
     nb.cells.insert(index(nb, "test_softmax_np") + 3, copied)
-    del nb.cells[index(nb, "test_sdpa_np")]  # deleted: put back, it earns its 3 points
+    del nb.cells[index(nb, "test_sdpa_np")]  # deleted: put back (it fails the answer)
+    test = nb.cells.pop(index(nb, "test_sdpa"))
+    nb.cells.insert(index(nb, "sdpa"), test)  # above its answer: it earns 2 once below it
     nb.cells[3].metadata["tags"] = ["my notes, draft"]
     nb.cells[5]["id"] = "cell 5 (mine)"
     nb.cells[6].metadata["nbgrader"] = {"grade": True, "grade_id": "extra", "points": 9}
@@ -339,20 +358,21 @@ def test_a_jupyterlab_notebook_is_graded_on_its_answers(tmp_path, source):
     assert proc.returncode == 1, out  # one submission not graded
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         nb = gb.find_submission_notebook(AID, AID, "lab")
-        # softmax_np 2 + sdpa_np 3 (its deleted test cell put back) + sdpa 0 of 7; the
-        # copy of test_softmax_np is not graded twice
-        assert (nb.code_score, nb.max_code_score) == (5.0, 7.0), out
+        # softmax_np 2 (its copied test cell not graded) + sdpa_np 0 (wrong; its deleted
+        # test cell put back) + sdpa 2 (its test cell back below it) of 7
+        assert (nb.code_score, nb.max_code_score) == (4.0, 7.0), out
         assert {g.name for g in nb.grades} == {
             gid(c) for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")
         }
     with open(course / "grades.csv", newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
-    assert float(rows["lab"]["score"]) == 5.0 and rows["broken"]["score"] == "", rows
+    assert float(rows["lab"]["score"]) == 4.0 and rows["broken"]["score"] == "", rows
     report = proc.stdout[proc.stdout.index("Grading report") :]
     lab_lines = report[report.index(" lab ") : report.index("submission(s) graded")]
     for said in (
         "copy of the instructor's cell test_softmax_np",
         "the instructor's cell test_sdpa_np was missing: put back",
+        "(test_sdpa) stood above the answer it checks",
         "cell 4: its tags were tidied",
         "cell id(s) were missing, not valid or repeated",
         "(extra): its grade id is not one of the assignment's",
@@ -372,6 +392,5 @@ def test_a_jupyterlab_notebook_is_graded_on_its_answers(tmp_path, source):
     assert f"data:image/png;base64,{PNG}" in graded.cells[index(graded, "why_sqrt_dk")].source
     nbgrader(course, "generate_feedback", AID, "--student", "lab")
     html = (course / "feedback" / "lab" / AID / f"{AID}.html").read_text()
-    assert "Grading note" in html and "put back" in html
+    assert "Grading note" in html and "put back after cell 16 (sdpa_np)" in html
     assert f'src="data:image/png;base64,{PNG}"' in html
-    assert "<script>alert" not in html

@@ -9,10 +9,12 @@ nbgrader metadata. :func:`repair` mends a submitted notebook against the instruc
 source notebook before nbgrader reads it, so that every answer earns what it earns:
 
 - **the instructor's cells** (by ``grade_id``) are the instructor's: one that is missing is
-  put back where the source has it (a test cell with its code, an answer cell with the
-  release's stub); one whose cell type or grading settings were changed gets the
-  instructor's again; a test cell's code is restored (nbgrader's ``OverwriteCells`` does
-  it, from the gradebook; this module says so);
+  put back where the source has it, as it was released (a test cell with its code, an
+  answer cell with its stub); one whose cell type or grading settings were changed gets
+  the instructor's again, and a test cell whose code was edited gets the released code
+  (nbgrader's ``OverwriteCells`` then adds its hidden tests, from the gradebook);
+- an instructor's test cell moved above the answer it checks is moved back below it
+  (graded top to bottom, it would run before the answer);
 - **a copy** of an instructor's cell (its ``grade_id`` a second time) is an ordinary cell:
   its grading metadata is removed, so it is not graded twice. The instructor's cell is the
   occurrence that stands where the source puts it, among the other graded cells;
@@ -36,7 +38,7 @@ source notebook before nbgrader reads it, so that every answer earns what it ear
 The repairs are listed in plain words (:func:`repair` returns them); the graded notebook
 gets them as a last markdown cell (so the feedback and formgrader show them), and ``make
 grade``'s report lists them (:func:`submission_repairs`). A notebook that cannot be read
-at all (not JSON, not an nbformat 4 notebook, still invalid once repaired) raises
+at all (not JSON, not of nbformat 4 or 3, still invalid once repaired) raises
 :class:`UnreadableNotebookError`, whose message is the real reason: it is reported as not
 graded, never as 0.
 
@@ -44,7 +46,8 @@ graded, never as 0.
 preprocessors (nbgrader_config.py), wherever a submission is autograded: ``make grade``'s
 workers and its writing of the gradebook, ``nbgrader autograde``, formgrader's button.
 
-This module imports no PyTorch and nothing of the course's but :mod:`.trusted`'s helpers.
+This module imports nothing of the course's package and no PyTorch (nbgrader_config.py
+imports it).
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ from __future__ import annotations
 import copy
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import nbformat
 from nbconvert.preprocessors import Preprocessor
@@ -112,6 +117,11 @@ def _gid(cell: Any) -> str:
     meta = cell.get("metadata", {}).get("nbgrader") if isinstance(cell, dict) else None
     gid = meta.get("grade_id") if isinstance(meta, dict) else None
     return gid if isinstance(gid, str) else ""
+
+
+def _at(cells: list, cell: Any) -> int:
+    """The index of ``cell`` itself in ``cells`` (not of a cell equal to it)."""
+    return next(i for i, c in enumerate(cells) if c is cell)
 
 
 def _node(value: Any) -> Any:
@@ -272,7 +282,8 @@ class _Repairer:
         lost = []
 
         def embed(m: re.Match) -> str:
-            bundle = bundles.get(m.group(1))
+            name = m.group(1)  # as written in the markdown: JupyterLab escapes a space
+            bundle = bundles.get(name, bundles.get(unquote(name)))
             if isinstance(bundle, dict):
                 for mime in IMAGE_TYPES:
                     data = _text(bundle.get(mime))
@@ -331,7 +342,37 @@ class _Repairer:
                     )
         for gid, cell in kept.items():
             self.restore(cell, source_cells[src_index[gid]])
-        return self.put_back(cells, kept, source_cells, anchors)
+        cells = self.put_back(cells, kept, source_cells, anchors)
+        return self.tests_below_answers(cells, kept, source_cells)
+
+    def tests_below_answers(self, cells: list, kept: dict[str, Any], source_cells: list) -> list:
+        """``cells`` with each instructor's test cell that stands above an answer cell of
+        its exercise (one the source has between the previous test cell and it) moved
+        right below the last of them: run top to bottom, it checks the answer. Only the
+        instructor's test cells move, never a cell of the student's."""
+        out = list(cells)
+        previous = -1
+        for t, src in enumerate(source_cells):
+            if not _is_test(src):
+                continue
+            answers = [
+                kept[_gid(a)]
+                for a in source_cells[previous + 1 : t]
+                if _is_answer(a) and _gid(a) in kept
+            ]
+            previous = t
+            test = kept.get(_gid(src))
+            if test is None or not answers:
+                continue
+            last = max(answers, key=lambda c: _at(out, c))
+            if _at(out, test) < _at(out, last):
+                del out[_at(out, test)]
+                out.insert(_at(out, last) + 1, test)
+                self.notes.append(
+                    f"{self.name(test)} stood above the answer it checks, {self.name(last)}: "
+                    "moved right below it"
+                )
+        return out
 
     @staticmethod
     def anchors(cells: list, source_cells: list) -> dict[int, int]:
@@ -452,7 +493,7 @@ class _Repairer:
                 continue
             before = next((at_source[j] for j in range(m - 1, -1, -1) if j in at_source), None)
             cell = self.missing_cell(src)
-            out.insert(out.index(before) + 1 if before is not None else 0, cell)
+            out.insert(_at(out, before) + 1 if before is not None else 0, cell)
             kept[gid] = at_source[m] = cell
             where = f"after {self.name(before)}" if before is not None else "at the start"
             self.notes.append(
@@ -555,6 +596,12 @@ def _is_answer(cell: Any) -> bool:
     return bool(meta.get("solution"))
 
 
+def _is_test(cell: Any) -> bool:
+    """An instructor's test cell: graded, locked, not an answer."""
+    meta = cell.get("metadata", {}).get("nbgrader", {}) or {}
+    return bool(meta.get("grade") and meta.get("locked") and not meta.get("solution"))
+
+
 def repair(nb: Any, source_nb: Any) -> tuple[Any, list[str]]:
     """Repair the submitted notebook ``nb`` (nbformat 4, as read; not modified) against the
     instructor's ``source_nb``: returns ``(repaired copy, what was repaired)``, one
@@ -572,9 +619,11 @@ def validation_problem(nb: Any) -> str:
     """Why nbconvert's or nbgrader's validation refuses ``nb`` ("" if neither does)."""
     from nbgrader.nbgraderformat import MetadataValidator, ValidationError
 
-    nb = copy.deepcopy(nb)  # nbformat's validate mends repeated ids in place
+    nb = copy.deepcopy(nb)  # nbformat's validate mends repeated ids in place, and warns
     try:
-        nbformat.validate(nb, relax_add_props=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nbformat.validate(nb, relax_add_props=True)
     except nbformat.ValidationError as err:
         return str(err).splitlines()[0]
     try:
@@ -625,6 +674,8 @@ def note_repairs(folder: Path, source_folder: Path, notes: list[str]) -> str:
         notes += submission_repairs(folder, source_folder)
     except UnreadableNotebookError as err:
         return f"its notebook cannot be read: {err}"
+    except Exception as err:  # a bug of the repair's: grade as nbgrader would
+        notes.append(f"its notebook could not be checked for repairs ({type(err).__name__}: {err})")
     return ""
 
 
@@ -640,7 +691,13 @@ class Repair(Preprocessor):
         source = self._source(resources)
         if source is None:
             return nb, resources
-        fixed, notes = repair(nb, source)
+        try:
+            fixed, notes = repair(nb, source)
+        except UnreadableNotebookError:
+            raise
+        except Exception:  # a bug of the repair's: grade the notebook as nbgrader would
+            self.log.exception("the notebook could not be repaired; graded as it is")
+            return nb, resources
         add_note(fixed, notes)
         return fixed, resources
 
