@@ -57,6 +57,7 @@ _CourseExecute = _cell_limits.execute_preprocessor(
 # ids, foreign nbgrader metadata) is repaired against the source before nbgrader reads it,
 # the repairs listed in a last cell (attention_ref/course/repair.py).
 c.Autograde.sanitize_preprocessors = [
+    # First: nbconvert validates the notebook after every preprocessor, the first included.
     _repair.Repair,
     *Autograde.class_traits()["sanitize_preprocessors"].default(),
     _trusted.SourceTags,
