@@ -59,12 +59,12 @@ CLUSTER_LANE = tests/test_grading.py tests/test_cluster.py
 # ended first (119 s), rather than everything else's, which ended last (177 s). make versions
 # runs them as it runs everything else's.
 CLASS_LANE_EXTRA = tests/test_similarity.py tests/test_inert.py tests/test_bench.py \
-	tests/test_gradebook_version.py
+	tests/test_gradebook_version.py tests/test_busy_grading.py
 SERVERS_LANE = tests/test_hub.py tests/test_browser.py tests/test_student_edition.py \
 	tests/test_check_timeouts.py tests/test_trusted_checker.py
 # Each lane's report names its slowest tests: what to move between lanes, or to make test-later.
 DURATIONS = --durations=8
-QUICK_MARKS = not all_alternatives and not every_notebook and not later
+QUICK_MARKS = not all_alternatives and not every_notebook and not later and not busy
 # Whole hostile classes graded (forgers of grades, injections into the instructor's views):
 # in make test-later's solutions lane (a few minutes), or alone with `make test-hostile`.
 HOSTILE_LANE = tests/test_forgery.py tests/test_inert_views.py
@@ -77,7 +77,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
 .PHONY: lab test test-class-lane test-cluster-lane test-servers-lane test-other-lane test-later test-later-solutions \
-	test-later-runs test-hostile release grade report bench lint format lock venv clean \
+	test-later-runs test-busy test-hostile release grade report bench lint format lock venv clean \
 	student-edition versions versions-install test-alternatives alternatives-and-versions
 
 venv: $(STAMP)
@@ -116,7 +116,7 @@ test-servers-lane: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) $(DURATIONS) -m "$(QUICK_MARKS)" $(SERVERS_LANE)
 
 test-other-lane: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) $(DURATIONS) -m "not all_alternatives and not every_notebook and not later" \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) $(DURATIONS) -m "not all_alternatives and not every_notebook and not later and not busy" \
 		$(addprefix --ignore=,$(GRADING_LANE) $(HOSTILE_LANE) $(SERVERS_LANE) $(CLASS_LANE_EXTRA))
 
 # What make test leaves out: the per-notebook tests on every notebook but conftest.py's
@@ -143,6 +143,13 @@ test-later-runs: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(DURATIONS) \
 		-m "every_notebook or later" \
 		$(addprefix --ignore=,$(HOSTILE_LANE) $(LATER_WITH_SOLUTIONS)) tests
+
+# A semester's class graded beside busy processes at ten times the cores' load average
+# (tests/test_busy_class.py): it keeps both cores busy on purpose, so it runs alone, never
+# beside another lane. .ci/run runs it after make test-later.
+test-busy: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) -p no:cacheprovider $(DURATIONS) -m busy \
+		tests/test_busy_class.py
 
 # Classes of forgers and injectors graded in the sandbox (tests/test_forgery.py,
 # tests/test_inert_views.py) alone; make test-later runs them too.

@@ -91,7 +91,7 @@ def test_make_grade_succeeds_and_exports_a_row_per_submission(graded_course):
     )
     # A correct submission meets no time limit, no cap, no dead kernel: no problem at all.
     n = len(aids)
-    assert f"{n} submission(s) graded, 0 with problems listed above" in proc.stdout, proc.stdout
+    assert f"{n} submission(s) graded, 0 not graded, 0 with problems listed above" in proc.stdout
     # Nothing alarming on the instructor's console: no engine error (a warm-up sent to the
     # workers in a form Dask refuses logged two), no port taken by another grading.
     assert " ERROR " not in proc.stderr and "already in use" not in proc.stderr, proc.stderr

@@ -337,3 +337,52 @@ def test_a_written_answer_shared_with_its_sentences_swapped_is_listed(course):
     result = similarity.find_similar(course, [AID])
     assert ("why_sqrt_dk", frozenset({"erin5", "frank6"})) in listed(result), listed(result)
     assert [ex for ex, _ in listed(result)].count("why_sqrt_dk") == 1, listed(result)
+
+
+#: A copy of annie7's sdpa_np padded with lines of its own (checks and a log), and a copy
+#: of its first half, finished differently: each shares little of the pair's whole.
+PADDED_SDPA_NP = SHARED_SDPA_NP.replace(
+    "    return result, probs\n",
+    """    assert result.shape[-1] == V.shape[-1], "value width"
+    assert probs.shape[-2] == Q.shape[-2], "one row per query"
+    checks = {"finite": bool(np.isfinite(result).all()), "rows": probs.sum(-1).round(6)}
+    history = [checks, Q.shape, K.shape, V.shape]
+    log_lines = ["shape %s" % (item,) for item in history]
+    summary = "; ".join(log_lines).upper().replace("SHAPE", "dims")
+    unused = np.linalg.norm(result.reshape(-1)) / max(1, result.size) + len(summary)
+    spare = np.sort(probs.reshape(-1))[::-1][: int(unused) % 3 + 1].tolist()
+    trail = {"spare": spare, "summary": summary[:40], "norm": float(unused)}
+    return result, probs
+""",
+)
+HALF_SDPA_NP = """def sdpa_np(Q, K, V, mask=None):
+    scale = 1.0 / np.sqrt(K.shape[-1])
+    logits = np.einsum("...qd,...kd->...qk", Q, K) * scale
+    fill = np.full_like(logits, -1e30)
+    if mask is not None:
+        logits = np.where(np.asarray(mask, dtype=bool), logits, fill)
+    return softmax_np(logits) @ V, softmax_np(logits)
+"""
+
+
+@pytest.mark.parametrize("copier", ["padder", "halfer"])
+def test_a_copy_padded_with_its_own_lines_or_copied_in_part_is_listed(course, copier):
+    """One copier at a time: with annie7 and bobby8 that makes three sharing those lines (a
+    fourth would make them what many write, discounted)."""
+    code = {"padder": PADDED_SDPA_NP, "halfer": HALF_SDPA_NP}[copier]
+    folder = course / "submitted" / copier / AID
+    folder.mkdir(parents=True)
+    nbformat.write(submission({"sdpa_np": code}), folder / f"{AID}.ipynb")
+    result = similarity.find_similar(course, [AID])
+    pairs = {frozenset((p.a.student, p.b.student)): p for p in result.pairs}
+    pair = pairs.get(frozenset(("annie7", copier)))
+    assert pair is not None, listed(result)
+    # the overlap of the whole alone would not list it; containment does
+    assert pair.similarity < similarity.THRESHOLD, pair.similarity
+    assert pair.contained >= similarity.CONTAINED, pair.contained
+    # the first pair is still there, and independent answers and the short common
+    # softmax stay unlisted
+    assert frozenset(("annie7", "bobby8")) in pairs, listed(result)
+    indies = {f"indie{i}" for i in range(4)}
+    assert not [p for p in result.pairs if {p.a.student, p.b.student} & indies]
+    assert all(p.exercise == "sdpa_np" for p in result.pairs), listed(result)

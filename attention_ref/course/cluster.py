@@ -60,6 +60,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import load
 from .exchange import HUB_CREDENTIALS
 from .plumbing import ROOT_MARKER, new_nbgrader_api
 
@@ -493,7 +494,21 @@ def _stop_checker() -> None:
 @contextlib.contextmanager
 def open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
     """A Dask client: on a local cluster of ``jobs`` one-thread workers that this starts
-    and stops, or on the scheduler of ``config``."""
+    and stops, or on the scheduler of ``config``. Dask's connection timeouts (30 s) are
+    stretched by the machine's load (:mod:`.load`): on a busy machine a worker starts and
+    answers as slowly as everything else, and is not given up for dead."""
+    import dask
+
+    seconds = f"{max(30, round(load.scaled(30)))}s"
+    stretched = {
+        "distributed.comm.timeouts.connect": seconds,
+        "distributed.comm.timeouts.tcp": seconds,
+    }
+    with dask.config.set(stretched):
+        yield from _open_client(config, jobs)
+
+
+def _open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
     from distributed import Client, LocalCluster
     from distributed.diagnostics.plugin import WorkerPlugin
 

@@ -489,7 +489,9 @@ def grade(
     ``force``, which regrades everything (after changing a test, say). ``jobs``
     submissions are graded at a time (default: the number of cores).
     """
-    subs = find_submissions(root)
+    from .students import accepted  # a student id that is not one is not graded
+
+    subs = accepted(find_submissions(root))
     known = assignments(root)
     unknown = [a for a in requested if a not in known]
     if unknown:
@@ -627,10 +629,14 @@ def _print_report(outcomes: list[Outcome], csv_path: Path) -> None:
     problems = [o for o in outcomes if o.status != "graded" or o.notes]
     missing = [o for o in outcomes if o.status in (NOT_GRADED, "refused")]
     print(
-        f"{len(outcomes) - len(missing)} submission(s) graded, {len(missing)} not graded "
-        f"(left blank in the grades: {GRADE_NEXT_TIME} once the cause above is mended), "
+        f"{len(outcomes) - len(missing)} submission(s) graded, {len(missing)} not graded, "
         f"{len(problems)} with problems listed above; grades exported to {csv_path}"
     )
+    if missing:
+        print(
+            "Not graded: their scores are left blank in the grades, never 0; mend the cause "
+            f"named above, then {GRADE_NEXT_TIME} (and only those)."
+        )
     print("Written answers need manual grading in formgrader (see docs/INSTRUCTOR_GUIDE.md).")
 
 

@@ -25,8 +25,11 @@ How two answers are compared:
   The instructor's solution is not discounted (two copies of a leaked solution are worth
   a look too), but each pair says how much of what it shares is also in the solution.
 - A pair is listed when both answers keep at least :data:`MIN_FINGERPRINTS` fingerprints,
-  they share at least that many, and their similarity (shared over all, Jaccard) is at
-  least :data:`THRESHOLD`.
+  they share at least that many, and either their similarity (shared over all, Jaccard) is
+  at least :data:`THRESHOLD`, or the smaller answer is mostly contained in the other
+  (shared over the smaller one's, at least :data:`CONTAINED`, with at least
+  :data:`MIN_CONTAINED` fingerprints shared): a copy padded with lines of its own, or a
+  copy of part of an answer, shares little of the whole but nearly all of the copy.
 
 Submitted files are data: nothing in them is run or imported, links are not followed, a
 notebook over :data:`MAX_NOTEBOOK_BYTES` or one that is not a notebook is skipped and
@@ -64,6 +67,12 @@ MIN_COMMON = 4
 MIN_FINGERPRINTS = 5
 #: The least similarity (Jaccard of the fingerprints kept) of a pair listed.
 THRESHOLD = 0.5
+#: ... or the least share of the smaller answer's fingerprints found in the other's, with
+#: at least MIN_CONTAINED of them shared (more than a short answer keeps once what many
+#: write alike is discounted). In tests/test_similarity.py's class, half an answer copied
+#: and finished its own way is 0.74 contained; independent answers at most 0.38.
+CONTAINED = 0.7
+MIN_CONTAINED = 15
 #: A submitted notebook longer than this is skipped (the default cap of a submission).
 MAX_NOTEBOOK_BYTES = 20 * 2**20
 #: The placeholder of every name the learner chose.
@@ -74,6 +83,7 @@ CSV_FIELDS = (
     "student_a",
     "student_b",
     "similarity",
+    "contained",
     "shared",
     "shared_also_in_solution",
     "lines_a",
@@ -399,6 +409,12 @@ class Pair:
     similarity: float
     shared: set[str]
     also_in_solution: float  # the share of ``shared`` that is in the instructor's solution
+    #: the share of the smaller answer's fingerprints that the other holds
+    contained: float = 0.0
+
+    @property
+    def rank(self) -> float:
+        return max(self.similarity, self.contained)
 
     def lines(self, answer: Answer) -> list[int]:
         """The lines of ``answer`` that hold a shared fingerprint."""
@@ -463,7 +479,7 @@ def find_similar(root: Path, assignments: list[str], submitted: str = "submitted
                 answers.append(Answer(sid, src, prints, set(prints) - ex.given))
             compared[aid] += len(answers)
             pairs += _similar_pairs(ex, answers)
-    pairs.sort(key=lambda p: (-p.similarity, p.assignment, p.exercise, p.a.student))
+    pairs.sort(key=lambda p: (-p.rank, p.assignment, p.exercise, p.a.student))
     return Similarity(pairs, skipped, compared, students)
 
 
@@ -479,9 +495,14 @@ def _similar_pairs(ex: Exercise, answers: list[Answer]) -> list[Pair]:
     for a, b in combinations([a for a in answers if len(a.kept) >= MIN_FINGERPRINTS], 2):
         shared = a.kept & b.kept
         score = len(shared) / len(a.kept | b.kept)
-        if len(shared) >= MIN_FINGERPRINTS and score >= THRESHOLD:
+        contained = len(shared) / min(len(a.kept), len(b.kept))
+        if len(shared) >= MIN_FINGERPRINTS and (
+            score >= THRESHOLD or (contained >= CONTAINED and len(shared) >= MIN_CONTAINED)
+        ):
             in_solution = len(shared & ex.solution) / len(shared)
-            found.append(Pair(ex.assignment, ex.grade_id, a, b, score, shared, in_solution))
+            found.append(
+                Pair(ex.assignment, ex.grade_id, a, b, score, shared, in_solution, contained)
+            )
     return found
 
 
@@ -521,6 +542,7 @@ def csv_rows(result: Similarity, names: bool = False) -> list[dict]:
                 "student_a": label[p.a.student],
                 "student_b": label[p.b.student],
                 "similarity": f"{p.similarity:.2f}",
+                "contained": f"{p.contained:.2f}",
                 "shared": len(p.shared),
                 "shared_also_in_solution": f"{p.also_in_solution:.2f}",
                 "lines_a": " ".join(map(str, p.lines(p.a))),
@@ -572,7 +594,9 @@ def render_html(result: Similarity, names: bool = False) -> str:
         "<p>Answers compared: "
         + (", ".join(f"{e(a)}: {n}" for a, n in sorted(result.compared.items())) or "none")
         + f". Listed: pairs with similarity at least {THRESHOLD:g} (the share of their "
-        "fingerprints that they share).</p>",
+        f"fingerprints that they share), or of which the smaller answer is at least "
+        f"{CONTAINED:.0%} contained in the other (a copy padded with lines of its own, or "
+        "part of an answer copied).</p>",
     ]
     if result.skipped:
         parts.append("<p>Submissions that could not be read (skipped):</p><ul>")
@@ -585,7 +609,7 @@ def render_html(result: Similarity, names: bool = False) -> str:
         return "\n".join(parts)
     parts.append(
         "<table><tr><th>#</th><th>assignment</th><th>exercise</th><th>students</th>"
-        "<th>similarity</th><th>shared fingerprints</th>"
+        "<th>similarity</th><th>contained</th><th>shared fingerprints</th>"
         "<th>of which in the instructor's solution</th></tr>"
     )
     for i, p in enumerate(result.pairs, start=1):
@@ -593,7 +617,8 @@ def render_html(result: Similarity, names: bool = False) -> str:
             f"<tr><td class='num'><a href='#pair-{i}'>{i}</a></td><td>{e(p.assignment)}</td>"
             f"<td>{e(p.exercise)}</td>"
             f"<td>{e(label[p.a.student])} and {e(label[p.b.student])}</td>"
-            f"<td class='num'>{p.similarity:.2f}</td><td class='num'>{len(p.shared)}</td>"
+            f"<td class='num'>{p.similarity:.2f}</td><td class='num'>{p.contained:.2f}</td>"
+            f"<td class='num'>{len(p.shared)}</td>"
             f"<td class='num'>{p.also_in_solution:.0%}</td></tr>"
         )
     parts.append("</table>")
@@ -601,7 +626,7 @@ def render_html(result: Similarity, names: bool = False) -> str:
         parts.append(
             f"<h2 id='pair-{i}'>{i}. {e(p.assignment)}, {e(p.exercise)}: "
             f"{e(label[p.a.student])} and {e(label[p.b.student])} "
-            f"(similarity {p.similarity:.2f})</h2>"
+            f"(similarity {p.similarity:.2f}, contained {p.contained:.2f})</h2>"
         )
         parts.append(
             f"<table class='pair'><tr><th>{e(label[p.a.student])}</th>"
