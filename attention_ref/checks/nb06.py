@@ -67,11 +67,17 @@ def _rounded(values: dict[str, torch.Tensor], dtype) -> dict[str, torch.Tensor]:
     return {k: v.to(dtype).double() for k, v in values.items()}
 
 
+#: The earlier exercise the encoder layer's __init__ builds a part from: the reference class
+#: while it is built, so a stub FeedForward costs exercise 1's points only.
+EARLIER = {"FeedForward": ref.FeedForward}
+
+
 def _build(ctx, cls, args, kwargs, P, dtype, case, specs, sample, parts=None, likely=None):
-    """The learner's module: built, ``parts`` (name -> make(p)) replaced by the reference
-    ones, converted to ``dtype``, lazy layers set up on zeros of shape ``sample``, then the
-    values ``P`` loaded by name."""
-    mod = build_module(ctx, cls, args, kwargs, case)
+    """The learner's module: built (with ``parts``, the earlier exercises' classes, the
+    reference ones), ``parts`` (name -> make(p)) replaced by the reference ones, converted to
+    ``dtype``, lazy layers set up on zeros of shape ``sample``, then the values ``P`` loaded
+    by name."""
+    mod = build_module(ctx, cls, args, kwargs, case, earlier=EARLIER if parts else None)
     for name, make in (parts or {}).items():
         substitute(ctx, mod, name, make, case, specs[name])
     mod.to(dtype)
@@ -293,12 +299,35 @@ def _check_ff_dropout(cls, ctx: Context) -> None:
     )
     if not bool(fits.all()):
         zeros = float((train_out == 0).double().mean())
+        unscaled = torch.isclose(hidden, torch.zeros_like(hidden), atol=1e-6) | torch.isclose(
+            hidden, h, rtol=1e-6, atol=1e-6
+        )
+        if zeros > 0.2:
+            mistake = "dropout_after_linear2"
+        elif bool(unscaled.all()):
+            mistake = "ff_dropout_not_rescaled"
+        elif _dropped_input_explains(hidden, x.reshape(-1, D), P, p):
+            mistake = "ff_dropout_on_input"
+        else:
+            mistake = "dropout_misplaced"
         ctx.fail(
             "in training mode the output is not linear2 of the (randomly dropped, rescaled "
             "by 1/(1-p)) hidden activations.",
             case=case + ", training mode",
-            mistake=named("dropout_after_linear2" if zeros > 0.2 else "dropout_misplaced"),
+            mistake=named(mistake),
         )
+
+
+def _dropped_input_explains(hidden, x, P, p: float) -> bool:
+    """Every row of ``hidden`` (N, d_ff) is relu(linear1(x_row * m / (1 - p))) for some
+    dropout pattern m in {0, 1}^d_model (2^d_model tried, d_model small): dropout on the
+    input of linear1 rather than on the hidden activations."""
+    D = x.shape[-1]
+    bits = torch.arange(2**D)[:, None] >> torch.arange(D) & 1  # (2^D, D): every pattern
+    dropped = x[:, None, :] * bits.to(x.dtype) / (1 - p)  # (N, 2^D, D)
+    h = torch.relu(F.linear(dropped, P["linear1.weight"], P["linear1.bias"]))
+    close = torch.isclose(h, hidden[:, None, :], rtol=1e-6, atol=1e-6).all(-1)  # (N, 2^D)
+    return bool(close.any(-1).all())
 
 
 # ----------------------------------------------------------------------------- encoder_layer

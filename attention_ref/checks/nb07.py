@@ -516,7 +516,11 @@ def _tf_build(cls, ctx, c: TfCase, i: int, dtype, case) -> tuple[ref_tf.Transfor
     kwargs = {"max_len": 32, "pad_id": c.pad_id}
     if c.norm_first is not None:
         kwargs["norm_first"] = c.norm_first
-    mod = build_module(ctx, cls, c.sizes, kwargs, case)
+    # Built with the reference DecoderLayer under its name: a stub left in exercise 1
+    # costs its points there only (the layers are replaced by _tf_prepare anyway).
+    mod = build_module(
+        ctx, cls, c.sizes, kwargs, case, earlier={"DecoderLayer": ref_dec.DecoderLayer}
+    )
     _tf_prepare(ctx, mod, c, case)
     mod.to(dtype)
     tok = 1 if c.pad_id != 1 else 2

@@ -15,7 +15,7 @@ reference's on the same weights.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,14 +64,24 @@ def build_module(
     case: str,
     *,
     sample: tuple | None = None,
+    earlier: dict | None = None,
 ) -> nn.Module:
     """Instantiate the learner's class (guarded) and make sure it is an nn.Module.
 
     With ``sample`` (inputs for one forward call), a module with lazy layers
     (``nn.LazyLinear``) is run once on them so its parameters get their shapes before
     weights are loaded; the check converts the module to the sample's dtype first.
+
+    ``earlier`` (exercise class name -> the reference class, e.g. ``{"FeedForward":
+    ref.FeedForward}``): the earlier exercises' classes that the learner's ``__init__``
+    builds its parts from are the reference ones while it runs (:func:`reference_functions`),
+    so a stub left in an earlier exercise (``raise NotImplementedError()`` in its
+    ``__init__``) costs its points there only; the check then puts reference parts in
+    place of the learner's anyway (:func:`substitute`).
     """
-    mod = ctx.call(cls, *args, case=case, call_name=f"{_name(cls)}(...)", **kwargs)
+    parts = reference_functions(cls, **earlier) if earlier else nullcontext()
+    with parts:
+        mod = ctx.call(cls, *args, case=case, call_name=f"{_name(cls)}(...)", **kwargs)
     if not isinstance(mod, nn.Module):
         ctx.fail(
             f"{_name(cls)}(...) did not build an nn.Module; got {type(mod).__name__}.",
@@ -773,6 +783,7 @@ def expect_sublayer_dropout(
         for m in getattr(mod, name).modules():
             if isinstance(m, _DropoutNd):
                 m.p = 0.0
+    _expect_residual_stream_kept(ctx, mod, run, sublayers, p=p, case=case)
     for name, drop in sublayers.items():
         hooks = [
             getattr(mod, other).register_forward_hook(_zero_output)
@@ -796,6 +807,35 @@ def expect_sublayer_dropout(
                 case=where + ", training mode",
                 mistake=named("sublayer_dropout_missing", name=name, dropout=drop),
             )
+
+
+def _expect_residual_stream_kept(
+    ctx: Context, mod: nn.Module, run, sublayers: dict[str, str], *, p: float, case: str
+) -> None:
+    """Dropout placement, the property every residual layer holds: with every sub-layer's
+    output zeroed (their own dropout off), dropout has nothing to drop, since the layer's
+    dropouts act on those outputs only, so the residual stream passes the same in training
+    and eval mode. A dropout on the residual sum (``norm1(dropout1(x + a))``,
+    ``dropout1(x + a)``) or after a norm (``dropout1(norm1(x + a))``) makes them differ."""
+    hooks = [getattr(mod, name).register_forward_hook(_zero_output) for name in sublayers]
+    where = f"{case}, every sub-layer's output zeroed ({', '.join(sublayers)}), their dropout off"
+    try:
+        mod.train()
+        torch.manual_seed(ctx.seed)
+        train = run(where + ", training mode")
+        mod.eval()
+        evaluated = run(where + ", eval mode")
+    finally:
+        for h in hooks:
+            h.remove()
+    if isinstance(train, torch.Tensor) and not same_in_both_modes(train, evaluated):
+        ctx.fail(
+            f"with dropout={p} and every sub-layer's output zeroed, the output in training "
+            "mode differs from the eval-mode output: a dropout acts on the residual stream, "
+            "where nothing should be dropped.",
+            case=where + ", training mode",
+            mistake=named("dropout_on_residual_stream", dropouts=", ".join(sublayers.values())),
+        )
 
 
 def earlier_position_changed(before, after, atol: float) -> int | None:

@@ -90,6 +90,29 @@ class FFDropoutOnOutput(_FFBase):
         return self.dropout(self.linear2(torch.relu(self.linear1(x))))
 
 
+@mistake("feed_forward", id="ff_dropout_not_rescaled")
+class FFDropoutNotRescaled(_FFBase):
+    """A hand-made dropout mask without the 1/(1-p) rescale."""
+
+    def forward(self, x):
+        h = torch.relu(self.linear1(x))
+        if self.training:
+            h = h * (torch.rand_like(h) >= self.dropout.p)
+        return self.linear2(h)
+
+
+@mistake("feed_forward", id="ff_dropout_on_input")
+class FFDropoutOnInput(_FFBase):
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(self.dropout(x))))
+
+
+@mistake("feed_forward", id="dropout_misplaced")
+class FFDropoutTwice(_FFBase):
+    def forward(self, x):
+        return self.linear2(self.dropout(self.dropout(torch.relu(self.linear1(x)))))
+
+
 @mistake("feed_forward", id="linear_in_out_swapped")
 class FFLinearSizesSwapped(nn.Module):
     def __init__(self, d_model, d_ff, dropout=0.0):
@@ -312,6 +335,35 @@ class LayerFFOnLayerInput(_LayerBase):
         a, w = self.attn(x, mask)
         h = self.norm1(x + a)
         return self.norm2(h + self.dropout2(self.ff(x))), w
+
+
+@mistake("encoder_layer", id="dropout_on_residual_stream")
+class LayerDropoutOnResidualSum(_LayerBase):
+    """norm1(dropout1(x + a)): the dropout moved across the add, onto the residual sum."""
+
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            a, w = self.self_attn(self.norm1(x), self.norm1(x), self.norm1(x), mask)
+            x = self.dropout1(x + a)
+            return self.dropout2(x + self.ff(self.norm2(x))), w
+        a, w = self.self_attn(x, x, x, mask)
+        x = self.norm1(self.dropout1(x + a))
+        return self.norm2(self.dropout2(x + self.ff(x))), w
+
+
+@mistake("encoder_layer", id="dropout_on_residual_stream")
+class LayerDropoutAfterNorm(_LayerBase):
+    """dropout1(norm1(x + a)): post-norm with the dropout after the norm."""
+
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            h = self.norm1(x)
+            a, w = self.attn(h, mask)
+            x = x + a
+            return x + self.dropout2(self.ff(self.norm2(x))), w
+        a, w = self.self_attn(x, x, x, mask)
+        x = self.dropout1(self.norm1(x + a))
+        return self.dropout2(self.norm2(x + self.ff(x))), w
 
 
 @mistake("encoder_layer", id="encoder_dropout_hard_coded")
@@ -592,3 +644,52 @@ class LayerOwnEarlierParts(_LayerBase):
         a, w = self.attn(x, mask)
         x = self.norm1(x + a)
         return self.norm2(x + self.dropout2(self.ff(x))), w
+
+
+class _StubFeedForward(nn.Module):
+    """Exercise 1 as the student notebook gives it: not written yet."""
+
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        raise NotImplementedError()
+
+    def forward(self, x):
+        raise NotImplementedError()
+
+
+#: A notebook's namespace where exercise 1 (FeedForward) is still the stub.
+_STUB_NOTEBOOK = {
+    "nn": nn,
+    "MultiHeadAttention": MultiHeadAttention,
+    "FeedForward": _StubFeedForward,
+}
+exec(  # noqa: S102 - a notebook's answer cell, run in its own namespace
+    """
+class LayerOnStubFeedForward(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x, mask=None):
+        if self.norm_first:
+            h = self.norm1(x)
+            a, w = self.self_attn(h, h, h, mask)
+            x = x + self.dropout1(a)
+            return x + self.dropout2(self.ff(self.norm2(x))), w
+        a, w = self.self_attn(x, x, x, mask)
+        x = self.norm1(x + self.dropout1(a))
+        return self.norm2(x + self.dropout2(self.ff(x))), w
+""",
+    _STUB_NOTEBOOK,
+)
+alternative(
+    "encoder_layer",
+    check_only="exercise 1 (FeedForward) is still the stub in its namespace: graded with the "
+    "reference FeedForward, it passes here, and exercise 1 alone loses its points",
+)(_STUB_NOTEBOOK["LayerOnStubFeedForward"])

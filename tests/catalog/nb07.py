@@ -56,6 +56,28 @@ class _DecoderBase(nn.Module):
         return y, ws[0], ws[1]
 
 
+@mistake("decoder_layer", id="dropout_on_residual_stream")
+class DecoderDropoutOnResidualSum(_DecoderBase):
+    """Each dropout moved across the add: norm(drop(y + a)) and, pre-norm, drop(y + a)."""
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        blocks = (
+            (lambda h: self.self_attn(h, h, h, self_mask), self.norm1, self.dropout1),
+            (lambda h: self.cross_attn(h, memory, memory, memory_mask), self.norm2, self.dropout2),
+            (lambda h: (self.ff(h), None), self.norm3, self.dropout3),
+        )
+        ws = []
+        for fn, norm, drop in blocks:
+            if self.norm_first:
+                a, w = fn(norm(y))
+                y = drop(y + a)
+            else:
+                a, w = fn(y)
+                y = norm(drop(y + a))
+            ws.append(w)
+        return y, ws[0], ws[1]
+
+
 @mistake("decoder_layer", id="decoder_self_mask_ignored")
 class DecoderNoCausalMask(_DecoderBase):
     def forward(self, y, memory, self_mask=None, memory_mask=None):
@@ -466,3 +488,34 @@ class TransformerOwnBuggyLayersLazyOut(_TransformerBase):
     def __init__(self, src_vocab, tgt_vocab, d_model=64, *args, **kwargs):
         super().__init__(src_vocab, tgt_vocab, d_model, *args, **kwargs)
         self.out_proj = nn.LazyLinear(tgt_vocab)
+
+
+class _StubDecoderLayer(nn.Module):
+    """Exercise 1 as the student notebook gives it: not written yet."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        raise NotImplementedError()
+
+    def forward(self, y, memory, self_mask=None, memory_mask=None):
+        raise NotImplementedError()
+
+
+#: A notebook's namespace where exercise 1 (DecoderLayer) is still the stub.
+_STUB_NOTEBOOK = {"Base": _TransformerBase, "DecoderLayer": _StubDecoderLayer}
+exec(  # noqa: S102 - a notebook's answer cell, run in its own namespace
+    """
+class TransformerOnStubDecoderLayer(Base):
+    # the decoder layers are built from the notebook's DecoderLayer, by its name
+    layer_cls = property(lambda self: DecoderLayer)
+
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src))
+""",
+    _STUB_NOTEBOOK,
+)
+alternative(
+    "transformer",
+    check_only="exercise 1 (DecoderLayer) is still the stub in its namespace: graded with the "
+    "reference DecoderLayer, it passes here, and exercise 1 alone loses its points",
+)(_STUB_NOTEBOOK["TransformerOnStubDecoderLayer"])
