@@ -16,6 +16,8 @@ import copy
 import csv
 import json
 import re
+import subprocess
+import sys
 
 import nbformat
 import pytest
@@ -27,6 +29,7 @@ from attention_ref.course.inert import make_inert
 from attention_ref.course.plumbing import nbgrader
 
 from course_tools import (
+    ROOT,
     make_course,
     release_path,
     run_course,
@@ -310,6 +313,69 @@ def test_a_repaired_notebook_is_repaired_the_same_way_and_once(source, released)
     assert all(n in one.cells[-1].source for n in notes)
     three, none = rp.repair(one, source)  # a graded notebook submitted again
     assert none == [] and not any(rp.NOTE_MARK in c.metadata for c in three.cells)
+
+
+# ----------------------------------------------------------------------------- in nbgrader
+def jupyterlab_edits(nb, minor: int):
+    """Some of JupyterLab's edits on ``nb``, saved as nbformat 4.``minor``."""
+    nb.cells[3].metadata["tags"] = ["draft, mine"]
+    nb.cells.append(copy.deepcopy(nb.cells[index(nb, "test_sdpa")]))
+    nb.cells[index(nb, "test_sdpa_np")].metadata["nbgrader"]["score"] = 3
+    if minor == 4:
+        nb.nbformat_minor = 4
+        for c in nb.cells:
+            del c["id"]
+    else:
+        nb.cells[5]["id"] = "not valid!"
+    return nb
+
+
+@pytest.mark.parametrize("minor", [4, 5])
+def test_nbconvert_takes_the_repaired_notebook_in_either_nbformat(released, minor):
+    """Repair as nbgrader runs it, in nbconvert's exporter, which validates the notebook
+    after each preprocessor (the first included): the control, a preprocessor that changes
+    nothing, fails on the notebook as JupyterLab wrote it; Repair's output passes."""
+    from nbconvert.exporters import NotebookExporter
+    from nbconvert.preprocessors import Preprocessor
+    from traitlets.config import Config
+
+    config = Config()
+    config.CourseDirectory.root = str(solution_path(AID).parents[2])
+    config.CourseDirectory.source_directory = "solutions"
+    resources = {"nbgrader": {"assignment": AID, "notebook": AID}}
+    nb = jupyterlab_edits(released, minor)
+    control = NotebookExporter(config=config)
+    control._preprocessors = []  # as nbgrader's converters do
+
+    class Nothing(Preprocessor):
+        def preprocess(self, nb, resources):
+            return nb, resources
+
+    control.register_preprocessor(Nothing(), enabled=True)
+    with pytest.raises(nbformat.ValidationError):
+        control.from_notebook_node(copy.deepcopy(nb), copy.deepcopy(resources))
+    exporter = NotebookExporter(config=config)
+    exporter._preprocessors = []
+    exporter.register_preprocessor(rp.Repair(config=config), enabled=True)
+    out, _ = exporter.from_notebook_node(nb, resources)
+    graded = nbformat.reads(out, as_version=4)
+    assert graded.nbformat_minor == minor and problem(graded) == ""
+    assert (minor == 5) == all("id" in c for c in graded.cells)
+    assert graded.cells[-1].metadata[rp.NOTE_MARK]
+    assert "copy of the instructor's cell test_sdpa" in graded.cells[-1].source
+
+
+def test_the_course_repairs_first():
+    """nbconvert validates after the first preprocessor too: Repair must come before any."""
+    code = (
+        "from traitlets.config.loader import PyFileConfigLoader\n"
+        f"c = PyFileConfigLoader('nbgrader_config.py', path={str(ROOT)!r}).load_config()\n"
+        "print([p.__name__ for p in c.Autograde.sanitize_preprocessors])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    assert out.splitlines()[-1].startswith("['Repair', "), out
 
 
 # ----------------------------------------------------------------------------- end to end
