@@ -144,10 +144,11 @@ def select_topk_k(scores, mask, k):
 
 @alternative("select_sentences")
 def select_sort_threshold(scores, mask, k):
-    """The k-th best real score per row as a threshold (k clamped to the real count)."""
+    """The k-th best real score per row as a threshold (k clamped to the real count;
+    k = 0 selects nothing)."""
     x = scores.masked_fill(~mask, float("-inf"))
     B, S = scores.shape
     kk = k if isinstance(k, torch.Tensor) else torch.full((B,), k)
-    kk = torch.minimum(kk, mask.sum(1)).clamp(min=1)
-    kth = x.sort(1, descending=True).values.gather(1, (kk - 1)[:, None])
-    return (x >= kth) & mask
+    kk = torch.minimum(kk, mask.sum(1))
+    kth = x.sort(1, descending=True).values.gather(1, (kk - 1).clamp(min=0)[:, None])
+    return (x >= kth) & mask & (kk > 0)[:, None]
