@@ -41,9 +41,11 @@ c.CourseDirectory.db_url = os.environ.get(
 # configuration), so that a grading worker keeps one trusted checker for all its jobs.
 from attention_ref.course import cell_limits as _cell_limits  # noqa: E402
 from attention_ref.course import feedback as _feedback  # noqa: E402
+from attention_ref.course import formgrader as _formgrader  # noqa: E402
 from attention_ref.course import inert as _inert  # noqa: E402
 from attention_ref.course import repair as _repair  # noqa: E402
 from attention_ref.course import sandbox as _sandbox  # noqa: E402
+from attention_ref.course import students as _students  # noqa: E402
 from attention_ref.course import trusted as _trusted  # noqa: E402
 
 # The verdict is decided outside the kernel: every graded test cell gets the points the
@@ -59,6 +61,7 @@ _CourseExecute = _cell_limits.execute_preprocessor(
 c.Autograde.sanitize_preprocessors = [
     # First: nbconvert validates the notebook after every preprocessor, the first included.
     _repair.Repair,
+    _students.CheckStudentId,  # a student id that is not one is not graded
     *Autograde.class_traits()["sanitize_preprocessors"].default(),
     _trusted.SourceTags,
 ]
@@ -78,6 +81,11 @@ c.HTMLExporter.preprocessors = [_inert.Inert]
 # Every id that rendered markdown carries is prefixed ("md-"): a student's heading cannot
 # take the id of an element of formgrader's page that its scripts look up.
 c.HTMLExporter.filters = {"markdown2html": _inert.markdown2html}
+# Formgrader (a Jupyter server extension that loads this file before it adds its pages):
+# its pages escape what they print and allow only its own scripts, a student id that is
+# not one is refused, files submitted beside a notebook are only downloads
+# (attention_ref/course/formgrader.py).
+_formgrader.harden()
 # Feedback shows that hidden tests ran and their points, never their code; what hiding
 # them changed is made inert again (before GetGrades adds the gradebook's scores).
 c.GenerateFeedback.preprocessors = [

@@ -129,6 +129,47 @@ HIDDEN_MARKER_CELL = (
 )
 
 
+#: Headings whose anchor ids would be those of formgrader's own page: the score box of
+#: the written answer ``why_sqrt_dk`` and the status line ``statusmessage``.
+HEADINGS = (
+    "# why_sqrt_dk\n\n## statusmessage\n\nSee [the heading above](#why_sqrt_dk) and "
+    "[the paper](https://arxiv.org/abs/1706.03762).\n\n"
+)
+#: Links of every kind, in a markdown cell the student added: relative links that only
+#: look absolute (to files beside the notebook), a link to formgrader's own reflected
+#: page, ``javascript:`` and ``data:`` links, and an ordinary web link.
+LINKS = (
+    f"{MARKER} links: [my notes](http:notes.html), ![figure](http:figure.svg), "
+    "[api](https:/api/contents), [relative](notes.html), [home](/tree), "
+    "[reflected](/formgrader/manage_students/x%22-alert(1)-%22), "
+    f"[js](javascript:{run('links-js')}), [data](data:text/html;base64,PHNjcmlwdD4=), "
+    "[the paper](https://arxiv.org/abs/1706.03762), [mail](mailto:a@example.org), "
+    "[top](#statusmessage)\n"
+)
+#: Files a student submits beside the notebook, which the links above open: an HTML page
+#: and an SVG image whose scripts run (recorded as every payload's), then use the
+#: instructor's API: read it (``/pwned-api-read`` requested if that worked), write a file.
+API_SCRIPT = (
+    "{run};var x=(document.cookie.match(/_xsrf=([^;]+)/)||[])[1]||'';"
+    "fetch('/api/contents',{{headers:{{'X-XSRFToken':x}}}}).then(r=>{{if(r.ok){{"
+    "fetch('/pwned-api-read')}}}});"
+    "fetch('/api/contents/pwned-{name}.txt',{{method:'PUT',headers:{{'Content-Type':"
+    "'application/json','X-XSRFToken':x}},body:JSON.stringify({{type:'file',format:'text',content:'x'}})}})"
+)
+BESIDE = {
+    "notes.html": f"<html><body><p>{MARKER}</p><script>"
+    + API_SCRIPT.format(run=run("beside-html"), name="beside-html")
+    + "</script></body></html>",
+    "figure.svg": '<svg xmlns="http://www.w3.org/2000/svg"><script>'
+    + API_SCRIPT.format(run=run("beside-svg"), name="beside-svg")
+    + "</script></svg>",
+}
+#: A student id made of markup, as a folder of submitted/ can be named.
+BAD_STUDENT = f's"><img src=x onerror={run("student-id")}>'
+#: formgrader's page that put the id of its URL into an inline script, with a payload.
+REFLECTED = 'manage_students/x"-' + run("reflected") + '-"'
+
+
 def display_code(name: str, data: dict, metadata: dict) -> str:
     """A code cell that displays ``data`` as it is (``raw``), printing its name first."""
     return (

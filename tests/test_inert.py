@@ -463,3 +463,50 @@ def test_a_link_is_a_link_only_when_absolute(url):
     assert "href" not in cleaned and "notes" in cleaned
     kept = "see [the paper](https://arxiv.org/abs/1706.03762)"
     assert inert.inert_markdown(kept) == kept
+
+
+# --------------------------------------------------------------------------- formgrader's page
+def test_formgraders_script_policy_allows_its_own_scripts_and_none_of_the_notebooks():
+    """The policy of formgrader's submission page, rendered by its own template: the
+    hashes of the template's inline scripts, never of a script in the notebook's part
+    (here a notebook not made inert, which holds some)."""
+    import hashlib
+
+    from nbconvert import HTMLExporter
+    from nbgrader.server_extensions.formgrader import handlers
+
+    from attention_ref.course import formgrader
+
+    config = course_config()
+    config.HTMLExporter.template_name = "formgrade"
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    config.HTMLExporter.preprocessors = []  # the payloads as they are
+    resources = {
+        "assignment_id": "a1",
+        "notebook_id": "nb",
+        "submission_id": "s1",
+        "index": 0,
+        "total": 1,
+        "base_url": "",
+        "student": "s0042",
+        "first_name": "",
+        "last_name": "",
+        "notebook_path": "autograded/s0042/a1/nb.ipynb",
+    }
+    page, _ = HTMLExporter(config=config).from_notebook_node(
+        injections.payload_notebook(), resources=resources
+    )
+    policy = formgrader.script_policy(page)
+    scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", page, re.S)
+    inline = [body for attrs, body in scripts if "src=" not in attrs and body.strip()]
+
+    def digest(text: str) -> str:
+        return base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+
+    allowed = [b for b in inline if digest(b) in policy]
+    assert any("var submission_id" in b for b in allowed)  # the template's
+    assert any("toggle_name" in b for b in allowed)
+    student = [b for b in inline if "__pwned" in b]
+    assert student and not [b for b in student if digest(b) in policy], policy
+    assert policy.startswith("script-src 'self' ") and "'unsafe-inline'" not in policy
+    assert digest("toggle_name(true);") in policy and "'unsafe-hashes'" in policy

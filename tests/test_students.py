@@ -68,3 +68,22 @@ def test_collect_leaves_an_entry_of_a_refused_id_in_the_exchange(tmp_path, monke
     ok.mkdir()
     rec, owner, why = exchange.inbound_entry(str(ok), AID)
     assert why is None and rec["username"] == "s0042"
+
+
+def test_autograde_refuses_the_notebook_of_a_refused_id():
+    """``nbgrader autograde`` and formgrader's button: a sanitize preprocessor of the
+    course's configuration, before anything reads the notebook's cells but the repair of
+    its format, refuses a student id that is not one."""
+    import nbformat
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from course_tools import ROOT
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(ROOT)).load_config()
+    names = [p.__name__ for p in config.Autograde.sanitize_preprocessors]
+    assert names.index("CheckStudentId") <= 1 and names[0] in ("CheckStudentId", "Repair")
+    first = students.CheckStudentId
+    nb = nbformat.v4.new_notebook()
+    with pytest.raises(students.StudentIdError, match="is refused"):
+        first().preprocess(nb, {"nbgrader": {"student": injections.BAD_STUDENT}})
+    assert first().preprocess(nb, {"nbgrader": {"student": "s0042"}})[0] is nb

@@ -11,13 +11,19 @@ naming the id and the pattern: ``nbgrader collect`` leaves its submission in the
 (attention_ref/course/grading.py), formgrader answers 404 for it
 (attention_ref/course/formgrader.py).
 
-This module imports nothing beyond the standard library.
+Every other way to grade (``nbgrader autograde``, formgrader's button) refuses it too:
+:class:`CheckStudentId` is the first of autograde's preprocessors (nbgrader_config.py).
+
+This module imports nothing beyond the standard library and nbconvert.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
 #: Letters, digits, ``_ . @ -``; a letter, digit or ``_`` first; at most 64 characters.
 STUDENT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}")
@@ -55,3 +61,21 @@ def accepted(submissions: dict[str, list[str]], out=None) -> dict[str, list[str]
                 told.add(student)
                 print(f"error: submitted/{student!r}/ is not graded: {why}", file=out)
     return kept
+
+
+class StudentIdError(ValueError):
+    """A student id that is not one (:func:`refusal` says why)."""
+
+
+class CheckStudentId(Preprocessor):
+    """Refuse to autograde the notebook of a student whose id is refused (the first of
+    ``Autograde.sanitize_preprocessors``): nbgrader reports the error and grades nothing."""
+
+    enabled = Bool(True).tag(config=True)  # nbconvert's preprocessors are off by default
+
+    def preprocess(self, nb, resources):
+        student = ((resources or {}).get("nbgrader") or {}).get("student")
+        why = refusal(student) if student is not None else None
+        if why:
+            raise StudentIdError(why)
+        return nb, resources
