@@ -181,7 +181,7 @@ def test_invalid_missing_and_repeated_cell_ids_are_replaced(source, released):
 def test_an_unknown_grade_id_and_grading_metadata_on_a_students_cell_are_removed(source, released):
     released.cells[10].metadata["nbgrader"] = {
         "grade": True,
-        "grade_id": "bonus",
+        "grade_id": "bonus<img src=x onerror=alert(1)>",  # never repeated in the notes
         "points": 50,
         "locked": False,
         "solution": False,
@@ -193,8 +193,8 @@ def test_an_unknown_grade_id_and_grading_metadata_on_a_students_cell_are_removed
     assert "nbgrader" not in fixed.cells[12].metadata
     assert graded_ids(fixed) == graded_ids(source)
     assert notes == [
-        "cell 11 (bonus): its grade id is not one of the assignment's: its grading metadata "
-        "was removed (only the instructor's cells are graded)",
+        "cell 11: its grade id is not one of the assignment's: its grading metadata was "
+        "removed (only the instructor's cells are graded)",
         "cell 13: grading metadata on a cell that is not the instructor's was removed (only "
         "the instructor's cells are graded)",
     ]
@@ -441,7 +441,7 @@ def test_a_jupyterlab_notebook_is_graded_on_its_answers(tmp_path, source):
         "(test_sdpa) stood above the answer it checks",
         "cell 4: its tags were tidied",
         "cell id(s) were missing, not valid or repeated",
-        "(extra): its grade id is not one of the assignment's",
+        "cell 7: its grade id is not one of the assignment's",
         "(test_sdpa): grading metadata that only the instructor or the gradebook sets "
         "(comment, score) was removed",
     ):

@@ -193,10 +193,14 @@ class _Repairer:
         self.source = source
         self.notes: list[str] = []
         self.number: dict[int, int] = {}  # id(cell): its number in the submitted notebook
+        self.known = {_gid(c) for c in source.cells} - {""}
 
     def name(self, cell: Any) -> str:
+        """``cell N`` (its number in the submitted notebook), with its grade id when it is
+        the instructor's (never a text of the student's: the notes are shown in the
+        feedback and the report)."""
         n = self.number.get(id(cell))
-        gid = _gid(cell)
+        gid = _gid(cell) if _gid(cell) in self.known else ""
         where = f"cell {n}" if n else "a cell"
         return where + (f" ({gid})" if gid else "")
 
@@ -320,7 +324,7 @@ class _Repairer:
                 self.notes.append(
                     f"{self.name(cell)}: its grade id is not one of the assignment's: its "
                     "grading metadata was removed (only the instructor's cells are graded)"
-                )
+                )  # the id itself is the student's text: not repeated
             elif flags or not isinstance(meta, dict):
                 self.notes.append(
                     f"{self.name(cell)}: grading metadata on a cell that is not the "
