@@ -51,7 +51,7 @@ PYTEST_ARGS ?=
 # exercise, the cluster's faults beyond a killed worker, the trusted checker's sample).
 # The catalog's alternatives run through whole notebooks in `make test-alternatives`.
 GRADING_LANE = tests/test_class_grading.py tests/test_postgres.py tests/test_grading.py tests/test_sandbox.py \
-	tests/test_report.py tests/test_exchange.py tests/test_cluster.py
+	tests/test_report.py tests/test_exchange.py tests/test_cluster.py tests/test_repair.py
 # The grading tests' second lane (the first: the rest of GRADING_LANE).
 CLUSTER_LANE = tests/test_grading.py tests/test_cluster.py
 # Quick tests of the course's tools that grade nothing (the similar answers page, the inert

@@ -8,7 +8,8 @@ keeps both cores busy on purpose).
   0 here ("the trusted checker did not start").
 - **A semester's class.** A generator makes 30 submissions of notebook 01 the way students
   produce them: notebooks saved by JupyterLab (nbformat 4.5 with cell ids, some 4.4
-  without), outputs of many types (figures, HTML tables, widgets' JSON, long logs),
+  without), pasted images, copied, moved and deleted cells, odd tags, invalid cell ids,
+  foreign nbgrader metadata, outputs of many types (figures, HTML tables, widgets' JSON, long logs),
   headings and links of every kind in the written answer, files beside the notebook, odd
   but valid student ids, a late resubmission, blank, partial and wrong answers (the
   catalog's mistakes), each with the score it must get. It is graded while the load
@@ -22,6 +23,7 @@ keeps both cores busy on purpose).
 from __future__ import annotations
 
 import base64
+import copy
 import csv
 import json
 import os
@@ -104,6 +106,38 @@ def _written(nb, text: str = WRITTEN):
     return nb
 
 
+def _index(nb, grade_id: str) -> int:
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    return ids.index(grade_id)
+
+
+def _edited_in_jupyterlab(nb, variant: int):
+    """What JupyterLab and a student do to a notebook that nbgrader alone refuses whole
+    (attention_ref/course/repair.py mends it): an image pasted into the written answer, a
+    copied test cell, an invalid cell id (variant 0); a comma in a tag, a test cell dragged
+    above its answer, the gradebook's keys in a cell's metadata (1); a deleted test cell, an
+    unknown grade id on a cell of the student's (2). None of it changes what the answers
+    earn."""
+    if variant == 0:
+        written = nb.cells[_index(nb, "why_sqrt_dk")]
+        written.source += "\n![image.png](attachment:image.png)\n"
+        written["attachments"] = {"image.png": {"image/png": PNG}}
+        copied = copy.deepcopy(nb.cells[_index(nb, "test_softmax_np")])
+        copied["id"] = "0d6c1b7e-5a1f-4c2e-9f3b-2a1d4c5e6f70"
+        nb.cells.insert(_index(nb, "sdpa_np") + 1, copied)
+        nb.cells[2]["id"] = "my cell (2)"
+    elif variant == 1:
+        nb.cells[1].metadata["tags"] = ["notes, todo"]
+        test = nb.cells.pop(_index(nb, "test_sdpa"))
+        nb.cells.insert(_index(nb, "sdpa"), test)
+        nb.cells[_index(nb, "test_sdpa_np")].metadata["nbgrader"].update(comment="ok", score=3)
+    else:
+        del nb.cells[_index(nb, "test_softmax_np")]
+        nb.cells.append(nbformat.v4.new_code_cell("print('scratch')"))
+        nb.cells[-1].metadata["nbgrader"] = {"grade": True, "grade_id": "mine", "points": 5}
+    return nb
+
+
 def _as_v44(nb):
     """Saved by an older JupyterLab: nbformat 4.4, no cell ids."""
     nb.nbformat_minor = 4
@@ -127,8 +161,9 @@ def semester_class(course: Path) -> dict[str, float]:
     ]  # fmt: skip
     for i, student in enumerate(ids[:STUDENTS]):
         kind = i % 6
-        if kind == 0:  # a full solution, with outputs and a written answer
-            nb, score = _written(_with_outputs(solved_submission(AID))), total
+        if kind == 0:  # a full solution, with outputs and a written answer, edited
+            nb = _written(_with_outputs(solved_submission(AID)))
+            nb, score = _edited_in_jupyterlab(nb, (i // 6) % 3), total
         elif kind == 1:  # the same, saved as nbformat 4.4
             nb, score = _as_v44(_written(solved_submission(AID))), total
         elif kind == 2:  # one catalogued mistake, in a different exercise each time
@@ -142,8 +177,9 @@ def semester_class(course: Path) -> dict[str, float]:
             nb, score = _written(nb, "I ran out of time."), pts[first]
         elif kind == 4:  # blank
             nb, score = nbformat.read(release_path(AID), as_version=4), 0.0
-        else:  # correct alternatives everywhere, files beside the notebook
-            nb, score = _with_outputs(alternatives_submission(AID)), total
+        else:  # correct alternatives everywhere, files beside the notebook, edited
+            nb = _with_outputs(alternatives_submission(AID))
+            nb, score = _edited_in_jupyterlab(nb, (i // 6 + 1) % 3), total
         submit(course, student, AID, nb)
         folder = course / "submitted" / student / AID
         if kind in (0, 5):
