@@ -835,3 +835,56 @@ def test_the_self_check_catches_the_reference_inside_try_except():
 
     with pytest.raises(CheckFailure, match="reference_used"):
         run_check("sdpa", _swallowed)
+
+
+def _torch_softmax(call):
+    def softmax_np(x, axis=-1):
+        """PyTorch's softmax, in a spelling no profile hook sees, its exception swallowed."""
+        t = torch.from_numpy(np.asarray(x, dtype=np.float64))
+        try:
+            return call(t, axis).numpy()
+        except Exception:  # noqa: BLE001 - the trick
+            return call(t, axis).numpy()
+
+    return softmax_np
+
+
+SOFTMAX_BORROWERS = {
+    "functools.partial": _torch_softmax(__import__("functools").partial(torch.softmax)),
+    "torch.ops.aten._softmax": _torch_softmax(lambda t, a: torch.ops.aten._softmax(t, a, False)),
+    "torch.ops.aten.softmax.int": _torch_softmax(torch.ops.aten.softmax.int),
+}
+
+
+@pytest.mark.parametrize("how", sorted(SOFTMAX_BORROWERS))
+def test_a_forbidden_softmax_is_caught_in_every_spelling(how):
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_kernel, args=(kernel, "softmax_np", SOFTMAX_BORROWERS[how], seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, Expected("softmax_np"))
+    t.join(60)
+    assert not verdict["passed"] and "reference_used" in verdict["message"], (how, verdict)
+
+
+def test_a_stand_in_claims_only_classes_written_in_python():
+    """A lazy parameter's stand-in is lazy (``is_lazy``) but no tensor; a learner's module
+    is an ``nn.Module``; anything claiming a tensor, an array or a built-in type is inert."""
+    from torch.nn.parameter import UninitializedParameter, is_lazy
+
+    from attention_ref.checks import remote
+    from attention_ref.checks.agent import describe
+
+    def stand_in(obj):
+        return remote._proxy_class({"t": "handle", "id": 1, **describe(obj)})(None, 1, {})
+
+    lazy = stand_in(UninitializedParameter())
+    assert is_lazy(lazy) and not isinstance(lazy, torch.Tensor)
+    module = stand_in(torch.nn.Linear(2, 2))
+    assert isinstance(module, torch.nn.Module) and not isinstance(module, torch.Tensor)
+    for claim in (_ClaimsTensor(), 3.5j):
+        assert not isinstance(stand_in(claim), torch.Tensor | np.ndarray | complex)
+    inert = stand_in(_ClaimsTensor())
+    with pytest.raises(TypeError, match="not a plain tensor or array"):
+        inert.allclose(torch.ones(1))

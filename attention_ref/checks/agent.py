@@ -428,11 +428,6 @@ def _watch_off() -> tuple:
         fn = getattr(_thread, name, None)
         if fn is not None:
             out.append((fn, "a new thread (the check watches the code it calls)"))
-    torch_c = getattr(sys.modules.get("torch"), "_C", None)
-    for name in ("_pop_torch_function_stack", "_push_on_torch_function_stack"):
-        fn = getattr(torch_c, name, None)
-        if fn is not None:
-            out.append((fn, f"torch._C.{name} (which would switch off the check's watch)"))
     return tuple(out)
 
 
@@ -541,7 +536,17 @@ _ATEN_FAMILIES = {
         "fused_attention",
     ),
     "multi_head_attention_forward": ("multi_head_attention", "transformer_encoder_layer"),
+    # "=": the operator of exactly that name (not log_softmax, not a backward)
+    "softmax": ("=aten::softmax", "=aten::_softmax", "=aten::special_softmax"),
 }
+
+
+def _in_family(name: str, pattern: str) -> bool:
+    """Whether the operator ``name`` (``aten::op`` or ``aten::op.overload``) is of
+    ``pattern`` (a part of its name, or ``=`` and the whole name without overload)."""
+    if pattern.startswith("="):
+        return name.split(".")[0] == pattern[1:]
+    return pattern in name
 
 
 def _torch_guard(forbidden: list, fired: list):
@@ -587,7 +592,9 @@ def _guard_class():
             ):
                 name = str(getattr(func, "_qualified_op_name", "") or func.name())
                 if name not in self.names:
-                    self.names[name] = next((d for p, d in self.families if p in name), None)
+                    self.names[name] = next(
+                        (d for p, d in self.families if _in_family(name, p)), None
+                    )
                 desc = self.names[name]
             if desc is not None:
                 self.fired.append(desc)

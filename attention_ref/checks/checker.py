@@ -16,7 +16,11 @@ asks; the cell passes only when each of them was asked for, in that order, and p
 Run as ``python -m attention_ref.checks.checker SOCKET``, it is the grader's checker
 process: it listens on the Unix socket ``SOCKET`` (the only thing of the checker's a
 kernel can reach) and takes orders from the grader on its standard input, one JSON line
-each, answering on its standard output (:func:`main`).
+each, answering on its standard output (:func:`main`). It never waits on a kernel: each
+connection's request is read as its bytes come (:class:`attention_ref.checks.wire.FrameReader`),
+with a deadline and a size limit; a check waits for the kernel's answers with time limits
+and ends when the grader's next order comes; whatever a request makes its code raise is
+that request's failure.
 """
 
 from __future__ import annotations

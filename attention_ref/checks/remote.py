@@ -405,7 +405,12 @@ def _proxy_class(node: dict) -> type:
         spoof = next((c for c in resolved if _claimable(c)), None)
         attrs: dict[str, Any] = {"__slots__": ()}
         base: type = Remote
-        if not node.get("is_type") and any(_data_class(c) for c in resolved if c is not object):
+        lazy = torch.nn.parameter.UninitializedTensorMixin in resolved
+        if lazy:
+            # A lazy module's parameter before its first call: ``is_lazy`` holds (the mixin
+            # is plain Python); it is never a tensor here, and what it does runs there.
+            attrs["__class__"] = property(lambda self: torch.nn.parameter.UninitializedTensorMixin)
+        elif not node.get("is_type") and any(_data_class(c) for c in resolved if c is not object):
             # A tensor or an array that did not cross as data (a subclass that would not
             # let go, a layout or dtype the wire does not carry): nothing of it is used,
             # and it never passes for the data it claims to be.
