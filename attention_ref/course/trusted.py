@@ -192,6 +192,13 @@ def import_lines(sources: list[str]) -> str:
     return "\n".join(lines)
 
 
+class ImportLines(str):
+    """The instructor's import lines, and the exercises the notebook checks (their
+    forbidden functions are forbidden to the learner's calls from a cell of plain asserts)."""
+
+    exercises: tuple[str, ...] = ()
+
+
 def instructor_imports(source_nb: Any) -> str:
     """The imports of the instructor's cells of a source notebook (every code cell that is
     not an answer cell): the names a test cell of plain asserts gets from the checker."""
@@ -201,7 +208,12 @@ def instructor_imports(source_nb: Any) -> str:
         if c.get("cell_type") == "code"
         and not (c.get("metadata", {}).get("nbgrader", {}) or {}).get("solution")
     ]
-    return import_lines(cells)
+    lines = ImportLines(import_lines(cells))
+    checked = [
+        e.exercise for c in source_nb.cells if is_graded_test(c) for e in expected_checks(c.source)
+    ]
+    lines.exercises = tuple(dict.fromkeys(checked))
+    return lines
 
 
 def source_notebook(root: str, resources: Any) -> Any:
@@ -356,6 +368,7 @@ class CheckerProcess:
         order = {"cell": cell_id, "source": source}
         if imports is not None:
             order.update(asserts=True, imports=imports)
+            order["forbid"] = list(getattr(imports, "exercises", ()))
         self._order(order)
 
     def end(self, cell_id: str) -> dict:
