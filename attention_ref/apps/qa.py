@@ -418,7 +418,7 @@ class CrossAttentionReader(nn.Module):
         return self.scorer(self.norm(out), c_real)  # row i scored as context position i
 
 
-CROSS_CONFIG = dict(steps=250, batch_size=32, lr=3e-3, warmup=30, n_train=3000)
+CROSS_CONFIG = dict(steps=200, batch_size=32, lr=3e-3, warmup=30, n_train=3000)
 
 
 def train_cross_reader(
@@ -479,7 +479,7 @@ QA_CONFIG = dict(
     n_heads=4,
     d_ff=128,
     n_layers=2,
-    steps=600,
+    steps=450,
     batch_size=32,
     lr=3e-3,
     warmup=50,
