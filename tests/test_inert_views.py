@@ -14,6 +14,14 @@ page, its title unchanged, no request for ``/pwned-*``). A second student's grad
 notebook holds the same payloads as they were (graded before this was in place):
 formgrader makes it inert as it shows it; and formgrader over a copy of the course whose
 configuration does not, runs them (the control: the test sees a payload that runs).
+
+The same submission's written answer starts with headings named after formgrader's own
+ids and its added cells hold links of every kind and a cell with its own hidden-test
+markers; files are submitted beside it; a third student's id is made of markup. In
+Chromium the instructor grades the written answer (the gradebook holds the points and
+comment), and the submission page of that id, formgrader's page that reflected its URL
+and the files beside the notebook run nothing (formgrader as nbgrader ships it, in the
+control, runs each); every formgrader page carries a script policy.
 """
 
 from __future__ import annotations
@@ -171,6 +179,15 @@ def test_the_graded_notebook_keeps_only_inert_outputs_and_escaped_answers(graded
     assert nbformat.read(course / "submitted" / STUDENT / AID / f"{AID}.ipynb", 4) == submitted
 
 
+def login(browser, server: Lab) -> None:  # noqa: F811
+    """Log in as the instructor does, opening formgrader with the token: the server's
+    login cookie then reaches its API from every page (opened first at a submission's
+    URL, the cookie would be for that folder only)."""
+    page = browser.new_page()
+    page.goto(f"http://127.0.0.1:{server.port}/formgrader?token={server.token}")
+    page.close()
+
+
 def pwned_request(url: str) -> bool:
     """Whether ``url`` is what a payload requests when it runs (``/pwned-<name>``)."""
     return urllib.parse.urlparse(url).path.startswith("/pwned")
@@ -295,14 +312,21 @@ def test_formgrader_without_the_course_configuration_runs_the_payloads(
         found, _, _, page = open_page(browser, reflected_url(lab))
         reflected = found["pwned"]
         page.close()
-        found, _, _, page = open_page(browser, beside_url(lab, course, "notes.html"))
+        login(browser, lab)
+        found, beside_requests, _, page = open_page(browser, beside_url(lab, course, "notes.html"))
         page.wait_for_function("() => (window.__pwned || []).length > 0", timeout=10_000)
         beside = page.evaluate(injections.PWNED)["pwned"]
+        for _ in range(20):  # its requests to the API
+            if (course / "pwned-beside-html.txt").exists():
+                break
+            page.wait_for_timeout(500)
         page.close()
     assert {"script-tag", "img-onerror", "application-javascript", "answer-script"} <= ran, ran
     assert any(f"/pwned-{name}" in u for u in requests for name in ran)
     assert "student-id" in bad_id and reflected == ["reflected"], (bad_id, reflected)
-    assert beside == ["beside-html"]  # its script ran on the instructor's origin
+    assert beside == ["beside-html"]  # its script ran on the instructor's origin,
+    assert any(u.endswith("/pwned-api-read") for u in beside_requests)  # read the API
+    assert (course / "pwned-beside-html.txt").exists()  # and wrote a file through it
 
 
 @pytest.mark.parametrize("student", [STUDENT, CONTROL])
@@ -349,6 +373,7 @@ def test_the_instructor_grades_a_written_answer_in_chromium(graded, server, brow
     ids (``# why_sqrt_dk``, ``## statusmessage``) and links of every kind; formgrader
     saves the points and comment typed for it, as the gradebook reads them back."""
     course, _ = graded
+    login(browser, server)
     found, requests, dialogs, page = open_page(browser, submission_url(server, course, STUDENT))
     assert (
         page.locator("#why_sqrt_dk")
@@ -422,6 +447,7 @@ def test_a_student_id_made_of_markup_runs_nothing_in_formgrader(graded, server, 
 
 def test_files_beside_the_notebook_are_downloads_that_run_nothing(graded, server, browser):  # noqa: F811
     course, _ = graded
+    login(browser, server)
     for name in injections.BESIDE:
         status, headers, body = get(beside_url(server, course, name))
         assert status == 200 and body == injections.BESIDE[name].encode()
