@@ -440,7 +440,7 @@ def test_ids_that_markdown_makes_are_prefixed_in_the_course_pages():
 
 def test_prefix_ids_reads_attributes_whole():
     html = (
-        "<a name=a id='b' href=\"#c\" title=\"x id=y\" data-id=\"z\">t</a> id=\"text\""
+        '<a name=a id=\'b\' href="#c" title="x id=y" data-id="z">t</a> id="text"'
         '<a href="https://x.org/#y">w</a>'
     )
     out = inert.prefix_ids(html)
