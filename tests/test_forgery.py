@@ -216,7 +216,94 @@ TRICKS: dict[str, tuple[list[str], str]] = {
     # The submission's own metadata.
     "skip-execution-tag": ([], ""),
     "training-tag": ([], ""),
+    # The tripwire's exception caught by the answer itself (issue 40): the second call
+    # would run unwatched, but the kernel has recorded that the first one fired.
+    "reference-in-try-except": (
+        [],
+        "\ndef softmax_np(x, axis=-1):\n"
+        "    from attention_ref import softmax_np as ref\n"
+        "    try:\n"
+        "        return ref(x, axis)\n"
+        "    except Exception:\n"
+        "        return ref(x, axis)\n",
+    ),
+    # A forbidden built-in called from C (no profile event) or through the dispatcher.
+    "partial-torch-softmax": (
+        [],
+        "\nimport functools, torch\n"
+        "_soft = functools.partial(torch.softmax)\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    t = torch.from_numpy(np.asarray(x, dtype=np.float64))\n"
+        "    try:\n"
+        "        return _soft(t, axis).numpy()\n"
+        "    except Exception:\n"
+        "        return _soft(t, axis).numpy()\n",
+    ),
+    "aten-softmax": (
+        [],
+        "\nimport torch\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    t = torch.from_numpy(np.asarray(x, dtype=np.float64))\n"
+        "    try:\n"
+        "        return torch.ops.aten._softmax(t, axis, False).numpy()\n"
+        "    except Exception:\n"
+        "        return torch.ops.aten._softmax(t, axis, False).numpy()\n",
+    ),
+    # A plain-assert cell: what the answer returns claims to be an array, and its rows
+    # "sum to one" in the kernel.
+    "claims-ndarray": (
+        [],
+        "\n_wrong4 = softmax_np\n"
+        "class _Rows:\n"
+        "    def __init__(self, a):\n"
+        "        self.a = a\n"
+        "    def sum(self, axis=None, **k):\n"
+        "        return np.ones(self.a.shape[:-1])\n"
+        "    def __array__(self, *a, **k):\n"
+        "        return self.a\n"
+        "_Rows.__module__, _Rows.__qualname__, _Rows.__name__ = 'numpy', 'ndarray', 'ndarray'\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    return _Rows(_wrong4(x, axis))\n",
+    ),
+    # The checker itself attacked from the kernel, on connections of its own.
+    "stalled-connection": (
+        [
+            "import os, socket\n"
+            "if os.environ.get('ATTENTION_REF_CHECKER'):\n"
+            "    _held = socket.socket(socket.AF_UNIX)\n"
+            "    _held.connect(os.environ['ATTENTION_REF_CHECKER'])\n"
+            "    _held.sendall(b'\\0\\0\\0')"
+        ],
+        "",
+    ),
+    "killing-frame": (
+        [
+            "import os, socket\n"
+            "from attention_ref.checks import wire\n"
+            "if os.environ.get('ATTENTION_REF_CHECKER'):\n"
+            "    _s = socket.socket(socket.AF_UNIX)\n"
+            "    _s.connect(os.environ['ATTENTION_REF_CHECKER'])\n"
+            "    wire.send_frame(_s, wire.pack({'op': 'check', 'id': 'softmax_np', 'candidate': {'t': 'device', 'v': 'bogus'}}, []))"
+        ],
+        "",
+    ),
+    "amplifying-frame": (
+        [
+            "import os, socket\n"
+            "from attention_ref.checks import wire\n"
+            "if os.environ.get('ATTENTION_REF_CHECKER'):\n"
+            "    _s2 = socket.socket(socket.AF_UNIX)\n"
+            "    _s2.connect(os.environ['ATTENTION_REF_CHECKER'])\n"
+            "    _node = {'t': 'nd', 'dtype': 'uint8', 'shape': [100 * 2**20], 'buf': 0}\n"
+            "    wire.send_frame(_s2, wire.pack({'op': 'check', 'id': 'softmax_np', 'candidate': {'t': 'list', 'v': [_node] * 48}}, [bytes(100 * 2**20)]))"
+        ],
+        "",
+    ),
 }
+#: The issue-40 attacks that do not hold yet (see the instructor guide's trust page): the
+#: reference run by a thread an earlier cell started (the watch is per thread), a table of
+#: answers computed before the test cell from its seed (the references and the seeds are
+#: in the kernel), and the reference's code copied under another name.
 
 
 def _forgery_source(dest: Path) -> nbformat.NotebookNode:
