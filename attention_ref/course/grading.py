@@ -61,6 +61,7 @@ from .cell_limits import (
 )
 from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
 from .plumbing import assignments, nbgrader, nbgrader_api, stop_reason, ungraded
+from .students import accepted
 
 OUTPUT_CUT_SIGN = OUTPUT_CUT.split("{")[0]
 MESSAGE_CUT_SIGN = MESSAGE_CUT.split("{")[0]
@@ -489,9 +490,7 @@ def grade(
     ``force``, which regrades everything (after changing a test, say). ``jobs``
     submissions are graded at a time (default: the number of cores).
     """
-    from .students import accepted  # a student id that is not one is not graded
-
-    subs = accepted(find_submissions(root))
+    subs = accepted(find_submissions(root))  # a student id that is not one is not graded
     known = assignments(root)
     unknown = [a for a in requested if a not in known]
     if unknown:
