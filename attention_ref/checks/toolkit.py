@@ -785,21 +785,9 @@ def expect_sublayer_dropout(
                 m.p = 0.0
     _expect_residual_stream_kept(ctx, mod, run, sublayers, p=p, case=case)
     for name, drop in sublayers.items():
-        hooks = [
-            getattr(mod, other).register_forward_hook(_zero_output)
-            for other in sublayers
-            if other != name
-        ]
         where = f"{case}, only {name}'s output non-zero, its own dropout off"
-        try:
-            mod.train()
-            torch.manual_seed(ctx.seed)
-            train = run(where + ", training mode")
-            mod.eval()
-            evaluated = run(where + ", eval mode")
-        finally:
-            for h in hooks:
-                h.remove()
+        silenced = [getattr(mod, other) for other in sublayers if other != name]
+        train, evaluated = _in_both_modes(ctx, mod, run, silenced, where)
         if same_in_both_modes(train, evaluated):
             ctx.fail(
                 f"with dropout={p} in training mode, {name}'s output is not dropped: the output "
@@ -807,6 +795,22 @@ def expect_sublayer_dropout(
                 case=where + ", training mode",
                 mistake=named("sublayer_dropout_missing", name=name, dropout=drop),
             )
+
+
+def _in_both_modes(ctx: Context, mod: nn.Module, run, silenced: list, where: str):
+    """``run`` in training mode (seeded) then in eval mode, with the outputs of the
+    ``silenced`` sub-layers zeroed: ``(train, evaluated)``."""
+    hooks = [m.register_forward_hook(_zero_output) for m in silenced]
+    try:
+        mod.train()
+        torch.manual_seed(ctx.seed)
+        train = run(where + ", training mode")
+        mod.eval()
+        evaluated = run(where + ", eval mode")
+    finally:
+        for h in hooks:
+            h.remove()
+    return train, evaluated
 
 
 def _expect_residual_stream_kept(
@@ -817,17 +821,9 @@ def _expect_residual_stream_kept(
     dropouts act on those outputs only, so the residual stream passes the same in training
     and eval mode. A dropout on the residual sum (``norm1(dropout1(x + a))``,
     ``dropout1(x + a)``) or after a norm (``dropout1(norm1(x + a))``) makes them differ."""
-    hooks = [getattr(mod, name).register_forward_hook(_zero_output) for name in sublayers]
     where = f"{case}, every sub-layer's output zeroed ({', '.join(sublayers)}), their dropout off"
-    try:
-        mod.train()
-        torch.manual_seed(ctx.seed)
-        train = run(where + ", training mode")
-        mod.eval()
-        evaluated = run(where + ", eval mode")
-    finally:
-        for h in hooks:
-            h.remove()
+    silenced = [getattr(mod, name) for name in sublayers]
+    train, evaluated = _in_both_modes(ctx, mod, run, silenced, where)
     if isinstance(train, torch.Tensor) and not same_in_both_modes(train, evaluated):
         ctx.fail(
             f"with dropout={p} and every sub-layer's output zeroed, the output in training "
