@@ -21,8 +21,13 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
 
 - ``plumbing``: the course root, its assignments, nbgrader's command line and API;
 - ``release``: ``make release``;
-- ``grading``: ``make grade`` (one submission's grading, the report, the salvage of a dead
-  kernel);
+- ``grading``: ``make grade`` (one submission's grading, graded again when the grader
+  failed, "not graded" left blank, the report, the salvage of a dead kernel);
+- ``load``: how busy the machine is, and the waits of grading that stretch with it;
+- ``repair``: a notebook as JupyterLab writes it, mended against the source before grading;
+- ``students``: the pattern a student id must match (collect, grade, every autograde);
+- ``formgrader``: formgrader hardened (escaped pages, no reflected ids, submitted files as
+  sandboxed downloads, a script-src policy);
 - ``cluster``: ``make grade``'s jobs on Dask (a local or a remote cluster; the command alone
   writes the gradebook);
 - ``report``: ``make report`` (the class report, the Canvas and Moodle grade files);
