@@ -16,9 +16,9 @@
 #                  JOBS=N grades N submissions at a time, default: one per core;
 #                  SCHEDULER=tls://host:8786 grades on that Dask cluster (instructor guide,
 #                  "Grading on a cluster"); ALLOW_PLAINTEXT_SCHEDULER=1 accepts a tcp:// one)
-#   make report    the class report (report/report.html, report.csv; NAMES=1 names the
-#                  students), similar answers worth a look (report/similarity.html, .csv)
-#                  and the grades for Canvas and Moodle (report/*_grades.csv)
+#   make report    one folder per audience: report/class/ (report.html, report.csv, no
+#                  student named), report/instructor/ (similar answers worth a look; with
+#                  NAMES=1, the report naming students), report/lms/ (Canvas, Moodle grades)
 #   make bench     print the benchmark figures
 #   make versions  the oldest and the newest versions pyproject.toml allows, each installed
 #                  into its own environment (.venv-oldest, .venv-newest), run the unit tests

@@ -346,7 +346,7 @@ def test_the_feedback_html_runs_none_of_the_submission_scripts(graded, browser, 
 
 def test_the_class_report_shows_the_error_message_as_text(graded, browser):  # noqa: F811
     course, _ = graded
-    path = course / "report" / "report.html"
+    path = course / "report" / "class" / "report.html"
     assert ERROR_SCRIPT not in path.read_text()
     page = browser.new_page()
     page.goto(path.as_uri())

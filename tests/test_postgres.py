@@ -317,9 +317,9 @@ def test_the_class_report_reads_a_postgresql_gradebook(graded_on_postgres, postg
     proc = run_course(course, "report", env_extra={"NBGRADER_DB_URL": postgres.url})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not (course / "gradebook.db").exists(), "the report opened a sqlite gradebook"
-    assert read_counts(course / "report" / "report.csv") == expected_counts(expected)
+    assert read_counts(course / "report" / "class" / "report.csv") == expected_counts(expected)
     grades = {(r["student_id"], r["assignment"]): r["score"] for r in export_rows(course)}
-    with open(course / "report" / "canvas_grades.csv", newline="") as f:
+    with open(course / "report" / "lms" / "canvas_grades.csv", newline="") as f:
         canvas = {
             (r["SIS Login ID"], HOSTILE_AID): f"{float(r[HOSTILE_AID]):g}"
             for r in csv.DictReader(f)

@@ -111,7 +111,7 @@ def reported(tmp_path_factory):
 @pytest.mark.later
 def test_the_report_counts_exactly_what_the_class_submitted(reported):
     course, expected = reported
-    got = read_counts(course / "report" / "report.csv")
+    got = read_counts(course / "report" / "class" / "report.csv")
     want = expected_counts(expected)
     assert got == want, {
         k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)
@@ -126,7 +126,9 @@ def test_the_report_counts_exactly_what_the_class_submitted(reported):
 @pytest.mark.later
 def test_the_report_counts_the_submissions_a_cap_or_a_time_limit_stopped(reported):
     course, _ = reported
-    stopped = read_counts(course / "report" / "report.csv", kinds=("submissions stopped",))
+    stopped = read_counts(
+        course / "report" / "class" / "report.csv", kinds=("submissions stopped",)
+    )
     # hostile-caps hits all three caps of the sandbox; hostile-loop and the loop under
     # grading hit the per-cell time limit in 01 (in 02 the check's own limit stops the
     # loop under grading first: its exercise counts as a time limit, not its cells).
@@ -141,8 +143,8 @@ def test_the_report_counts_the_submissions_a_cap_or_a_time_limit_stopped(reporte
 @pytest.mark.later
 def test_mistakes_are_listed_most_common_first_with_an_example(reported):
     course, _ = reported
-    page = (course / "report" / "report.html").read_text()
-    with open(course / "report" / "report.csv", newline="") as f:
+    page = (course / "report" / "class" / "report.html").read_text()
+    with open(course / "report" / "class" / "report.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["kind"] == "mistake"]
     by_exercise: dict[str, list[int]] = {}
     for r in rows:
@@ -160,17 +162,39 @@ def students_of(expected: dict) -> set[str]:
 def test_nothing_names_a_student_without_names(reported):
     course, expected = reported
     students = students_of(expected)
-    page = (course / "report" / "report.html").read_text()
-    named_page = (course / "named" / "report.html").read_text()
+    page = (course / "report" / "class" / "report.html").read_text()
+    named_page = (course / "named" / "instructor" / "report.html").read_text()
     # Ids such as "full" or "partial" are words; the hyphenated ones are not.
     distinctive = {s for s in students if "-" in s}
     assert len(distinctive) >= 10
     assert not [s for s in distinctive if s in page]
     assert all(f"<td>{s}</td>" in named_page for s in students)
-    for folder, named in (("report", False), ("named", True)):
+    assert "<a href='similarity.html'>" in named_page  # beside it, in instructor/
+    assert not (course / "named" / "class").exists()  # a named report is never the class's
+    for folder, named in (("report/class", False), ("named/instructor", True)):
         with open(course / folder / "report.csv", newline="") as f:
             cells = {c for row in csv.reader(f) for c in row}
         assert (students <= cells) if named else not (students & cells), folder
+
+
+@pytest.mark.later
+def test_the_report_folder_has_one_folder_per_audience(reported):
+    """What can be shown to the class, what is for the instructor's eyes, and what is
+    imported into an LMS are in three folders, and README.txt says which is which."""
+    course, _ = reported
+    out = course / "report"
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == {
+        "README.txt",
+        "class/report.html",
+        "class/report.csv",
+        "instructor/similarity.html",
+        "instructor/similarity.csv",
+        "lms/canvas_grades.csv",
+        "lms/moodle_grades.csv",
+    }
+    readme = (out / "README.txt").read_text()
+    for folder in ("class/", "instructor/", "lms/"):
+        assert folder in readme, folder
 
 
 def test_anonymise_removes_what_identifies_a_student():
@@ -191,7 +215,7 @@ def test_anonymise_removes_what_identifies_a_student():
 @pytest.mark.later
 def test_the_report_renders_in_chromium_with_its_figures(reported, browser):  # noqa: F811
     course, _ = reported
-    page_path = course / "report" / "report.html"
+    page_path = course / "report" / "class" / "report.html"
     n_mistake_charts = page_path.read_text().count("alt='mistakes in ")
     page = browser.new_page()
     page.goto(page_path.as_uri())
@@ -225,7 +249,7 @@ def read_table(path: Path) -> tuple[list[str], list[dict]]:
 def test_the_canvas_file_has_canvas_columns_and_the_grades(reported):
     course, _ = reported
     grades = nbgrader_scores(course)
-    header, rows = read_table(course / "report" / "canvas_grades.csv")
+    header, rows = read_table(course / "report" / "lms" / "canvas_grades.csv")
     assert header == CANVAS_STUDENT_COLUMNS + sorted(AIDS)
     assert {(r["SIS Login ID"], a): float(r[a]) for r in rows for a in AIDS} == grades
     assert all(r["Student"] and r["SIS User ID"] == r["SIS Login ID"] for r in rows)
@@ -235,7 +259,7 @@ def test_the_canvas_file_has_canvas_columns_and_the_grades(reported):
 def test_the_moodle_file_has_moodle_columns_and_the_grades(reported):
     course, _ = reported
     grades = nbgrader_scores(course)
-    header, rows = read_table(course / "report" / "moodle_grades.csv")
+    header, rows = read_table(course / "report" / "lms" / "moodle_grades.csv")
     assert set(header[:5]) >= MOODLE_USER_COLUMNS
     assert header[5:] == sorted(AIDS)
     assert {(r["Username"], a): float(r[a]) for r in rows for a in AIDS} == grades
@@ -265,14 +289,14 @@ def test_names_in_the_gradebook_reach_the_grade_files_only(reported, tmp_path):
             gb.update_or_create_student(s, first_name=first, last_name=last, email=email)
     make_report(copy)
     for name in ("report.html", "report.csv"):
-        text = (copy / "report" / name).read_text()
+        text = (copy / "report" / "class" / name).read_text()
         leaks = [w for p in people.values() for w in p if w in text]
         assert not leaks, (name, leaks[:5])
-    _, canvas = read_table(copy / "report" / "canvas_grades.csv")
+    _, canvas = read_table(copy / "report" / "lms" / "canvas_grades.csv")
     assert {r["SIS Login ID"]: r["Student"] for r in canvas} == {
         s: f"{last}, {first}" for s, (first, last, _) in people.items()
     }
-    _, moodle = read_table(copy / "report" / "moodle_grades.csv")
+    _, moodle = read_table(copy / "report" / "lms" / "moodle_grades.csv")
     assert {
         r["Username"]: (r["First name"], r["Last name"], r["Email address"]) for r in moodle
     } == people

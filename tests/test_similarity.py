@@ -246,8 +246,10 @@ def test_malformed_and_linked_submissions_are_skipped_and_listed(course):
 def test_the_command_writes_the_page_and_csv_without_names(course):
     proc = run_course(course, "similarity", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    page = (course / "report" / "similarity.html").read_text()
-    with open(course / "report" / "similarity.csv", newline="", encoding="utf-8") as f:
+    page = (course / "report" / "instructor" / "similarity.html").read_text()
+    with open(
+        course / "report" / "instructor" / "similarity.csv", newline="", encoding="utf-8"
+    ) as f:
         rows = list(csv.DictReader(f))
     assert [(r["exercise"], r["student_a"], r["student_b"]) for r in rows] == [
         ("sdpa_np", "student 1", "student 2")
@@ -261,7 +263,9 @@ def test_the_command_writes_the_page_and_csv_without_names(course):
 
     named = run_course(course, "similarity", "--names", "--out", "named", timeout=300)
     assert named.returncode == 0, named.stdout + named.stderr
-    with open(course / "named" / "similarity.csv", newline="", encoding="utf-8") as f:
+    with open(
+        course / "named" / "instructor" / "similarity.csv", newline="", encoding="utf-8"
+    ) as f:
         rows = list(csv.DictReader(f))
     assert {rows[0]["student_a"], rows[0]["student_b"]} == {"annie7", "bobby8"}
 
@@ -298,15 +302,16 @@ def test_make_report_writes_the_similar_answers_and_links_them(course, monkeypat
         gb.update_or_create_student("annie7", first_name="Annie", last_name="Quixote")
     proc = run_course(course, "report", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = (course / "report" / "report.html").read_text()
-    assert "<a href='similarity.html'>" in report
-    with open(course / "report" / "similarity.csv", newline="", encoding="utf-8") as f:
+    # The list is the instructor's: the class's report does not point to it.
+    assert "similarity" not in (course / "report" / "class" / "report.html").read_text()
+    listing = course / "report" / "instructor" / "similarity.csv"
+    with open(listing, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert [(r["exercise"], r["student_a"], r["student_b"]) for r in rows] == [
         ("sdpa_np", "student 1", "student 2")
     ]
-    assert f"wrote {course / 'report' / 'similarity.html'}" in proc.stdout
-    page = (course / "report" / "similarity.html").read_text()
+    assert f"wrote {course / 'report' / 'instructor' / 'similarity.html'}" in proc.stdout
+    page = (course / "report" / "instructor" / "similarity.html").read_text()
     for private in ("annie7", "Annie", "Quixote", "uni.example"):  # the gradebook's names
         assert private not in page and private not in rows[0]["answer_a"], private
 

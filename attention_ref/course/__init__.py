@@ -9,13 +9,15 @@
         the Dask cluster of ADDRESS (tls://host:8786); report any submission whose
         kernel crashed, that hit a time limit or a resource cap; export grades.csv.
     python -m attention_ref.course report [--out DIR] [--names] [ASSIGNMENT ...]
-        the class report: per exercise, who passed, failed, hit a limit or did not
-        attempt it, the named mistakes and the scores (DIR/report.html, report.csv, no
-        student named unless --names), and the grades for Canvas and Moodle
-        (DIR/canvas_grades.csv, moodle_grades.csv), and the answers similar between
-        submissions, a list to look at (DIR/similarity.html, similarity.csv).
+        the class report, one folder per audience (DIR/README.txt says which is which):
+        DIR/class/report.html and report.csv (per exercise, who passed, failed, hit a
+        limit or did not attempt it, the named mistakes and the scores; no student named:
+        safe to show the class), DIR/instructor/similarity.html and .csv (answers similar
+        between submissions, a list to look at; with --names, the report naming each
+        student too, never in class/), DIR/lms/canvas_grades.csv and moodle_grades.csv
+        (the grades to import).
     python -m attention_ref.course similarity [--out DIR] [--names] [ASSIGNMENT ...]
-        only the similar answers, from submitted/ (no gradebook needed).
+        only the similar answers (DIR/instructor/), from submitted/ (no gradebook needed).
 
 Run them from the course root (the folder with nbgrader_config.py). The modules:
 

@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the class report (HTML and CSV) and the grades for Canvas and Moodle",
     )
     p_rep.add_argument("assignments", nargs="*")
-    p_rep.add_argument("--out", default="report", help="the folder to write (default: report)")
+    p_rep.add_argument(
+        "--out",
+        default="report",
+        help="the folder to write (default: report): class/, instructor/ and lms/ in it",
+    )
     p_rep.add_argument(
         "--names", action="store_true", help="name the students (by default none is named)"
     )
@@ -57,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         help="answers similar between submissions, a list to look at (no gradebook needed)",
     )
     p_sim.add_argument("assignments", nargs="*")
-    p_sim.add_argument("--out", default="report", help="the folder to write (default: report)")
+    p_sim.add_argument(
+        "--out",
+        default="report",
+        help="the report's folder (default: report): writes its instructor/",
+    )
     p_sim.add_argument(
         "--names", action="store_true", help="name the students (by default none is named)"
     )
@@ -75,12 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "similarity":
         from .plumbing import assignments  # noqa: PLC0415
+        from .report import INSTRUCTOR_FOLDER  # noqa: PLC0415
         from .similarity import write_similarity  # noqa: PLC0415
 
         unknown = sorted(set(args.assignments) - set(assignments(root)))
         if unknown:
             raise SystemExit(f"error: no assignment {', '.join(unknown)} in solutions/")
-        out = root / args.out
+        out = root / args.out / INSTRUCTOR_FOLDER
         for p in write_similarity(root, args.assignments or assignments(root), out, args.names):
             print(f"wrote {p}")
         return 0

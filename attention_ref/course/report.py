@@ -378,7 +378,7 @@ def render_html(
     if similarity_page:
         parts.append(
             "<h2>Similar answers</h2><p>Pairs of answers similar enough to be worth a look, "
-            f"for the instructor only (not for the projector): <a href='{e(similarity_page)}'>"
+            f"for the instructor only: <a href='{e(similarity_page)}'>"
             f"{e(similarity_page)}</a>. A list to look at, not a verdict; it changes no "
             "grade.</p>"
         )
@@ -452,6 +452,30 @@ def write_moodle(root: Path, out: Path) -> Path:
     return out
 
 
+#: The report's folders, one per audience (``make report`` writes all three).
+#: ``class``: counts and outcomes, no student named: safe on a projector or in an email.
+CLASS_FOLDER = "class"
+#: ``instructor``: what names or singles out students (the similar answers; the report
+#: itself when asked for names): for the instructor's eyes only.
+INSTRUCTOR_FOLDER = "instructor"
+#: ``lms``: the grade files for Canvas and Moodle (names, ids, e-mails, scores): to import.
+LMS_FOLDER = "lms"
+README_TEXT = """\
+What each folder of this report is for (written by `make report`):
+
+class/       report.html and report.csv: per exercise, how many passed, failed, hit a limit
+             or did not attempt it, the named mistakes and the scores. No student is named:
+             safe to show the class.
+instructor/  similarity.html and .csv: answers similar enough between submissions to be
+             worth a look (a list to look at, not a verdict). With --names, the report
+             that names each student is written here too, never in class/.
+             For the instructor's eyes only.
+lms/         canvas_grades.csv and moodle_grades.csv: the grades to import into Canvas or
+             Moodle (names, ids, e-mails; a submission not graded is left blank, never 0).
+             Import them; do not share them.
+"""
+
+
 def report(
     root: Path,
     requested: list[str] | None = None,
@@ -459,8 +483,10 @@ def report(
     names: bool = False,
     lms: bool = True,
 ) -> Path:
-    """Write report.html and report.csv (and the Canvas and Moodle grade files) to
-    ``out_dir``; returns the folder."""
+    """Write the class report to ``out_dir``, one folder per audience: ``class/``
+    (report.html and report.csv, no student named), ``instructor/`` (the similar answers;
+    the report itself instead of ``class/`` when ``names``), ``lms/`` (the Canvas and
+    Moodle grade files), and a README.txt that says which is which; returns ``out_dir``."""
     out = Path(out_dir)
     if not out.is_absolute():
         out = root / out
@@ -470,26 +496,34 @@ def report(
         raise SystemExit(
             f"error: no grades for assignment(s) {', '.join(unknown)} in the gradebook"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    instructor = out / INSTRUCTOR_FOLDER
+    instructor.mkdir(parents=True, exist_ok=True)
     similar = write_similarity(
         root,
         [a.name for a in data],
-        out,
+        instructor,
         names,
         _submitted_directory(root),
         private=sorted({w for a in data for w in a.people}),
     )
-    (out / "report.html").write_text(
-        render_html(data, names, similarity_page=similar[0].name), encoding="utf-8"
+    # A report that names students is the instructor's; the class's names nobody and does
+    # not point to the list of similar answers.
+    audience = instructor if names else out / CLASS_FOLDER
+    audience.mkdir(parents=True, exist_ok=True)
+    (audience / "report.html").write_text(
+        render_html(data, names, similarity_page=similar[0].name if names else None),
+        encoding="utf-8",
     )
-    with open(out / "report.csv", "w", newline="", encoding="utf-8") as f:
+    with open(audience / "report.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(count_rows(data, names))
-    written = [out / "report.html", out / "report.csv", *similar]
+    written = [audience / "report.html", audience / "report.csv", *similar]
     if lms:
-        written.append(write_canvas(root, out / "canvas_grades.csv"))
-        written.append(write_moodle(root, out / "moodle_grades.csv"))
+        (out / LMS_FOLDER).mkdir(exist_ok=True)
+        written.append(write_canvas(root, out / LMS_FOLDER / "canvas_grades.csv"))
+        written.append(write_moodle(root, out / LMS_FOLDER / "moodle_grades.csv"))
+    (out / "README.txt").write_text(README_TEXT, encoding="utf-8")
     for p in written:
         print(f"wrote {p}")
     return out
