@@ -315,7 +315,7 @@ ATTENTION_THOROUGH = [
     ("n_q=33, n_k=70, block_n=32, causal", (1, 2, 33, 70, 16), True, F32, "", 16, 32, 1.0),
     ("k a transposed view of (B, H, d, n_k)", (1, 2, 24, 24, 16), False, F32, "kt", 16, 16, 1.0),
     ("float16, large scores", (1, 1, 40, 40, 16), False, F16, "", 16, 16, 4.0),
-    ("n_q=40, n_k=24, causal (16 queries see no key)", (1, 1, 40, 24, 16), True, F32, "", 16, 16, 1.0),
+    ("n_q=40, n_k=24, causal: 16 see no key", (1, 1, 40, 24, 16), True, F32, "", 16, 16, 1.0),
 ]  # fmt: skip
 
 
@@ -607,8 +607,6 @@ def check_triton_flash_attention(candidate, ctx: Context) -> None:
     dev = _device()
     with reference_functions(candidate, triton_attention=_ref().triton_attention):
         # The graded (thorough) run: other cases only, as for triton_attention.
-        for label, shape, causal, dtype in (
-            FUNCTION_THOROUGH if ctx.thorough else FUNCTION_CASES
-        ):
+        for label, shape, causal, dtype in FUNCTION_THOROUGH if ctx.thorough else FUNCTION_CASES:
             q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
             _function_case(ctx, cls, q, k, v, causal, label)
