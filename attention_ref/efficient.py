@@ -348,17 +348,144 @@ class PeakMemory(TorchDispatchMode):
 
 
 class KernelLoads:
-    """Elements that Triton's interpreter loaded from memory (mask true) while watched: the
-    evidence that a causal kernel skips the tiles in the future of its queries; and the
-    dtypes of the operands of every ``tl.dot`` (``dots``: a set of pairs such as ``("fp16",
-    "fp16")``), the evidence of tiles upcast before a product. Interpreter only (a compiled
-    kernel's loads are not visible); ``available`` says whether it counts."""
+    """What Triton's interpreter does while watched (interpreter only: a compiled kernel
+    cannot be watched; ``available`` says whether it counts):
+
+    - ``loaded``: the elements loaded from memory (mask true): the evidence that a causal
+      kernel skips the tiles in the future of its queries;
+    - ``work``: the multiply-adds of every ``tl.dot`` (a tile visited with its loads masked
+      off still costs its products);
+    - ``dtype_pairs``: the dtypes of the operands of every ``tl.dot`` (pairs such as
+      ``("fp16", "fp16")``), the evidence of tiles upcast before a product;
+    - ``out_of_bounds``: what went wrong with the kernel's addresses (the first few, in
+      words): an element loaded or stored outside the tensors the launch was given (each
+      address is checked against the span of memory of the argument its tile starts in; such
+      an access is left out, masked off, so that the interpreter neither reads nor writes
+      memory it does not own, which would crash the process), or an element stored by two
+      programs (the interpreter runs the programs one after another, so the last one wins;
+      on a GPU they run at once and race).
+
+    In a graded kernel the watcher runs in the learner's process and its records travel back
+    to the checker through the wire's ``dots`` field (``dots`` holds the dtype pairs and the
+    other records as pairs tagged ``"@work"`` and ``"@oob"``; assigning ``dots`` merges the
+    records of another watcher)."""
+
+    #: descriptions kept in ``out_of_bounds``
+    KEEP = 4
 
     def __init__(self) -> None:
         self.loaded = 0
-        self.dots: set[tuple[str, str]] = set()
+        self.work = 0
+        self.dtype_pairs: set[tuple[str, str]] = set()
+        self.out_of_bounds: list[str] = []
         self.available = False
         self._saved = None
+        self._token = os.urandom(6).hex()
+        self._merged: set[str] = set()
+        self._regions: list[tuple[int, int, str]] = []  # (first byte, end byte, argument)
+        self._writers: dict[tuple[int, int], object] = {}  # (region, bytes) -> program ids
+
+    # -- the records as the wire carries them
+    @property
+    def dots(self) -> set[tuple[str, str]]:
+        tagged = {("@work", f"{self._token}:{self.work}")}
+        tagged |= {
+            ("@oob", f"{self._token}:{i:03d}:{text}") for i, text in enumerate(self.out_of_bounds)
+        }
+        return set(self.dtype_pairs) | tagged
+
+    @dots.setter
+    def dots(self, pairs) -> None:
+        for a, b in sorted(pairs):
+            a, b = str(a), str(b)
+            if a not in ("@work", "@oob"):
+                self.dtype_pairs.add((a, b))
+                continue
+            token, _, rest = b.partition(":")
+            if token == self._token or b in self._merged:
+                continue
+            self._merged.add(b)
+            if a == "@work":
+                self.work += int(rest) if rest.isdigit() else 0
+            elif len(self.out_of_bounds) < self.KEEP:
+                self.out_of_bounds.append(rest.partition(":")[2])
+
+    # -- the interpreter's hooks
+    def _launch(self, arg_names, args, kwargs) -> None:
+        """A kernel launch: the spans of memory of its tensor arguments."""
+        self._regions, self._writers = [], {}
+        named = list(zip(arg_names, args, strict=False)) + list(kwargs.items())
+        for name, t in named:
+            if isinstance(t, torch.Tensor) and t.numel():
+                span = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1
+                first = t.data_ptr()
+                self._regions.append((first, first + span * t.element_size(), str(name)))
+
+    def _note(self, text: str) -> None:
+        if len(self.out_of_bounds) < self.KEEP and text not in self.out_of_bounds:
+            self.out_of_bounds.append(text)
+
+    def _within(self, ptrs, mask, store: bool):
+        """The mask with every element outside its tensor left out (None: unchanged)."""
+        import numpy as np
+
+        addr = ptrs.data
+        width = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+        on = np.ones(addr.shape, bool) if mask is None else np.broadcast_to(mask.data, addr.shape)
+        used = addr[on]
+        if not used.size or not self._regions:
+            return None
+        low, high = int(used.min()), int(used.max()) + width
+        owner = next((r for r in self._regions if r[0] <= low < r[1]), None)
+        verb = "stores" if store else "loads"
+        if owner is not None and high <= owner[1]:
+            keep = None
+        else:
+            ok = np.zeros(addr.shape, bool)
+            if owner is not None:
+                ok = (addr >= owner[0]) & (addr + width <= owner[1])
+            outside = on & ~ok
+            where = (
+                f"past the end of {owner[2]}'s memory (the tile starts in {owner[2]})"
+                if owner is not None
+                else "outside every tensor the kernel was given"
+            )
+            self._note(
+                f"a tl.{verb[:-1]} {verb} {int(outside.sum())} of its {int(on.sum())} "
+                f"elements {where}"
+            )
+            keep = on & ok
+        if store and owner is not None:
+            self._race(addr[on if keep is None else keep], width, owner)
+        if keep is None:
+            return None
+        from triton import language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        return TensorHandle(np.ascontiguousarray(keep), tl.int1)
+
+    def _race(self, addr, width: int, owner) -> None:
+        """Two programs storing to one element: a race on a GPU."""
+        import numpy as np
+        from triton.runtime import interpreter
+
+        key = (owner[0], width)
+        writers = self._writers.get(key)
+        if writers is None:
+            writers = self._writers[key] = np.full((owner[1] - owner[0]) // width + 1, -1)
+        builder = interpreter.interpreter_builder
+        x, y, z = builder.grid_idx
+        _, gy, gz = builder.grid_dim
+        me = (x * gy + y) * gz + z
+        index = ((addr - owner[0]) // width).astype(np.int64)
+        before = writers[index]
+        clash = (before >= 0) & (before != me)
+        if clash.any():
+            self._note(
+                f"two programs store to the same {int(clash.sum())} elements of {owner[2]} "
+                "(a store whose mask lets a program write rows or columns of another)"
+            )
+        writers[index] = me
 
     def __enter__(self) -> KernelLoads:
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -369,26 +496,42 @@ class KernelLoads:
             return self
 
         builder = interpreter.interpreter_builder
-        original, original_dot = builder.create_masked_load, builder.create_dot
-        self._saved = (builder, original, original_dot)
+        executor = interpreter.GridExecutor
+        original = (builder.create_masked_load, builder.create_masked_store, builder.create_dot)
+        original_init = executor._init_args_hst
+        self._saved = (builder, executor, original, original_init)
         self.available = True
 
-        def counting(ptrs, mask, *args, **kwargs):
+        def init_args(grid, args_dev, kwargs):
+            args_hst, kwargs_hst = original_init(grid, args_dev, kwargs)
+            self._launch(grid.arg_names, args_hst, kwargs_hst)
+            return args_hst, kwargs_hst
+
+        def load(ptrs, mask, *args, **kwargs):
             self.loaded += int(mask.data.sum()) if hasattr(mask, "data") else 0
-            return original(ptrs, mask, *args, **kwargs)
+            inside = self._within(ptrs, mask, store=False)
+            return original[0](ptrs, mask if inside is None else inside, *args, **kwargs)
+
+        def store(ptrs, value, mask, *args, **kwargs):
+            inside = self._within(ptrs, mask, store=True)
+            return original[1](ptrs, value, mask if inside is None else inside, *args, **kwargs)
 
         def dot(a, b, *args, **kwargs):
-            self.dots.add((str(a.get_element_ty()), str(b.get_element_ty())))
-            return original_dot(a, b, *args, **kwargs)
+            self.dtype_pairs.add((str(a.get_element_ty()), str(b.get_element_ty())))
+            self.work += int(a.data.size) * int(b.data.shape[-1])
+            return original[2](a, b, *args, **kwargs)
 
-        builder.create_masked_load = counting
+        builder.create_masked_load = load
+        builder.create_masked_store = store
         builder.create_dot = dot
+        executor._init_args_hst = init_args
         return self
 
     def __exit__(self, *exc) -> bool:
         if self._saved is not None:
-            builder, original, original_dot = self._saved
-            builder.create_masked_load = original
-            builder.create_dot = original_dot
+            builder, executor, original, original_init = self._saved
+            builder.create_masked_load, builder.create_masked_store = original[:2]
+            builder.create_dot = original[2]
+            executor._init_args_hst = original_init
             self._saved = None
         return False

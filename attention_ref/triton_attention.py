@@ -6,7 +6,8 @@
   per block of ``block_m`` queries of one (batch, head); it walks the keys in tiles of
   ``block_n`` with a running maximum and sum in float32, writes the output and each query's
   log-sum-exp ``lse`` (natural logarithm). Causal attention visits only the tiles on or
-  before the diagonal, and masks only the tiles that cross it (the loop is split in two);
+  before the diagonal; only the tiles that cross it or the end of the keys are masked (the
+  loop is split in two);
 - :class:`TritonFlashAttention` / :func:`triton_flash_attention`: the autograd function that
   pairs the kernel's forward pass with notebook 12's recomputing backward pass.
 

@@ -10,7 +10,8 @@ Run from the repository root with torch and triton installed (``pip install -e .
    kernel against PyTorch's fused attention at 1k, 4k and 16k tokens);
 3. runs the catalog of notebook 14 (tests/catalog/nb14.py) through the checks on CUDA: every
    mistake must be named by its id, every alternative must pass, visibly and thoroughly
-   (except ``triton_future_tiles_loaded``, which only the interpreter can see: it passes).
+   (except the mistakes only the interpreter can see, INTERPRETER_ONLY: their verdict is
+   printed, not judged).
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # attention_ref from this checkout, installed or not
 NOTEBOOK = ROOT / "solutions" / "14_triton_attention" / "14_triton_attention.ipynb"
+#: Mistakes the checks see only by watching Triton's interpreter (loads, tl.dot's work and
+#: dtypes, addresses): compiled, the output may be right (a read past a tensor's end may
+#: return garbage that a mask then drops, a store past it may corrupt memory or race).
+INTERPRETER_ONLY = {
+    "triton_future_tiles_loaded",
+    "triton_future_tiles_computed",
+    "triton_dot_upcast",
+    "triton_load_out_of_bounds",
+    "triton_store_out_of_bounds",
+}
 
 
 def run_notebook() -> bool:
@@ -76,10 +87,8 @@ def run_catalog() -> bool:
                 verdicts.append(mistake_id(str(err)) or "failed")
                 if not entry.mistake_id:
                     print(str(err)[:600])
-        if entry.mistake_id == "triton_future_tiles_loaded":
-            # Compiled, a kernel's loads cannot be counted (only the interpreter's can): the
-            # check cannot see the future tiles loaded, and the output is right.
-            good = verdicts == ["passed", "passed"]
+        if entry.mistake_id in INTERPRETER_ONLY:
+            good = True  # not judged: the verdict below is for the record
         else:
             good = (
                 verdicts[0] == entry.mistake_id and verdicts[1] != "passed"

@@ -11,13 +11,25 @@ off-by-ones at the tile borders, the log-sum-exp in base 2, ...). Known differen
 backends are tolerances, never the learner's fault: on a GPU, ``tl.dot`` on float32 inputs
 uses TF32 by default (about 1e-3 relative error), so float32 is held to 1e-2 there.
 
-Skipping: in the interpreter, :class:`~attention_ref.efficient.KernelLoads` counts the
-elements the kernel loads; a causal call must load at most 80% of what the same call without
-causality loads (67% when the future tiles are skipped). A compiled kernel's loads
-cannot be counted, so on a GPU that one test is left out (its values are checked as on CPU).
-The same watcher records the dtypes of every ``tl.dot``'s operands: with float16 inputs, a
-product of float32 tiles (inputs upcast before ``tl.dot``, ``p`` not rounded to ``v``'s
-dtype) is correct in value but a TF32 product at half the speed on a GPU, and is named.
+Watching in the interpreter: :class:`~attention_ref.efficient.KernelLoads` checks every
+address a load or store touches against the memory of the tensor its tile starts in (an
+access outside it, a load or a store without the mask of its rows or columns, is left out
+and named: unwatched it reads other memory or crashes the process), and names two programs
+storing the same element (the interpreter runs programs in order and hides that race). It
+counts the elements loaded and the multiply-adds of every ``tl.dot``: a causal call must load
+at most 80% of what the same call without causality loads, and do at most 80% of its
+products (67% and 62.5% when the future tiles are skipped). It records the dtypes of every
+``tl.dot``'s operands: with float16 inputs, a product of float32 tiles (inputs upcast before
+``tl.dot``, ``p`` not rounded to ``v``'s dtype) is correct in value but a TF32 product at
+half the speed on a GPU, and is named. A compiled kernel cannot be watched: on a GPU those
+tests are left out, and float32 is held to TF32's 1e-2, so graded marks assume the
+interpreter (the instructor guide says so).
+
+Time limits: a call of the learner's kernel may take LIMIT_FACTOR times what the reference
+kernel takes per tile step, measured on the check's first case when the check starts, times
+the case's tile steps (never less than the usual per-call limit): the interpreter's speed
+varies with the machine and its load, and a kernel that skips no tile must be named for
+that, not cut off as an infinite loop.
 
 Triton is imported only when a check runs (it installs on Linux only).
 """
@@ -27,19 +39,20 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 
 import numpy as np
 import torch
 
 from ..efficient import KernelLoads, PeakMemory
 from ._core import Context, Mistake, exercise
+from .mistakes import named
 from .nb12 import (
     _SOFTMAXES,
     FLASH_BWD_MISTAKES,
     TRACED_LIMIT_SCALE,
     _flash_backward,
     _flash_forward,
-    _flash_grads_model,
     _full_attention,
     _function_class,
     _leaves,
@@ -81,6 +94,56 @@ def _as_contiguous_strides(x: torch.Tensor) -> torch.Tensor:
         strides.append(s)
         s *= max(n, 1)
     return torch.as_strided(x, x.shape, tuple(reversed(strides)))
+
+
+def _expect_in_bounds(ctx, rec: KernelLoads, case: str) -> None:
+    """In the interpreter: every element the kernel loaded or stored lies in the tensor its
+    tile starts in, and no two programs stored the same element (the watcher left any other
+    access out, so that the interpreter did not crash on it)."""
+    for text in rec.out_of_bounds[:1]:
+        store = "store" in text
+        ctx.fail(
+            f"your kernel {'writes' if store else 'reads'} memory outside the elements it was "
+            "given (Triton's interpreter was watching its addresses).",
+            case=case,
+            mistake=named(
+                "triton_store_out_of_bounds" if store else "triton_load_out_of_bounds",
+                detail=text[:1].upper() + text[1:],
+            ),
+        )
+
+
+#: A call of the learner's kernel may take this many times what the reference takes for the
+#: same number of tile steps (measured unwatched, on the same machine, in CPU time): the
+#: tripwire makes the interpreter about 3.5 times slower, a kernel that skips no tile does
+#: up to twice the work, and a learner's kernel may spend more operations per tile.
+LIMIT_FACTOR = 25.0
+
+
+def _steps(shape, bm: int, bn: int) -> int:
+    """Tile steps of a kernel that skips nothing: programs times (the query block and every
+    key tile); the interpreter's time is about proportional to them."""
+    B, H, n_q, n_k, _ = shape
+    return -(-n_q // bm) * B * H * (1 + -(-n_k // bn))
+
+
+def _reference_pace(shape, causal, dtype, layout, bm, bn, dev) -> float:
+    """CPU seconds per tile step of the reference kernel on the first case (its first call
+    included: a generous estimate on the machine and under the load the check runs on)."""
+    q, k, v = _attention_inputs(torch.Generator().manual_seed(0), shape, dtype, layout, 1.0, dev)
+    start = time.process_time()
+    _ref().triton_attention(q, k, v, causal, bm, bn)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.process_time() - start) / _steps(shape, bm, bn)
+
+
+def _limit_scale(ctx, pace: float, shape, bm: int, bn: int, floor: float = 1.0) -> float:
+    """The time limit of one call, as a multiple of the per-call limit: at least ``floor``,
+    and at least LIMIT_FACTOR times the reference's time for the case's tile steps."""
+    if not ctx.time_limit:
+        return floor
+    return max(floor, LIMIT_FACTOR * pace * _steps(shape, bm, bn) / ctx.time_limit)
 
 
 # ----------------------------------------------------------------------------- triton_softmax
@@ -147,7 +210,9 @@ def check_triton_softmax(candidate, ctx: Context) -> None:
         x = x.to(dtype).to(dev)
         x = x.t() if transposed else x.t().contiguous()
         case = f"{label}: x {tuple(x.shape)} {dtype_name(dtype)}, strides {x.stride()}"
-        got = ctx.call(candidate, x, case=case)
+        with watching(KernelLoads()) as rec:
+            got = ctx.call(candidate, x, case=case)
+        _expect_in_bounds(ctx, rec, case)
         expected = torch.softmax(x.double(), -1)
         if isinstance(got, torch.Tensor) and got.shape == x.shape:
             _name_overflow(ctx, got, x, case)
@@ -160,6 +225,12 @@ def check_triton_softmax(candidate, ctx: Context) -> None:
                 Mistake.of(
                     "triton_strides_contiguous",
                     model=lambda: _softmax_model(_as_contiguous_strides(x)),
+                )
+            )
+            mistakes.append(
+                Mistake.of(
+                    "triton_unit_column_stride",
+                    model=lambda: _softmax_model(torch.as_strided(x, x.shape, (x.stride(0), 1))),
                 )
             )
         ctx.expect_close(
@@ -185,26 +256,39 @@ def _attention_model(
     stop_before_block: bool = False,
     scale: bool = True,
     base2: bool = False,
+    end_shift: int = 0,
+    fill: float = -math.inf,
+    weights: str = "running",
+    scale_twice: bool = False,
+    log2_scores: bool = False,
 ):
     """``(out, lse)`` of a (possibly buggy) tiled attention kernel in float64: one program
     per ``bm`` queries, ``bn`` keys per tile; when causal, the tiles up to the last query's
     diagonal (``stop_before_block``: up to the first query's, the diagonal tile left out).
     ``tail="zeros"``: keys past n_k loaded as 0 and not masked; ``mask``: "right" (j <= i +
     n_k - n_q), "strict" (j < i + ...), "none" (tiles skipped, the diagonal tile unmasked),
-    "top_left" (j <= i); ``base2``: exp2 of the scores without the factor log2(e)."""
+    "top_left" (j <= i); ``base2``: exp2 of the scores without the factor log2(e);
+    ``end_shift``: the causal loop's end moved by that many keys; ``fill``: the value masked
+    scores get (finite: the tail of the keys is loaded as 0 and masked with it);
+    ``weights="tile"``: p against the tile's maximum (alpha against the running one);
+    ``scale_twice``: 1/d in place of 1/sqrt(d); ``log2_scores``: exp of the scores times
+    log2(e)."""
     q, k, v = q.double(), k.double(), v.double()
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     if scale:
-        q = q / math.sqrt(d)
+        q = q / (d if scale_twice else math.sqrt(d))
     if base2:
         q = q * math.log(2.0)
+    if log2_scores:
+        q = q / math.log(2.0)
     offset = n_k - n_q
     pad = (-n_k) % bn
-    if tail == "zeros" and pad:
+    padded = tail == "zeros" or math.isfinite(fill)
+    if padded and pad:
         k = torch.cat([k, k.new_zeros(B, H, pad, d)], 2)
         v = torch.cat([v, v.new_zeros(B, H, pad, d)], 2)
-    n_keys = k.shape[2] if tail == "zeros" else n_k
+    n_keys = k.shape[2] if padded else n_k
     out = q.new_zeros(B, H, n_q, d)
     lse = q.new_full((B, H, n_q), -math.inf)
     for i0 in range(0, n_q, bm):
@@ -213,24 +297,29 @@ def _attention_model(
         m = q.new_full((B, H, i1 - i0), -math.inf)
         l = q.new_zeros(B, H, i1 - i0)  # noqa: E741
         acc = q.new_zeros(B, H, i1 - i0, d)
-        last = i0 + offset if stop_before_block else i0 + bm + offset
-        hi = min(max(last, 0), n_keys) if causal else n_keys
+        last = (i0 + offset if stop_before_block else i0 + bm + offset) + end_shift
+        hi = min(max(last, 0), n_k) if causal else n_keys
         for j0 in range(0, hi, bn):
             j1 = min(j0 + bn, n_keys)
             s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1)
             cols = torch.arange(j0, j1)[None, :]
+            if tail != "zeros" and padded:
+                s = s.masked_fill(cols >= n_k, fill)
             if causal and mask != "none":
                 allowed = {
                     "right": cols <= rows + offset,
                     "strict": cols < rows + offset,
                     "top_left": cols <= rows,
                 }[mask]
-                s = s.masked_fill(~allowed, -math.inf)
+                s = s.masked_fill(~allowed, fill)
             blk = s.amax(-1)
             m_new = torch.maximum(m, blk) if carry_max else blk
             m_use = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
             alpha = torch.exp(m - m_use) if carry_max else torch.ones_like(m)
-            p = torch.exp(s - m_use[..., None])
+            if weights == "tile":
+                p = torch.exp(s - torch.where(torch.isfinite(blk), blk, 0.0)[..., None])
+            else:
+                p = torch.exp(s - m_use[..., None])
             l = (l * alpha if rescale_l else l) + p.sum(-1)  # noqa: E741
             acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v[:, :, j0:j1]
             m = m_new
@@ -255,24 +344,31 @@ ATTENTION_MISTAKES = [
     ("triton_causal_offset", dict(mask="top_left")),
     ("flash_scores_scaled_1", dict(scale=False)),
     ("triton_exp2_without_log2e", dict(base2=True)),
+    ("triton_causal_end_short", dict(end_shift=-1)),
+    ("triton_finite_mask", dict(fill=-1.0e6)),
+    ("triton_weights_tile_max", dict(weights="tile")),
+    ("triton_scale_twice", dict(scale_twice=True)),
+    ("triton_exp_of_log2_scores", dict(log2_scores=True)),
 ]
+#: options that make a mistake only when causal
+_CAUSAL_ONLY = {"mask", "stop_before_block", "end_shift"}
 
 #: label, (B, H, n_q, n_k, d), causal, dtype, layout, block_m, block_n, scale of q and k.
 #: Layout "bnhd": q, k, v are transposed views of (B, n, H, d) tensors (strides not those
 #: of a contiguous (B, H, n, d) tensor); "kt": k is a transposed view of (B, H, d, n_k).
 ATTENTION_CASES = [
+    ("2 heads, n=40 (tiles of 16: a tail of 8)", (1, 2, 40, 40, 16), False, F32, "", 16, 16, 1.0),
+    ("the same, causal", (1, 2, 40, 40, 16), True, F32, "", 16, 16, 1.0),
     (
-        "2 x 2 heads, n=40 (tiles of 16: a tail of 8)",
-        (2, 2, 40, 40, 16),
+        "n_q=20, n_k=45, d=32, k a transposed view of (B, H, d, n_k), v contiguous",
+        (1, 2, 20, 45, 32),
         False,
         F32,
-        "",
+        "kt",
         16,
         16,
         1.0,
     ),
-    ("one batch of 2 heads, causal", (1, 2, 40, 40, 16), True, F32, "", 16, 16, 1.0),
-    ("n_q=20, n_k=45, d=32", (1, 2, 20, 45, 32), False, F32, "", 16, 16, 1.0),
     (
         "n_q=20, n_k=45, causal (query i sees keys j <= i + 25)",
         (1, 2, 20, 45, 16),
@@ -305,17 +401,35 @@ ATTENTION_CASES = [
         16,
         1.0,
     ),
-    ("block_m=32, block_n=16, n=50, causal", (1, 2, 50, 50, 16), True, F32, "", 32, 16, 1.0),
-    ("block_m=16, block_n=32, n=50, causal", (1, 1, 50, 50, 16), True, F32, "", 16, 32, 1.0),
+    (
+        # 17 = a tile + 1: the loop's end must be exactly one past the last key a block sees
+        "block_m=32, block_n=16, n_q=50, n_k=67, causal (query i sees keys j <= i + 17)",
+        (1, 1, 50, 67, 16),
+        True,
+        F32,
+        "",
+        32,
+        16,
+        1.0,
+    ),
+    (
+        "block_m=16, block_n=32, n=50, causal, large scores (up to about 100)",
+        (1, 1, 50, 50, 16),
+        True,
+        F32,
+        "",
+        16,
+        32,
+        5.0,
+    ),
     ("float16, n=48, causal", (1, 2, 48, 48, 32), True, F16, "", 16, 16, 1.0),
-    ("large scores (up to about 100), causal", (1, 2, 40, 40, 16), True, F32, "", 16, 16, 5.0),
 ]
 ATTENTION_THOROUGH = [
     ("n=100, blocks of 32, causal", (2, 1, 100, 100, 16), True, F32, "", 32, 32, 1.0),
-    ("n_q=33, n_k=70, block_n=32, causal", (1, 2, 33, 70, 16), True, F32, "", 16, 32, 1.0),
+    ("n_q=33, n_k=66, block_n=32, causal", (1, 2, 33, 66, 16), True, F32, "", 16, 32, 1.0),
     ("k a transposed view of (B, H, d, n_k)", (1, 2, 24, 24, 16), False, F32, "kt", 16, 16, 1.0),
     ("float16, large scores", (1, 1, 40, 40, 16), False, F16, "", 16, 16, 4.0),
-    ("n_q=40, n_k=24, causal: 16 see no key", (1, 1, 40, 24, 16), True, F32, "", 16, 16, 1.0),
+    ("n_q=40, n_k=30, causal: 10 see no key", (1, 1, 40, 30, 16), True, F32, "", 16, 16, 1.0),
 ]  # fmt: skip
 
 
@@ -404,11 +518,12 @@ def _lse_parts(q, k, v, causal):
     return m, torch.log(torch.exp(s - m[..., None]).sum(-1))
 
 
-def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label) -> None:
+def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=1.0) -> None:
     case = _describe(label, q, k, causal, bm, bn)
     dev = q.device
     with watching(KernelLoads()) as rec:
-        got = ctx.call(candidate, q, k, v, causal, bm, bn, case=case)
+        got = ctx.call(candidate, q, k, v, causal, bm, bn, case=case, limit_scale=limit_scale)
+    _expect_in_bounds(ctx, rec, case)
     out, lse = ctx.expect_tuple(got, ("out", "lse"), case=case)
     want, _ = _exact(q, k, v, causal)
     tol = _tol(q.dtype, dev)
@@ -420,7 +535,7 @@ def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label) -> None:
     mistakes = [
         Mistake.of(mid, model=lambda i=i: model(i)[0])
         for i, (mid, kw) in enumerate(ATTENTION_MISTAKES)
-        if causal or not ({"mask", "stop_before_block"} & set(kw))
+        if causal or not (_CAUSAL_ONLY & set(kw))
     ]
     if (
         q.stride() != _as_contiguous_strides(q).stride()
@@ -432,13 +547,20 @@ def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label) -> None:
                 model=lambda: _exact(*(_as_contiguous_strides(t) for t in (q, k, v)), causal)[0],
             )
         )
+    if k.stride() != v.stride():
+        mistakes.append(
+            Mistake.of(
+                "triton_v_strides_of_k",
+                model=lambda: _exact(qc, kc, vc.as_strided(vc.shape, kc.stride()), causal)[0],
+            )
+        )
     if causal:
         mistakes.append(Mistake.of("flash_causal_ignored", model=lambda: _exact(q, k, v, False)[0]))
     ctx.expect_close(
         out.detach().double().cpu(), want, what="the output", case=case, mistakes=mistakes, **tol
     )
     _expect_lse(ctx, lse, q, k, v, causal, case, tol)
-    upcast = sorted({pair for pair in rec.dots if "fp32" in pair})
+    upcast = sorted({pair for pair in rec.dtype_pairs if "fp32" in pair})
     if q.dtype == F16 and upcast:
         ctx.fail(
             f"your kernel's tl.dot multiplied {' x '.join(upcast[0])} tiles although q, k and v "
@@ -451,10 +573,11 @@ def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label) -> None:
         )
 
 
-def _check_skipping_and_memory(ctx, candidate, g, dev) -> None:
+def _check_skipping_and_memory(ctx, candidate, g, dev, pace: float) -> None:
     """In the interpreter: a causal call loads at most 80% of what the same call without
     causality loads (n = 256, tiles of 64: 10 of 16 tiles, 67% of the elements with the
-    queries).
+    queries), and its tl.dot products do at most 80% of the multiply-adds (62.5%: a loop
+    that visits every tile with its loads masked off does them all).
     Anywhere: the code creates no tensor as large as a quarter of the n_q x n_k scores
     besides twice what is linear in n (out, lse and copies of q, k, v: the checker's copies
     of the inputs, the interpreter's copy of each argument, a launcher's contiguous copies).
@@ -468,13 +591,13 @@ def _check_skipping_and_memory(ctx, candidate, g, dev) -> None:
     q, k, v = _attention_inputs(g, (1, 1, n, n, d), F32, "", 1.0, dev)
     linear = 4 * q.numel() * 4 + n * 4  # q, k, v, out in float32 and lse
     scores = n * n * 4
-    loads = {}
+    loads, work = {}, {}
+    scale = _limit_scale(ctx, pace, (1, 1, n, n, d), bs, bs, floor=TRACED_LIMIT_SCALE)
     for causal in (False, True):
         case = _describe(f"n={n}, watching what your kernel loads", q, k, causal, bs, bs)
         with watching(KernelLoads()) as rec, watching(PeakMemory()) as mem:
-            got = ctx.call(
-                candidate, q, k, v, causal, bs, bs, case=case, limit_scale=TRACED_LIMIT_SCALE
-            )
+            got = ctx.call(candidate, q, k, v, causal, bs, bs, case=case, limit_scale=scale)
+        _expect_in_bounds(ctx, rec, case)
         out, lse = ctx.expect_tuple(got, ("out", "lse"), case=case)
         want, _ = _exact(q, k, v, causal)
         ctx.expect_array(out, q.new_empty(want.shape), what="the output", case=case)
@@ -491,6 +614,7 @@ def _check_skipping_and_memory(ctx, candidate, g, dev) -> None:
                 mistake="triton_score_matrix_allocated",
             )
         loads[causal] = rec.loaded if rec.available else None
+        work[causal] = rec.work if rec.available else None
     if loads[False] and loads[True] is not None and loads[True] > 0.8 * loads[False]:
         tiles = n // bs
         seen = tiles * (tiles + 1) // 2  # key tiles on or before the diagonal
@@ -503,6 +627,17 @@ def _check_skipping_and_memory(ctx, candidate, g, dev) -> None:
             f"{seen} of {tiles * tiles} tiles are on or before the diagonal).",
             case=f"q, k, v (1, 1, {n}, {d}) float32, block_m=block_n={bs}",
             mistake="triton_future_tiles_loaded",
+        )
+    if work[False] and work[True] is not None and work[True] > 0.8 * work[False]:
+        tiles = n // bs
+        seen = tiles * (tiles + 1) // 2
+        ctx.fail(
+            f"with causal=True your kernel's tl.dot products do {work[True] / work[False]:.0%} "
+            "of the multiply-adds they do with causal=False (its loads skip the future, its "
+            f"loop does not); ending the loop at the diagonal brings it to {seen / tiles**2:.1%}"
+            f" here (n={n}, tiles of {bs}: {seen} of {tiles * tiles} tiles).",
+            case=f"q, k, v (1, 1, {n}, {d}) float32, block_m=block_n={bs}",
+            mistake="triton_future_tiles_computed",
         )
 
 
@@ -525,58 +660,131 @@ def check_triton_attention(candidate, ctx: Context) -> None:
     cases again would double a cell that must fit its grading time limit."""
     g = ctx.torch_gen(142)
     dev = _device()
-    for label, shape, causal, dtype, layout, bm, bn, scale in (
-        ATTENTION_THOROUGH if ctx.thorough else ATTENTION_CASES
-    ):
+    cases = ATTENTION_THOROUGH if ctx.thorough else ATTENTION_CASES
+    pace = _reference_pace(*ATTENTION_CASES[0][1:7], dev)
+    for label, shape, causal, dtype, layout, bm, bn, scale in cases:
         q, k, v = _attention_inputs(g, shape, dtype, layout, scale, dev)
-        _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label)
-    _check_skipping_and_memory(ctx, candidate, g, dev)
+        limit = _limit_scale(ctx, pace, shape, bm, bn)
+        _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit)
+    _check_skipping_and_memory(ctx, candidate, g, dev, pace)
 
 
 # ----------------------------------------------------------------------------- autograd function
 #: label, (B, H, n_q, n_k, d), causal, dtype (causal with n_q > n_k: the first queries see no
 #: key, their lse is -inf, and their gradients must be 0, not NaN)
 FUNCTION_CASES = [
-    ("2 x 2 heads, n=40", (2, 2, 40, 40, 16), False, F32),
-    ("the same, causal", (2, 2, 40, 40, 16), True, F32),
+    ("2 heads, n=40", (1, 2, 40, 40, 16), False, F32),
+    ("the same, causal", (1, 2, 40, 40, 16), True, F32),
     ("n_q=20, n_k=37", (1, 2, 20, 37, 16), False, F32),
     ("n_q=20, n_k=45, causal", (1, 1, 20, 45, 16), True, F32),
     ("n_q=45, n_k=20, causal: 25 queries see no key", (1, 1, 45, 20, 16), True, F32),
     ("one token, causal", (1, 1, 1, 1, 16), True, F32),
 ]
 FUNCTION_THOROUGH = [
-    ("n=70, causal, d=32", (1, 2, 70, 70, 32), True, F32),
+    ("2 x 1 heads, n=70, causal, d=32", (2, 1, 70, 70, 32), True, F32),
     ("n_q=30, n_k=18, causal: 12 queries see no key", (2, 1, 30, 18, 16), True, F32),
 ]
 GRAD_TOL = {"cpu": dict(rtol=1e-3, atol=1e-4), "cuda": dict(rtol=2e-2, atol=2e-2)}
 
 
-def _function_case(ctx, cls, q, k, v, causal, label) -> None:
+def _grads_model(
+    q, k, v, do, bs: int, causal: bool, *, delta: str = "out", weights: str = "lse",
+    scale_power: int = 0, transposes: bool = True, mask: bool = True, skip: bool = True,
+    shift_mask: bool = True, shift_end: bool = True,
+):  # fmt: skip
+    """``(dq, dk, dv)`` of a (possibly buggy) tiled backward pass in float64, queries and
+    keys in blocks of ``bs``: notebook 12's model (its options, see
+    :func:`attention_ref.checks.nb12._flash_grads_model`) with the kernel's alignment, query
+    ``i`` seeing keys ``j <= i + n_k - n_q``; ``shift_mask=False`` keeps notebook 12's mask
+    ``j <= i``, ``shift_end=False`` its loop end ``min(n_k, i1)``. A query that sees no key
+    has weights 0 (its lse, -inf, taken as +inf)."""
+    q, k, v, do = (t.detach().double() for t in (q, k, v, do))
+    n_q, n_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
+    offset = n_k - n_q
+    scale = 1.0 / math.sqrt(d_k)
+    s_all = q @ k.transpose(-2, -1) * scale  # the checker may hold the n_q x n_k scores
+    if causal:
+        s_all = s_all.masked_fill(
+            ~torch.ones(n_q, n_k, dtype=torch.bool).tril(offset), -math.inf
+        )  # fmt: skip
+    m_all = s_all.amax(-1, keepdim=True)
+    m_all = torch.where(torch.isfinite(m_all), m_all, math.inf)  # sees no key: weights 0
+    l_all = torch.exp(s_all - m_all).sum(-1, keepdim=True)
+    lse = torch.logsumexp(s_all, -1, keepdim=True)
+    out = torch.exp(s_all - torch.where(torch.isfinite(lse), lse, math.inf)) @ v
+    log_l = torch.log(l_all)
+    lse = torch.where(torch.isfinite(lse), lse, math.inf)
+    row = dict(lse=lse, max=m_all, raw=torch.zeros_like(m_all), log_l=log_l)[weights]
+    d_all = (do * out).sum(-1, keepdim=True)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i0 in range(0, n_q, bs):
+        i1 = min(i0 + bs, n_q)
+        q_i, do_i = q[..., i0:i1, :], do[..., i0:i1, :]
+        j_end = min(n_k, i1 + (offset if shift_end else 0)) if causal and skip else n_k
+        for j0 in range(0, max(j_end, 0), bs):
+            j1 = min(j0 + bs, n_k)
+            k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]
+            s = q_i @ k_j.transpose(-2, -1) * scale
+            if causal and mask:
+                rows = torch.arange(i0, i1)[:, None] + (offset if shift_mask else 0)
+                s = s.masked_fill(torch.arange(j0, j1)[None, :] > rows, -math.inf)
+            p = torch.nan_to_num(torch.exp(s - row[..., i0:i1, :]), nan=0.0)
+            dp = do_i @ v_j.transpose(-2, -1)
+            d = d_all[..., i0:i1, :]
+            d_i = {"out": d, "none": torch.zeros_like(d), "tile": (p * dp).sum(-1, keepdim=True)}
+            ds = p * (dp - d_i[delta])
+            if transposes:
+                dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_i
+                dq[..., i0:i1, :] += ds @ k_j * scale
+                dk[..., j0:j1, :] += ds.transpose(-2, -1) @ q_i * scale
+            elif p.shape[-1] == p.shape[-2]:
+                dv[..., j0:j1, :] += p @ do_i
+                dq[..., i0:i1, :] += ds.transpose(-2, -1) @ k_j * scale
+                dk[..., j0:j1, :] += ds @ q_i * scale
+            else:
+                raise ValueError("transposes=False needs square tiles")
+    times = scale**scale_power
+    return dq * times, dk * times, dv
+
+
+#: the backward pass's mistakes: notebook 12's, and its causal mask or loop end left as they
+#: were for n_q = n_k (the loop's end alone matters at the learner's block size: several)
+BWD_MISTAKES = FLASH_BWD_MISTAKES + [
+    ("triton_bwd_causal_offset", dict(shift_mask=False, shift_end=False)),
+    *[("triton_bwd_causal_offset", dict(shift_end=False, bs=bs)) for bs in (16, 32, 64, 128)],
+]
+
+
+def _function_case(ctx, cls, q, k, v, causal, label, limit_scale=1.0) -> None:
     case = (
         f"{label}: q {tuple(q.shape)}, k, v {tuple(k.shape)} {dtype_name(q.dtype)}, causal={causal}"
     )
     leaves = _leaves(q, k, v)
-    out = _flash_forward(ctx, cls, leaves, (causal,), case)
+    out = _flash_forward(ctx, cls, leaves, (causal,), case, limit_scale)
     want_out, _ = _exact(q, k, v, causal)
     tol = GRAD_TOL[q.device.type]
     ctx.expect_array(out, q.new_empty(want_out.shape), what="the output", case=case)
     ctx.expect_close(out.detach().double().cpu(), want_out, what="the output", case=case, **tol)
     g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel())
     do64 = torch.randn(want_out.shape, generator=g, dtype=F64)
-    grads = _flash_backward(ctx, cls, out, leaves, do64.to(q.dtype).to(q.device), case)
+    grads = _flash_backward(ctx, cls, out, leaves, do64.to(q.dtype).to(q.device), case, limit_scale)
     ref_leaves = _leaves(q.double().cpu(), k.double().cpu(), v.double().cpu())
     want = torch.autograd.grad(_exact(*ref_leaves, causal)[0], ref_leaves, do64)
     qc, kc, vc = (t.cpu() for t in (q, k, v))
-    model = functools.cache(
-        lambda i: _flash_grads_model(qc, kc, vc, do64, 16, causal, **FLASH_BWD_MISTAKES[i][1])
-    )
+
+    def _model(i):
+        opts = dict(BWD_MISTAKES[i][1])
+        return _grads_model(qc, kc, vc, do64, opts.pop("bs", 16), causal, **opts)
+
+    model = functools.cache(_model)
+    shifted = causal and q.shape[2] != k.shape[2]
     for index, name in ((2, "v"), (0, "q"), (1, "k")):
         what = f"the gradient of {name} (d{name})"
         ctx.expect_array(grads[index], leaves[index].detach(), what=what, case=case)
         mistakes = [
             Mistake.of(mid, model=lambda i=i, index=index: model(i)[index])
-            for i, (mid, _) in enumerate(FLASH_BWD_MISTAKES)
-            if causal or "mask" not in FLASH_BWD_MISTAKES[i][1]
+            for i, (mid, opts) in enumerate(BWD_MISTAKES)
+            if (causal or "mask" not in opts) and (shifted or mid != "triton_bwd_causal_offset")
         ] + [
             Mistake.of("flash_bwd_gradient_order", model=lambda other=other: want[other])
             for other in range(3)
@@ -605,8 +813,11 @@ def check_triton_flash_attention(candidate, ctx: Context) -> None:
     cls = _function_class(ctx, candidate)
     g = ctx.torch_gen(143)
     dev = _device()
+    pace = _reference_pace(FUNCTION_CASES[0][1], FUNCTION_CASES[0][2], F32, "", 16, 16, dev)
     with reference_functions(candidate, triton_attention=_ref().triton_attention):
         # The graded (thorough) run: other cases only, as for triton_attention.
         for label, shape, causal, dtype in FUNCTION_THOROUGH if ctx.thorough else FUNCTION_CASES:
             q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
-            _function_case(ctx, cls, q, k, v, causal, label)
+            # the forward pass runs the reference kernel (tiles of 16 by default)
+            limit = _limit_scale(ctx, pace, shape, 16, 16)
+            _function_case(ctx, cls, q, k, v, causal, label, limit)

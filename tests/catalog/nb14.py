@@ -28,6 +28,8 @@ def _softmax_rows(X, Y, n_cols, sxr, sxc, syr, syc, BLOCK: tl.constexpr, BUG: tl
     inside = cols < n_cols
     if BUG == 1:  # the tail loaded as 0
         x = tl.load(X + row * sxr + cols * sxc, mask=inside, other=0.0).to(tl.float32)
+    elif BUG == 4:  # Triton's tutorial 02: the columns assumed adjacent (unit stride)
+        x = tl.load(X + row * sxr + cols, mask=inside, other=-float("inf")).to(tl.float32)
     else:
         x = tl.load(X + row * sxr + cols * sxc, mask=inside, other=-float("inf")).to(tl.float32)
     if BUG == 2:  # no maximum subtracted
@@ -37,9 +39,13 @@ def _softmax_rows(X, Y, n_cols, sxr, sxc, syr, syc, BLOCK: tl.constexpr, BUG: tl
         e = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)
     else:
         e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(
-        Y + row * syr + cols * syc, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=inside
-    )
+    if BUG == 5:  # the whole block stored: past the end of the row
+        tl.store(Y + row * syr + cols * syc, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty))
+    else:
+        tl.store(
+            Y + row * syr + cols * syc, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty),
+            mask=inside,
+        )  # fmt: skip
 
 
 def _softmax(x, bug=0, contiguous_strides=False):
@@ -58,6 +64,18 @@ def softmax_tail_zero(x):
 @mistake("triton_softmax", id="triton_softmax_no_max")
 def softmax_no_max(x):
     return _softmax(x, bug=2)
+
+
+@mistake("triton_softmax", id="triton_unit_column_stride")
+def softmax_unit_column_stride(x):
+    """Triton's tutorial 02: X + row * stride + cols, the columns assumed adjacent."""
+    return _softmax(x, bug=4)
+
+
+@mistake("triton_softmax", id="triton_store_out_of_bounds")
+def softmax_store_unmasked(x):
+    """The whole power-of-two block stored: the tail writes past the row."""
+    return _softmax(x, bug=5)
 
 
 @mistake("triton_softmax", id="triton_strides_contiguous")
@@ -80,8 +98,12 @@ def softmax_of_a_contiguous_copy(x):
 #: BUG: 1 acc not rescaled, 2 l not rescaled, 3 max not carried, 4 tail not masked, 6 causal
 #: loop ends a block early, 7 diagonal tile unmasked, 8 strict mask, 9 mask ignores n_k - n_q,
 #: 10 exp2 without log2(e), 11 lse in base 2, 12 lse = max only, 13 no tile skipped,
-#: 14 tl.dot on float32 tiles (float16 inputs upcast),
-#: 20 exp2 with log2(e) (correct).
+#: 14 tl.dot on float32 tiles (float16 inputs upcast), 15 causal loop one key short
+#: (an end of (start_m + 1) * BM + n_k - n_q - 1), 16 every key tile visited (the future's
+#: loads masked off), 17 q loaded without its row mask, 18 out stored without its row mask,
+#: 19 lse stored without its row mask, 21 Triton's tutorial 06's finite mask (-1.0e6),
+#: 22 weights against the tile's maximum, 23 the scale applied twice, 24 exp with the scores
+#: in log2 units, 20 exp2 with log2(e) (correct).
 @triton.jit
 def _attn(
     Q, K, V, O_, L_,
@@ -96,8 +118,11 @@ def _attn(
     h = bh % H
     offs_m = start_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=offs_m[:, None] < n_q, other=0.0)  # fmt: skip
+    if BUG == 17:
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd)
+    else:
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                    mask=offs_m[:, None] < n_q, other=0.0)  # fmt: skip
     m_i = tl.full([BM], -float("inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -106,23 +131,34 @@ def _attn(
     if CAUSAL:
         if BUG == 6:
             hi = tl.minimum(tl.maximum(start_m * BM + offset, 0), n_k)
-        elif BUG != 13:
+        elif BUG == 15:
+            hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset - 1, 0), n_k)
+        elif BUG != 13 and BUG != 16:
             hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset, 0), n_k)
+    end = n_k
+    if BUG == 16 and CAUSAL:  # loads stop at the diagonal, the loop does not
+        end = tl.minimum(tl.maximum((start_m + 1) * BM + offset, 0), n_k)
     for start_n in range(0, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                     mask=offs_n[None, :] < n_k, other=0.0)  # fmt: skip
+                     mask=offs_n[None, :] < end, other=0.0)  # fmt: skip
         v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :] * svd,
-                    mask=offs_n[:, None] < n_k, other=0.0)  # fmt: skip
+                    mask=offs_n[:, None] < end, other=0.0)  # fmt: skip
         if BUG == 14:  # float32 tiles: a TF32 product on a GPU
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32)) * scale
+        elif BUG == 23:  # q scaled in the launcher, and the scores scaled again
+            s = tl.dot(q, kt) * scale * scale
         else:
             s = tl.dot(q, kt) * scale
-        if BUG == 11 or BUG == 20:
+        if BUG == 11 or BUG == 20 or BUG == 24:
             s = s * 1.4426950408889634
-        if BUG != 4:
+        if BUG == 21:  # Triton's tutorial 06: a finite mask
+            s = tl.where(offs_n[None, :] < n_k, s, -1.0e6)
+            if CAUSAL:
+                s = tl.where(offs_n[None, :] <= offs_m[:, None] + offset, s, -1.0e6)
+        elif BUG != 4:
             s = tl.where(offs_n[None, :] < n_k, s, -float("inf"))
-        if CAUSAL:
+        if CAUSAL and BUG != 21:
             if BUG == 8:
                 s = tl.where(offs_n[None, :] < offs_m[:, None] + offset, s, -float("inf"))
             elif BUG == 9:
@@ -137,6 +173,10 @@ def _attn(
         if BUG == 10 or BUG == 11 or BUG == 20:
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
+        elif BUG == 22:  # the weights against the tile's maximum, alpha against the running one
+            alpha = tl.exp(m_i - m_safe)
+            m_tile = tl.max(s, axis=1)
+            p = tl.exp(s - tl.where(m_tile == -float("inf"), 0.0, m_tile)[:, None])
         else:
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(s - m_safe[:, None])
@@ -156,7 +196,7 @@ def _attn(
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
     m_fin = tl.where(seen, m_i, 0.0)
-    if BUG == 20:
+    if BUG == 20 or BUG == 24:
         lse = (m_fin + tl.log2(l_safe)) / 1.4426950408889634
     elif BUG == 11:
         lse = m_fin + tl.log2(l_safe)
@@ -166,9 +206,16 @@ def _attn(
         lse = m_fin + tl.log(l_safe)
     lse = tl.where(seen, lse, -float("inf"))
     rows = offs_m < n_q
-    tl.store(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
-             (acc / l_safe[:, None]).to(O_.dtype.element_ty), mask=rows[:, None])  # fmt: skip
-    tl.store(L_ + b * slb + h * slh + offs_m * slm, lse, mask=rows)
+    if BUG == 18:
+        tl.store(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+                 (acc / l_safe[:, None]).to(O_.dtype.element_ty))  # fmt: skip
+    else:
+        tl.store(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+                 (acc / l_safe[:, None]).to(O_.dtype.element_ty), mask=rows[:, None])  # fmt: skip
+    if BUG == 19:
+        tl.store(L_ + b * slb + h * slh + offs_m * slm, lse)
+    else:
+        tl.store(L_ + b * slb + h * slh + offs_m * slm, lse, mask=rows)
 
 
 def _contiguous_strides(t):
@@ -176,12 +223,14 @@ def _contiguous_strides(t):
     return (H * n * d, n * d, d, 1)
 
 
-def _attention(q, k, v, causal, bm, bn, bug=0, contiguous_strides=False, swap_grid=False):
+def _attention(q, k, v, causal, bm, bn, bug=0, contiguous_strides=False, v_strides_of_k=False):
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
     strides = [_contiguous_strides(t) if contiguous_strides else t.stride() for t in (q, k, v)]
+    if v_strides_of_k:
+        strides[2] = strides[1]
     grid = (triton.cdiv(n_q, bm), B * H)
     _attn[grid](
         q, k, v, out, lse, *strides[0], *strides[1], *strides[2], *out.stride(), *lse.stride(),
@@ -209,18 +258,33 @@ for _bug, _id in [
     (12, "triton_lse_wrong"),
     (13, "triton_future_tiles_loaded"),
     (14, "triton_dot_upcast"),
+    (15, "triton_causal_end_short"),
+    (16, "triton_future_tiles_computed"),
+    (17, "triton_load_out_of_bounds"),
+    (18, "triton_store_out_of_bounds"),
+    (19, "triton_store_out_of_bounds"),
+    (21, "triton_finite_mask"),
+    (22, "triton_weights_tile_max"),
+    (23, "triton_scale_twice"),
+    (24, "triton_exp_of_log2_scores"),
 ]:
 
     def _entry(q, k, v, causal=False, block_m=16, block_n=16, _bug=_bug):
         return _attention(q, k, v, causal, block_m, block_n, bug=_bug)
 
-    _entry.__name__ = f"attention_bug_{_id}"
+    _entry.__name__ = f"attention_bug_{_id}" + ("_lse" if _bug == 19 else "")
     mistake("triton_attention", id=_id)(_entry)
 
 
 @mistake("triton_attention", id="triton_strides_contiguous")
 def attention_strides_from_shape(q, k, v, causal=False, block_m=16, block_n=16):
     return _attention(q, k, v, causal, block_m, block_n, contiguous_strides=True)
+
+
+@mistake("triton_attention", id="triton_v_strides_of_k")
+def attention_v_with_k_strides(q, k, v, causal=False, block_m=16, block_n=16):
+    """v addressed with k's strides (one set of strides passed for both)."""
+    return _attention(q, k, v, causal, block_m, block_n, v_strides_of_k=True)
 
 
 @mistake("triton_attention", id="triton_score_matrix_allocated")
@@ -245,9 +309,10 @@ def attention_exp2_contiguous_copies(q, k, v, causal=False, block_m=16, block_n=
 
 
 # ----------------------------------------------------------------------------- autograd function
-def _backward(q, k, v, out, lse, do, causal, block=16, delta=True, guard=True):
+def _backward(q, k, v, out, lse, do, causal, block=16, delta=True, guard=True, shift=True):
     """Notebook 12's backward pass (tiles of ``block``), from the kernel's lse (B, H, n_q);
-    ``guard``: a query that sees no key (lse = -inf) gets weights 0, not exp(-inf + inf)."""
+    ``guard``: a query that sees no key (lse = -inf) gets weights 0, not exp(-inf + inf);
+    ``shift=False``: notebook 12's causal loop end and mask as they were (j <= i)."""
     q, k, v, out, do = (t.float() for t in (q, k, v, out, do))
     lse = lse[..., None]
     if guard:
@@ -258,11 +323,12 @@ def _backward(q, k, v, out, lse, do, causal, block=16, delta=True, guard=True):
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for i0 in range(0, n_q, block):
         i1 = min(i0 + block, n_q)
-        for j0 in range(0, min(n_k, i1 + n_k - n_q) if causal else n_k, block):
+        offset = n_k - n_q if shift else 0
+        for j0 in range(0, min(n_k, i1 + offset) if causal else n_k, block):
             j1 = min(j0 + block, n_k)
             s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT * scale
             if causal:
-                rows = torch.arange(i0, i1, device=q.device)[:, None] + n_k - n_q
+                rows = torch.arange(i0, i1, device=q.device)[:, None] + offset
                 s = s.masked_fill(torch.arange(j0, j1, device=q.device) > rows, -math.inf)
             p = torch.exp(s - lse[..., i0:i1, :])
             dv[..., j0:j1, :] += p.mT @ do[..., i0:i1, :]
@@ -326,6 +392,17 @@ class TritonAttentionBackwardNotCausal(TritonFlashAttention):
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
         return (*_backward(q, k, v, out, lse, do, False), None)
+
+
+@mistake("triton_flash_attention", id="triton_bwd_causal_offset")
+class TritonAttentionNotebook12Mask(TritonFlashAttention):
+    """Notebook 12's backward pass copied as it was: its loop end min(n_k, i1) and its mask
+    j <= i, written for n_q = n_k."""
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*_backward(q, k, v, out, lse, do, ctx.causal, shift=False), None)
 
 
 @mistake("triton_flash_attention", id="flash_bwd_no_delta")
