@@ -34,7 +34,14 @@ CAPS = {
 }
 #: The grader's environment while the class is graded: the caps of the sandbox, and
 #: secrets of the kind a grader holds (a database password, a hub token).
-GRADER_ENV = {**CAPS, "PGPASSWORD": SECRET, "JUPYTERHUB_API_TOKEN": TOKEN}
+GRADER_ENV = {
+    **CAPS,
+    "PGPASSWORD": SECRET,
+    "JUPYTERHUB_API_TOKEN": TOKEN,
+    # the seeds of the graded checks (attention_ref/course/secret.py): the attacks on the
+    # environment look for SECRET in it
+    "ATTENTION_REF_GRADING_SECRET": f"{SECRET}-grading-0123456789abcdef",
+}
 
 # Each attack prints "ATTACK <name>: <what happened>"; "BREACH" marks a success.
 ATTACK_PRELUDE = """

@@ -10,6 +10,7 @@ import pytest
 from attention_ref.checks import check, exercise_ids
 from attention_ref.checks.mistakes import MISTAKES as NAMED
 from attention_ref.checks.mistakes import mistake_id
+from attention_ref.course.secret import graded_seed
 
 from catalog import ALTERNATIVES, MISTAKES, Entry
 
@@ -50,6 +51,21 @@ def test_mistake_is_caught_and_named(entry: Entry) -> None:
 def test_correct_alternative_passes(entry: Entry) -> None:
     check(entry.exercise, entry.impl)
     check(entry.exercise, entry.impl, **HIDDEN)
+
+
+#: Two grading secrets of two courses (attention_ref/course/secret.py).
+SECRETS = ("a" * 32 + "course-one", "b" * 32 + "course-two")
+
+
+@pytest.mark.later
+@pytest.mark.parametrize("entry", _params(ALTERNATIVES, first_in_make_test=False))
+def test_correct_alternative_passes_the_hidden_checks_on_a_secret_s_seeds(entry: Entry) -> None:
+    """Graded, a hidden check runs on a seed of the course's secret, not the source's
+    2024: an honest answer passes whatever the seed."""
+    for key in SECRETS:
+        check(
+            entry.exercise, entry.impl, seed=graded_seed(key, entry.exercise, 2024), thorough=True
+        )
 
 
 @pytest.mark.parametrize("exercise_id", exercise_ids())

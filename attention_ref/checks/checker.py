@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..course.secret import SECRET_ENV, graded_seed
 from ..course.trusted import Expected, expected_checks  # noqa: F401 - re-exported
 from . import wire
 from ._core import REGISTRY, CheckFailure, resolve_time_limit, run_check
@@ -101,6 +102,19 @@ def _send_verdict(sock: socket.socket, verdict: dict) -> None:
 
 def _refused(asked: str, message: str) -> dict:
     return {"exercise": asked, "passed": False, "cases": 0, "message": message}
+
+
+#: The grading secret this checker was started with (empty: the source's seeds).
+_SECRET: list[str] = []
+
+
+def seed_for(expect: Expected, secret: str) -> int:
+    """The seed a check the source makes runs with: a thorough (graded) check's comes from
+    the course's ``secret`` (course/secret.py), so that no kernel can rebuild its inputs
+    from the notebook; the self-check's, and any check without a secret, is the source's."""
+    if expect.thorough and secret:
+        return graded_seed(secret, expect.exercise, expect.seed)
+    return expect.seed
 
 
 def judge(
@@ -176,7 +190,7 @@ def _judge(sock, expect, frame, abort) -> dict:
             n = run_check(
                 asked,
                 candidate,
-                seed=expect.seed,
+                seed=seed_for(expect, _SECRET[0] if _SECRET else ""),
                 thorough=expect.thorough,
                 time_limit=expect.time_limit,
             )
@@ -207,6 +221,9 @@ def main(argv: list[str]) -> int:
     record after each ``end``. Check requests that come outside a cell are refused.
     """
     path = argv[0]
+    # The course's grading secret (course/secret.py), taken out of the environment: the
+    # seeds of the thorough checks come from it, not from the source.
+    _SECRET[:] = [os.environ.pop(SECRET_ENV, "").strip()]
     # Stopped with its process group (a worker shut down): end through the finally below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

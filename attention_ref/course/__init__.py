@@ -26,6 +26,7 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
 - ``grading``: ``make grade`` (one submission's grading, graded again when the grader
   failed, "not graded" left blank, the report, the salvage of a dead kernel);
 - ``load``: how busy the machine is, and the waits of grading that stretch with it;
+- ``secret``: the course's grading secret, the seeds of the hidden (thorough) checks;
 - ``repair``: a notebook as JupyterLab writes it, mended against the source before grading;
 - ``students``: the pattern a student id must match (collect, grade, every autograde);
 - ``formgrader``: formgrader hardened (escaped pages, no reflected ids, submitted files as

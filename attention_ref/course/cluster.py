@@ -195,7 +195,8 @@ class Job:
     template: Template
     student: str
     files: dict[str, bytes]
-    settings: dict[str, str]
+    #: never in a log: it carries the grading secret (course/secret.py)
+    settings: dict[str, str] = field(repr=False)
 
 
 @dataclass

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import load, repair, sandbox, trusted
+from . import load, repair, sandbox, secret, trusted
 from .cell_limits import (
     KERNEL_RESTARTED,
     MESSAGE_CUT,
@@ -544,6 +544,10 @@ def grade(
     try:
         checked = trusted.enabled()
         budget = submission_seconds()
+        if checked:
+            # The seeds of the graded checks (course/secret.py): the checkers of this
+            # command's workers, and the jobs sent to a cluster's, get it from here.
+            os.environ[secret.SECRET_ENV] = secret.course_secret(root)
     except ValueError as err:
         print(f"error: grading refused: {err}", file=sys.stderr)
         return 2

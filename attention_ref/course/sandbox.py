@@ -61,10 +61,12 @@ CAP_ENV = {
 #: the course's heaviest notebooks (08, 11) peak at 1.7 GiB of address space (under
 #: 0.5 GiB resident) and 17 threads.
 DEFAULT_CAPS = {"memory": "3G", "processes": "128", "disk": "512M"}
-#: Environment variables a graded kernel keeps (everything else is dropped).
+#: Environment variables a graded kernel keeps (everything else is dropped; never the
+#: grading secret, course/secret.py).
 KEEP_ENV = re.compile(
     r"^(NBGRADER_EXECUTION|PYTHONHASHSEED|OMP_NUM_THREADS|MKL_NUM_THREADS|"
-    r"OPENBLAS_NUM_THREADS|MPLBACKEND|LD_LIBRARY_PATH|ATTENTION_REF_(?!SANDBOX)[A-Z0-9_]+)$"
+    r"OPENBLAS_NUM_THREADS|MPLBACKEND|LD_LIBRARY_PATH|"
+    r"ATTENTION_REF_(?!SANDBOX|GRADING_SECRET$)[A-Z0-9_]+)$"
 )
 #: Inside the sandbox.
 SANDBOX = "/tmp"  # the one writable folder, a tmpfs (environments may be bound inside)

@@ -75,6 +75,7 @@ CHECKER_ENV = (
     "OPENBLAS_L2_SIZE",
     "ATTENTION_REF_TIME_LIMIT",
     "ATTENTION_REF_LOAD_FACTOR",
+    "ATTENTION_REF_GRADING_SECRET",  # the graded seeds (course/secret.py)
     "LD_LIBRARY_PATH",
 )
 ENAME = "NotGraded"
