@@ -91,9 +91,10 @@ def test_a_pasted_image_is_embedded_and_renders_inert(source, released):
     from nbconvert import HTMLExporter
 
     cell = released.cells[index(released, "why_sqrt_dk")]
+    # "my%20plot.png": a file's name, escaped by JupyterLab
     cell.source = (
         "The variance grows with d_k, see:\n\n![image.png](attachment:image.png)\n"
-        "and ![a plot](attachment:my%20plot.png)\n"  # a file's name, escaped by JupyterLab
+        "and ![a plot](attachment:my%20plot.png)\n"
     )
     cell["attachments"] = {"image.png": {"image/png": PNG}, "my plot.png": {"image/gif": PNG}}
     trusted = frozenset(c.source for c in source.cells if c.cell_type == "markdown")
