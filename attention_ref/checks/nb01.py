@@ -283,9 +283,9 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
 
 def _score_rounding_tol(c: AttnCase, torch_dtype, largest_score: float) -> dict:
     """The dtype's tolerance, widened where the scores are large: a float32 score of about
-    1000 is itself rounded by about 1000 x 2^-24 per product term, whatever the
+    1000, a sum of 64 rounded products, is off by a few times 1000 x 2^-24 whatever the
     implementation, and the weights carry that as a relative error (a correct einsum missed
-    the plain tolerance by 10% on one seed of the large-logits case). Eight times the
+    the plain tolerance by 13% on one seed of the large-logits case). Eight times the
     dtype's epsilon times the largest score, as rtol and (times the largest value) as atol;
     unchanged for scores of a few units (the widening stays under the plain rtol)."""
     tol = TOL[np.float64 if torch_dtype is None else torch_dtype]
