@@ -22,9 +22,9 @@ from attention_ref.course import cell_limits, grading, load, sandbox, trusted
 
 # ----------------------------------------------------------------------------- the factor
 @pytest.mark.parametrize(
-    ("loadavg", "factor"), [(0.5, 1.0), (2.0, 1.0), (4.0, 1.0), (6.0, 2.0), (20.0, 9.0)]
+    ("loadavg", "factor"), [(0.5, 1.0), (2.0, 1.0), (3.0, 1.5), (4.0, 2.0), (20.0, 10.0)]
 )
-def test_the_load_factor_is_the_load_per_core_beyond_grading_s_own(monkeypatch, loadavg, factor):
+def test_the_load_factor_is_the_load_per_core(monkeypatch, loadavg, factor):
     monkeypatch.delenv(load.FACTOR_ENV, raising=False)
     monkeypatch.setattr(load.os, "getloadavg", lambda: (loadavg, loadavg, loadavg))
     monkeypatch.setattr(load, "cores", lambda: 2)

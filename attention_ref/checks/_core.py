@@ -234,33 +234,43 @@ class _Tripwire:
 
     def __init__(self, forbidden: list[tuple[Any, str]]) -> None:
         self.codes: dict[Any, str] = {}
-        self.builtins: dict[int, str] = {}
+        #: forbidden C functions, keyed by the function itself (the profile hook's ``arg``;
+        #: a builtin's hash and equality are its object's and C function's identities)
+        self.builtins: dict[Any, str] = {}
         for fn, desc in forbidden:
             code = getattr(fn, "__code__", None)
             if code is None and hasattr(fn, "__func__"):
                 code = getattr(fn.__func__, "__code__", None)
             if code is not None:
                 self.codes[code] = desc
-            else:
-                self.builtins[id(fn)] = desc
+            elif getattr(type(fn), "__hash__", None) is not None:
+                # (an unhashable object is no C function: no profile event could name it)
+                self.builtins[fn] = desc
         self._old = None
         #: What the learner's call reached that it may not: kept, so that a ``try/except``
         #: of the learner's around the forbidden call does not undo it.
         self.fired: list[str] = []
+        self._profile = self._make_profile()
 
-    def _profile(self, frame, event, arg):
-        if event == "call":
-            desc = self.codes.get(frame.f_code)
+    def _make_profile(self):
+        # A flat function with one dict lookup per event: it runs on every call the
+        # learner's code makes (Triton's interpreter makes about 800,000 for one small
+        # attention kernel), so each test here costs the check seconds.
+        codes, builtins_, fired = self.codes.get, self.builtins.get, self.fired
+
+        def profile(frame, event, arg):
+            if event == "c_call":
+                desc = builtins_(arg)
+            elif event == "call":
+                desc = codes(frame.f_code)
+            else:
+                return
             if desc is not None:
                 sys.setprofile(None)
-                self.fired.append(desc)
+                fired.append(desc)
                 raise ReferenceUsed(desc)
-        elif event == "c_call":
-            desc = self.builtins.get(id(arg))
-            if desc is not None:
-                sys.setprofile(None)
-                self.fired.append(desc)
-                raise ReferenceUsed(desc)
+
+        return profile
 
     def __enter__(self):
         self._old = sys.getprofile()

@@ -431,8 +431,10 @@ def _watch_off() -> tuple:
     return tuple(out)
 
 
-#: code object -> whether it is the checks' own code (filled as the learner's code runs).
-_CHECK_CODES: dict = {}
+#: forbidden code objects (and their descriptions) -> {code object: what the learner's code
+#: may not reach there, or "" where it may}: filled as the learner's code runs.
+_VERDICTS: dict[frozenset, dict] = {}
+_CHECKS_REACHED = "the course's checks (attention_ref.checks)"
 
 
 @functools.cache
@@ -446,42 +448,40 @@ def _graded_tripwire_class():
 
     class GradedTripwire(_Tripwire):
         def __init__(self, forbidden: list) -> None:
-            super().__init__(forbidden)
-            #: What the learner's code reached that it may not (kept, whatever the learner's
-            #: code did with the exception that stopped it there).
-            self.fired: list[str] = []
-            self._profile = self._make_profile()
+            super().__init__(forbidden)  # the codes, builtins, fired, and _make_profile's hook
             self._guard = _torch_guard(forbidden, self.fired)
 
         def _make_profile(self):
-            # One flat function (it runs on every call the learner's code makes): a code
-            # object of the checks' files is found by one dict lookup, its file name
-            # matched once per code object (the course's Triton notebook runs millions
-            # of calls in Triton's interpreter).
-            codes, builtins_, seen, fired = self.codes, self.builtins, _CHECK_CODES, self.fired
+            # One flat function (it runs on every call the learner's code makes: the
+            # course's Triton notebook runs millions of calls in Triton's interpreter): one
+            # dict lookup per event. A code object's verdict (forbidden, the checks' own,
+            # or "" for allowed) is kept across calls for the same forbidden list, its file
+            # name matched once.
+            key = frozenset(self.codes.items())
+            verdicts = _VERDICTS.get(key)
+            if verdicts is None:
+                verdicts = _VERDICTS[key] = dict(self.codes)
+            verdict, builtins_, fired = verdicts.get, self.builtins.get, self.fired
 
             def profile(frame, event, arg):
-                if event == "call":
-                    code = frame.f_code
-                    desc = codes.get(code)
-                    if desc is None:
-                        is_check = seen.get(code)
-                        if is_check is None:
-                            is_check = seen[code] = bool(checks.search(code.co_filename))
-                        if is_check:
-                            desc = "the course's checks (attention_ref.checks)"
-                    if desc is not None:
-                        sys.setprofile(None)
-                        fired.append(desc)
-                        raise ReferenceUsed(desc)
-                elif event == "c_call":
-                    if frame.f_code in own:
+                if event == "c_call":
+                    desc = builtins_(arg)
+                    if desc is None or frame.f_code in own:
                         return None  # the tripwire's own exit puts the old profile back
-                    desc = builtins_.get(id(arg))
-                    if desc is not None:
-                        sys.setprofile(None)
-                        fired.append(desc)
-                        raise ReferenceUsed(desc)
+                elif event == "call":
+                    code = frame.f_code
+                    desc = verdict(code)
+                    if desc is None:
+                        desc = verdicts[code] = (
+                            _CHECKS_REACHED if checks.search(code.co_filename) else ""
+                        )
+                    if not desc:
+                        return None
+                else:
+                    return None
+                sys.setprofile(None)
+                fired.append(desc)
+                raise ReferenceUsed(desc)
 
             return profile
 

@@ -35,9 +35,10 @@ def cores() -> int:
 
 def load_factor() -> float:
     """About how many times slower than on a quiet machine a process runs here now: the
-    one-minute load average per core, less the one busy process per core that grading
-    itself runs (one job per core is a quiet machine's grading), at least 1, at most
-    :data:`MAX_FACTOR`. At a load average of 20 on two cores: 9."""
+    one-minute load average per core, at least 1, at most :data:`MAX_FACTOR`. Grading runs
+    one job per core, so a quiet machine's grading already has a load of about one per
+    core, the load its limits are written for; at twice that, every process gets half a
+    core and needs twice as long. At a load average of 20 on two cores: 10."""
     raw = os.environ.get(FACTOR_ENV, "").strip()
     if raw:
         try:
@@ -49,7 +50,7 @@ def load_factor() -> float:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # pragma: no cover - no load average here
         return 1.0
-    return min(MAX_FACTOR, max(1.0, load / cores() - 1.0))
+    return min(MAX_FACTOR, max(1.0, load / cores()))
 
 
 def scaled(seconds: float) -> float:
