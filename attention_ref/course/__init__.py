@@ -35,6 +35,7 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
   writes the gradebook);
 - ``report``: ``make report`` (the class report, the Canvas and Moodle grade files);
 - ``similarity``: answers similar between submissions (a page of ``make report``);
+- ``anonymity``: what identifies a student, taken out of what the report and the list show;
 - ``sandbox``: the bubblewrap sandbox every graded notebook runs in, and its caps;
 - ``cell_limits``: the per-cell time limits of grading;
 - ``feedback``: what a student's feedback shows (hidden tests' code never);

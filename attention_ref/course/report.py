@@ -32,6 +32,7 @@ from pathlib import Path
 
 import nbformat
 
+from .anonymity import anonymise
 from .plumbing import nbgrader_api, ungraded
 from .plumbing import stop_reason as stopped_by
 from .similarity import write_similarity
@@ -94,21 +95,6 @@ def _mistake_id(feedback: str) -> str:
     mistakes = _mistakes_module()
     mid = mistakes.mistake_id(feedback)
     return mid if mid in mistakes.MISTAKES else ""
-
-
-def anonymise(text: str, who: list[str]) -> str:
-    """``text`` without the identifiers in ``who`` (a student's id, names, email), email
-    addresses, home folders and paths, and without the ``[mistake: ...]`` line."""
-    lines = [ln for ln in text.rstrip().splitlines() if not ln.strip().startswith("[mistake: ")]
-    out = "\n".join(lines)
-    out = re.sub(r"[\w.+-]+@[\w-]+(\.[\w-]+)+", "<email>", out)
-    # A path: two or more /segments not glued to a word ("1/sqrt(d_k)" is no path), or
-    # one that starts with a drive letter.
-    out = re.sub(r"(?<![\w)\]])~?(?:/[\w.@+-]+){2,}/?", "<path>", out)
-    out = re.sub(r"\b[A-Za-z]:\\[^\s'\"]*", "<path>", out)
-    for w in sorted({w for w in who if w and len(w) > 1}, key=len, reverse=True):
-        out = re.sub(rf"(?<![\w-]){re.escape(w)}(?![\w-])", "<student>", out, flags=re.IGNORECASE)
-    return out
 
 
 def _cells_by_id(nb) -> dict[str, object]:

@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
+from .anonymity import anonymise
+
 #: Tokens per fingerprint of code, and words per fingerprint of a written answer.
 K = 5
 K_WORDS = 5
@@ -519,8 +521,6 @@ def _shown(source: str, result: Similarity, names: bool) -> list[str]:
     lines = source.split("\n")
     if names:
         return lines
-    from .report import anonymise  # noqa: PLC0415 - report imports this module
-
     who = [*result.students, *result.private]
     return [anonymise(ln, who) if ln.strip() else ln for ln in lines]
 
