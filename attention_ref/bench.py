@@ -7,6 +7,9 @@
   fixed float32 matrix multiply and of a fixed small training loop (20 AdamW steps of a
   two-layer GPT), the best of 3 each, and the CPU time of the whole line. A figure
   measured on a machine whose ``train_s`` is 2.5 times this one's scales by about 2.5.
+- ``notebooks``: each solution notebook executed top to bottom in a fresh kernel (as nbval
+  runs it), one line each, ``notebook=01_dot_product_attention seconds=9.8 budget_s=60
+  within``, then the total against the budget of all of them (``--notebooks`` names some).
 - ``attention`` (notebook 12): time and peak extra memory of naive attention, the reference
   :func:`~attention_ref.efficient.online_softmax_attention` and PyTorch's fused
   ``scaled_dot_product_attention``, for several sequence lengths, with the ratios to
@@ -230,6 +233,75 @@ def bench_calibrate(opts: argparse.Namespace) -> bool:
     for n_threads in opts.threads:  # one line per thread count (default: 1, then 2)
         print(calibration_line(calibration(n_threads)), flush=True)
     return True
+
+
+# ----------------------------------------------------------------------------- notebooks
+#: The budgets of COURSE_DESIGN.md section 7 on a 2-core CPU: one solution notebook executed
+#: top to bottom (the applications and the GPT, notebooks 08 to 11: 90 s), and all of them.
+NOTEBOOK_BUDGET_S = 60.0
+LONG_NOTEBOOK_BUDGET_S = 90.0
+LONG_NOTEBOOKS = ("08_", "09_", "10_", "11_")
+ALL_NOTEBOOKS_BUDGET_S = 420.0
+
+
+def notebook_budget(aid: str) -> float:
+    """The seconds solution notebook ``aid`` may take, executed top to bottom."""
+    return LONG_NOTEBOOK_BUDGET_S if aid.startswith(LONG_NOTEBOOKS) else NOTEBOOK_BUDGET_S
+
+
+def _execute_seconds(path) -> float:
+    """Seconds to execute the notebook at ``path`` top to bottom in a fresh ``python3``
+    kernel started in its folder (as nbval runs it); raises on a failing cell."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
+    t0 = time.perf_counter()
+    client.execute()
+    return time.perf_counter() - t0
+
+
+@benchmark("notebooks", "each solution notebook executed top to bottom, against its budget")
+def bench_notebooks(opts: argparse.Namespace) -> bool:
+    """One line per solution notebook (``--notebooks``, default all), its seconds and budget,
+    then the total against the budget of all 15; printed after the calibration, so that the
+    figures compare across machines."""
+    from .course.load import cores
+    from .course.plumbing import assignments, course_root
+
+    root = course_root()
+    aids = opts.notebooks or assignments(root)
+    unknown = sorted(set(aids) - set(assignments(root)))
+    if unknown:
+        print(f"notebooks FAILED: no solution notebook {', '.join(unknown)}", flush=True)
+        return False
+    ok, met, total = True, True, 0.0
+    for aid in aids:
+        try:
+            seconds = _execute_seconds(root / "solutions" / aid / f"{aid}.ipynb")
+        except Exception as err:  # report and go on with the next notebook
+            ok = False
+            print(f"notebook={aid} FAILED: {type(err).__name__}: {str(err)[:300]}", flush=True)
+            continue
+        total += seconds
+        budget = notebook_budget(aid)
+        met &= seconds <= budget
+        print(
+            f"notebook={aid} seconds={seconds:.1f} budget_s={budget:.0f} "
+            f"{'within' if seconds <= budget else 'OVER'}",
+            flush=True,
+        )
+    if ok and len(aids) == len(assignments(root)):
+        met &= _target(
+            "all notebooks", total <= ALL_NOTEBOOKS_BUDGET_S,
+            f"{total:.0f} s of {ALL_NOTEBOOKS_BUDGET_S:.0f} on {cores()} cores",
+        )  # fmt: skip
+    else:
+        print(f"notebooks={len(aids)} seconds={total:.1f} cores={cores()}", flush=True)
+    return ok and (met or not opts.strict)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -967,6 +1039,13 @@ def _parser() -> argparse.ArgumentParser:
         "--cluster-only",
         action="store_true",
         help="grading: only the local against the two-worker cluster",
+    )
+    p.add_argument(
+        "--notebooks",
+        nargs="+",
+        default=None,
+        metavar="NN_name",
+        help="notebooks: the solution notebooks to execute (default: all)",
     )
     p.add_argument("--strict", action="store_true", help="a missed target is an error")
     return p

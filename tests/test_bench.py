@@ -286,3 +286,28 @@ def test_no_argument_runs_everything_with_the_calibration_first(monkeypatch):
         )
     assert bench.main([]) == 0
     assert ran == list(bench.BENCHMARKS) and ran[0] == "calibrate"
+
+
+def test_notebooks_benchmark_prints_each_notebook_s_seconds_against_its_budget(capsys):
+    assert bench.main(["notebooks", "--notebooks", "01_dot_product_attention"]) == 0
+    out = capsys.readouterr().out
+    line = re.search(
+        r"^notebook=01_dot_product_attention seconds=([\d.]+) budget_s=60 (within|OVER)$",
+        out,
+        re.MULTILINE,
+    )
+    assert line, out
+    assert float(line.group(1)) > 0
+    # Fewer than all of them: the total without the budget of all 15.
+    assert re.search(r"^notebooks=1 seconds=[\d.]+ cores=\d+$", out, re.MULTILINE), out
+
+
+def test_notebooks_benchmark_names_a_notebook_that_does_not_exist(capsys):
+    assert bench.main(["notebooks", "--notebooks", "99_no_such_notebook"]) == 1
+    assert "no solution notebook 99_no_such_notebook" in capsys.readouterr().out
+
+
+def test_notebook_budgets_are_the_design_s():
+    assert bench.notebook_budget("01_dot_product_attention") == 60
+    assert bench.notebook_budget("11_gpt") == 90
+    assert bench.notebook_budget("14_triton_attention") == 60
