@@ -12,9 +12,9 @@ each time. The limits come from the environment at the start of each notebook:
   timed out (a cell's own limit still applies when it is shorter).
 
 Each limit is the quiet machine's figure times the machine's load factor when the cell
-starts (:func:`attention_ref.course.load.load_factor`: 1 unless the load average is over
-twice the cores): on a busy machine an honest cell runs slower, and it is the grader's
-machine, not the student's code, that is slow.
+starts (:func:`attention_ref.course.load.load_factor`: the load average per core, 1 unless
+the load average is over the cores): on a busy machine an honest cell runs slower, and it is
+the grader's machine, not the student's code, that is slow.
 
 This module imports of the course package only :mod:`.load` (nbgrader_config.py imports
 it, and no PyTorch may come with it into nbgrader's processes).
