@@ -79,6 +79,44 @@ def test_a_checks_call_waiting_for_its_cpu_share_waits_longer_on_a_busy_machine(
     assert time.monotonic() - start < 2.0
 
 
+_STARVED_CALL = r"""
+import os, subprocess, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, shared with the spinners
+os.environ["ATTENTION_REF_LOAD_FACTOR"] = "1"  # the load average has not seen the load yet
+from attention_ref.checks._core import _Deadline, _TimeUp
+from attention_ref.course.load import runqueue_wait
+spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(9)]
+time.sleep(0.5)
+start, waited = time.monotonic(), runqueue_wait()
+try:
+    with _Deadline(0.5):  # stopped at 0.4 s of CPU, or 4 x 0.5 s on the clock
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+    verdict = "finished"
+except _TimeUp:
+    verdict = "stopped"
+print(verdict, time.monotonic() - start, runqueue_wait() - waited)
+for p in spinners:
+    p.kill()
+"""
+
+
+def test_a_call_held_back_by_other_processes_is_not_charged_for_their_time():
+    """A correct call that needs 0.3 s of CPU under a 0.5 s limit, sharing one core with
+    nine busy processes while the load average still says the machine is quiet: it is on
+    the clock past the 2 s wall cap, but most of that was spent waiting for the core, which
+    is not the call's time, so it finishes."""
+    run = subprocess.run(
+        [sys.executable, "-c", _STARVED_CALL], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    verdict, wall, waited = run.stdout.split()
+    assert float(wall) > 2.0  # past the cap on the clock: the old rule would have stopped it
+    assert float(waited) > 1.0  # ... because other processes held it back
+    assert verdict == "finished"
+
+
 # ----------------------------------------------------------------------------- waiting
 def _wait_on(argv: list[str], **kw) -> tuple[bool, float]:
     proc = subprocess.Popen(argv)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..course.load import load_factor
+from ..course.load import load_factor, runqueue_wait
 from . import remote as _remote
 from .mistakes import MISTAKES, Named, named, tag
 
@@ -300,8 +300,17 @@ CHECK_TIME_FACTOR = 12.0
 CPU_SHARE = 0.8
 #: ... up to this many times the limit on the clock (code that sleeps or waits), times the
 #: machine's load factor (:func:`attention_ref.course.load.load_factor`: at a load average
-#: of ten times the cores a call gets a tenth of a core, and needs ten times as long).
+#: of ten times the cores a call gets a tenth of a core, and needs ten times as long). The
+#: clock leaves out the time the call spent waiting for a CPU
+#: (:func:`~attention_ref.course.load.runqueue_wait`), which the load average, a minute
+#: behind, does not see when the load has just risen.
 LOADED_FACTOR = 4.0
+#: On a crowded core the same work takes more CPU time (caches shared with other processes,
+#: PyTorch's threads spinning while they wait for each other): notebook 12's flash_attention
+#: check used 3.2 s of CPU on a quiet two-core machine and 9.1 s beside twelve busy
+#: processes. So the CPU share grows with how crowded the call found its core (the clock
+#: over the clock less the time it waited for a CPU), up to this many times.
+CPU_STRETCH_MAX = 3.0
 #: Environment variable that overrides the per-call limit (seconds; 0 turns limits off).
 TIME_LIMIT_ENV = "ATTENTION_REF_TIME_LIMIT"
 
@@ -341,7 +350,7 @@ class _Deadline:
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
-        self.at = self.t0 = self.cpu0 = 0.0
+        self.at = self.t0 = self.cpu0 = self.wait0 = 0.0
         self.armed = False
         self.grace = 240  # quarter-seconds an import in progress may delay the interruption
 
@@ -357,6 +366,7 @@ class _Deadline:
             _Deadline._saved = (handler, signal.setitimer(signal.ITIMER_REAL, 0), now)
         self.at = now + self.seconds
         self.t0, self.cpu0 = now, time.process_time()
+        self.wait0 = runqueue_wait() or 0.0
         _Deadline._active.append(self)
         self.armed = True
         _Deadline._arm()
@@ -392,12 +402,17 @@ class _Deadline:
         if due.at > time.monotonic() + 1e-3:  # early wake-up: wait for the real deadline
             _Deadline._arm()
             return
-        now, cpu = time.monotonic(), time.process_time() - due.cpu0
-        cap = due.t0 + LOADED_FACTOR * load_factor() * due.seconds
-        if cpu < CPU_SHARE * due.seconds and now < cap:
+        cpu = time.process_time() - due.cpu0
+        # the wall time since the start, less what other processes took from it
+        wall = time.monotonic() - due.t0
+        ran = max(wall - ((runqueue_wait() or due.wait0) - due.wait0), 1e-3)
+        crowded = min(CPU_STRETCH_MAX, max(1.0, wall / ran))
+        share = CPU_SHARE * crowded * due.seconds
+        cap = LOADED_FACTOR * load_factor() * due.seconds
+        if cpu < share and ran < cap:
             # The machine is busy (other processes had the CPU): the code has not yet had
             # its time. Wait until it has used its share of the CPU, up to the wall cap.
-            wait = min(CPU_SHARE * due.seconds - cpu, cap - now)
+            wait = min(share - cpu, cap - ran)
             signal.setitimer(signal.ITIMER_REAL, max(wait, 0.05))
             return
         if _importing(frame) and due.grace > 0:
@@ -419,6 +434,14 @@ def _importing(frame) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def warm_autograd() -> None:
+    """Import now what ``torch.autograd.grad`` (and ``Tensor.backward``) imports on its first
+    call in a process: torch.fx's symbolic shapes, and sympy with it, about a second of CPU on
+    a quiet machine and several on a busy one. Called before a backward pass of the learner's
+    code is timed, so that the learner's first backward is not charged for it."""
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
 
 def _seconds(x: float) -> str:

@@ -274,7 +274,7 @@ class Agent:
 
         import torch
 
-        from ._core import ReferenceUsed, _Deadline, _TimeUp
+        from ._core import ReferenceUsed, _Deadline, _TimeUp, warm_autograd
 
         op = msg.get("op")
         target, args, kwargs = msg.get("target"), msg.get("args", ()), msg.get("kwargs", {})
@@ -282,6 +282,8 @@ class Agent:
             target, args, kwargs = torch.autograd.grad, args, kwargs
         elif op == "backward":
             target, args = _backward, args
+        if op in ("grad", "backward"):
+            warm_autograd()  # not the learner's time
         forbid = msg.get("forbid")
         key = (
             str(msg.get("exercise") or ""),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..apps import qa as ref
-from ._core import Context, Mistake, exercise
+from ._core import Context, Mistake, exercise, warm_autograd
 from .remote import autograd_grad
 from .toolkit import MODEL_TOL, TOL, dtype_name, expect_tensor
 
@@ -328,6 +328,7 @@ def _expect_span_loss_gradient(candidate, ctx: Context, label: str, *args) -> No
             case=case,
             mistake="span_loss_not_differentiable",
         )
+    warm_autograd()
     grads = ctx.call(
         lambda: autograd_grad(got, [s, e], allow_unused=True),
         case=case,

@@ -29,7 +29,7 @@ from .. import kv_cache as kv_ref
 from ..attention import sdpa, sdpa_np
 from ..efficient import OpRecorder, PeakMemory
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
-from ._core import CheckFailure, Context, Mistake, exercise, naming
+from ._core import CheckFailure, Context, Mistake, exercise, naming, warm_autograd
 from .mistakes import mistake_id, named
 from .remote import autograd_grad, watching
 from .toolkit import BUILTIN_ATTENTION, DEVICE_MISMATCH, TOL, dtype_name, expect_tensor
@@ -477,6 +477,7 @@ def _check_online_autograd(ctx: Context, candidate) -> None:
                 mistake="online_no_autograd",
             )
         do = torch.randn(expected.shape, generator=g, dtype=F64)
+        warm_autograd()
         try:
             grads = ctx.call(
                 lambda out=out, leaves=leaves, do=do: autograd_grad(
@@ -802,6 +803,7 @@ def _flash_backward(ctx: Context, cls: type, out, leaves, do, case: str, limit_s
             case=case,
             mistake="wrong_values",
         )
+    warm_autograd()
     try:
         grads = ctx.call(
             lambda: autograd_grad(out, leaves, do, allow_unused=True),

@@ -22,7 +22,7 @@ import torch
 from .. import experts as ref_experts
 from .. import latent_attention as ref_latent
 from .. import sliding_window as ref_window
-from ._core import CheckFailure, Context, Mistake, exercise, naming
+from ._core import CheckFailure, Context, Mistake, exercise, naming, warm_autograd
 from .mistakes import named
 from .remote import autograd_grad
 from .toolkit import DEVICE_MISMATCH, TOL, dtype_name, normal
@@ -718,6 +718,7 @@ def _expect_gradient(candidate, ctx: Context, probs64, experts, label: str) -> N
             case=case,
             mistake="aux_loss_not_differentiable",
         )
+    warm_autograd()
     (grad,) = ctx.call(
         lambda: autograd_grad(got, [probs], allow_unused=True),
         case=case,

@@ -53,6 +53,19 @@ def load_factor() -> float:
     return min(MAX_FACTOR, max(1.0, load / cores()))
 
 
+def runqueue_wait() -> float | None:
+    """Seconds this thread has spent ready to run but waiting for a CPU (Linux's
+    ``/proc/thread-self/schedstat``), or None where that cannot be read. Unlike the load
+    average, which trails the load by a minute, it says exactly how long the thread was held
+    back: the difference across a call is the part of the call's wall time that other
+    processes took."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def scaled(seconds: float) -> float:
     """``seconds`` on a quiet machine, stretched by the load now."""
     return seconds * load_factor()
