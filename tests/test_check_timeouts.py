@@ -254,9 +254,10 @@ print(sorted(set(sys.modules) - before))
 
 
 def test_the_first_backward_pass_imports_nothing_after_the_warm_up():
-    """torch.autograd.grad imports sympy on its first call in a process that is given the
-    output's gradient (seconds on a busy machine); the checks import it before they time the learner's backward pass, so the
-    learner's first backward is not charged for it (a CI run stopped a correct one)."""
+    """torch.autograd.grad, given the output's gradient, imports sympy on its first call in
+    a process (seconds on a busy machine); the checks import it before they time the
+    learner's backward pass, so the learner's first backward is not charged for it (a CI
+    run stopped a correct one)."""
     import subprocess
     import sys
 

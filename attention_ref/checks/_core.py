@@ -308,8 +308,10 @@ LOADED_FACTOR = 4.0
 #: On a crowded core the same work takes more CPU time (caches shared with other processes,
 #: PyTorch's threads spinning while they wait for each other): notebook 12's flash_attention
 #: check used 3.2 s of CPU on a quiet two-core machine and 9.1 s beside twelve busy
-#: processes. So the CPU share grows with how crowded the call found its core (the clock
-#: over the clock less the time it waited for a CPU), up to this many times.
+#: processes. So a whole check's CPU share (not one call's: a call's limit is many times
+#: what a correct call needs, and a loop should be stopped as soon as on a quiet machine)
+#: grows with how crowded the check found its core (the clock over the clock less the time
+#: it waited for a CPU), up to this many times.
 CPU_STRETCH_MAX = 3.0
 #: Environment variable that overrides the per-call limit (seconds; 0 turns limits off).
 TIME_LIMIT_ENV = "ATTENTION_REF_TIME_LIMIT"
@@ -348,8 +350,9 @@ class _Deadline:
     _active: list[_Deadline] = []
     _saved: tuple[Any, tuple[float, float], float] | None = None
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, stretch: bool = False) -> None:
         self.seconds = seconds
+        self.stretch = stretch  # the CPU share grows on a crowded core (CPU_STRETCH_MAX)
         self.at = self.t0 = self.cpu0 = self.wait0 = 0.0
         self.armed = False
         self.grace = 240  # quarter-seconds an import in progress may delay the interruption
@@ -406,7 +409,7 @@ class _Deadline:
         # the wall time since the start, less what other processes took from it
         wall = time.monotonic() - due.t0
         ran = max(wall - ((runqueue_wait() or due.wait0) - due.wait0), 1e-3)
-        crowded = min(CPU_STRETCH_MAX, max(1.0, wall / ran))
+        crowded = min(CPU_STRETCH_MAX, max(1.0, wall / ran)) if due.stretch else 1.0
         share = CPU_SHARE * crowded * due.seconds
         cap = LOADED_FACTOR * load_factor() * due.seconds
         if cpu < share and ran < cap:
@@ -979,7 +982,7 @@ def run_check(
         limit *= THOROUGH_TIME_FACTOR
     ctx = Context(ex, seed, thorough, limit)
     _remote.prepare(candidate, exercise_id, limit)
-    whole = _Deadline(None if limit is None else limit * CHECK_TIME_FACTOR)
+    whole = _Deadline(None if limit is None else limit * CHECK_TIME_FACTOR, stretch=True)
     failure = None
     try:
         with whole:
