@@ -20,7 +20,9 @@ layer needs only the last ``window - 1`` keys and values (``transformers``'
 ``DynamicSlidingWindowLayer`` keeps as many): :class:`RollingKVCache` is a ring buffer of
 that size; position ``p`` is stored in slot ``p % size``, overwriting the oldest entry
 (:func:`rolling_append`, an exercise of notebook 15, does the writing).
-Its memory stays constant however long the text grows (:func:`cache_bytes_as_text_grows`).
+Its memory stays constant however long the text grows (:func:`cache_bytes_as_text_grows`);
+a model that mixes such local layers with global ones (Gemma 2 and 3) has a cache that grows
+with its global layers only (:func:`mixed_layout_cache_bytes`).
 
 Shapes: batch first; heads ``(B, H, T, d_head)``.
 """
@@ -336,6 +338,54 @@ def cache_bytes_as_text_grows(
     ]
 
 
+def _count(name: str, value, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int of at least {least}; got {describe(value)}")
+    return value
+
+
+def local_layers(n_layers: int, local_per_global: int) -> list[bool]:
+    """Which of ``n_layers`` layers are local (sliding-window: True) and which global (full
+    attention: False) when ``local_per_global`` local layers come before each global one:
+    the last of every ``local_per_global + 1`` layers is global, layer 0 local, as Gemma 2
+    (1: they alternate) and Gemma 3 (5) place them. ``0`` makes every layer global."""
+    _count("n_layers", n_layers, 1)
+    _count("local_per_global", local_per_global, 0)
+    return [(i + 1) % (local_per_global + 1) != 0 for i in range(n_layers)]
+
+
+def mixed_layout_cache_bytes(
+    lengths: list[int],
+    n_layers: int,
+    local_per_global: int,
+    window: int,
+    n_kv_heads: int,
+    d_head: int,
+    bytes_per_value: int = 2,
+) -> list[dict[str, int]]:
+    """The key-value cache of a model whose layers mix local and global attention
+    (:func:`local_layers`), in bytes, as the text grows, against every layer global.
+
+    Returns one row per length: ``{"tokens", "full", "mixed"}``, ``full`` as in
+    :func:`cache_bytes_as_text_grows` and ``mixed`` the global layers' full caches plus the
+    local layers' rolling caches of ``window - 1`` positions. Past the window, only the
+    global layers' part grows: ``mixed / full`` falls toward their share of the layers.
+    """
+    _window(window)
+    local = local_layers(n_layers, local_per_global)
+    per_layer_token = 2 * n_kv_heads * d_head * bytes_per_value  # a key and a value
+    n_local = sum(local)
+    n_global = n_layers - n_local
+    return [
+        {
+            "tokens": n,
+            "full": per_layer_token * n_layers * n,
+            "mixed": per_layer_token * (n_global * n + n_local * min(n, max(window - 1, 1))),
+        }
+        for n in lengths
+    ]
+
+
 def rolling_cache_size(window: int) -> int:
     """The ring buffer a layer with this window needs: ``window - 1`` positions (at least
     one slot)."""
@@ -349,5 +399,7 @@ __all__ = [
     "SlidingWindowAttention",
     "SinkAttention",
     "cache_bytes_as_text_grows",
+    "local_layers",
+    "mixed_layout_cache_bytes",
     "rolling_cache_size",
 ]

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attention_ref.course import cell_limits, grading, load, sandbox, trusted
+from attention_ref.course import autograde, cell_limits, grading, load, sandbox, trusted
 
 
 # ----------------------------------------------------------------------------- the factor
@@ -162,7 +162,7 @@ def _fails_then(*statuses: str):
     runs = []
 
     def once(root, aid, student, force, deadline):
-        o = grading.Outcome(student, aid)
+        o = autograde.Outcome(student, aid)
         if statuses[len(runs)] == "grader":
             o.not_graded("the grader failed (the trusted checker did not start)", True)
         elif statuses[len(runs)] == "notebook":
@@ -175,26 +175,26 @@ def _fails_then(*statuses: str):
 
 def test_the_grader_s_failure_is_graded_again(monkeypatch):
     once, runs = _fails_then("grader", "graded")
-    monkeypatch.setattr(grading, "_grade_once", once)
-    o = grading.grade_submission("/nowhere", "01_x", "ada", force=False)
+    monkeypatch.setattr(autograde, "_grade_once", once)
+    o = autograde.grade_submission("/nowhere", "01_x", "ada", force=False)
     assert o.status == "graded" and runs == [False, True]  # the second run is forced
     assert "graded in 2 runs: the grader failed before" in o.notes[0], o.notes
 
 
 def test_a_submission_the_grader_keeps_failing_is_not_graded_never_zero(monkeypatch):
     once, runs = _fails_then("grader", "grader", "grader", "graded")
-    monkeypatch.setattr(grading, "_grade_once", once)
-    o = grading.grade_submission("/nowhere", "01_x", "ada", force=False)
-    assert len(runs) == grading.GRADER_ATTEMPTS and o.status == grading.NOT_GRADED
+    monkeypatch.setattr(autograde, "_grade_once", once)
+    o = autograde.grade_submission("/nowhere", "01_x", "ada", force=False)
+    assert len(runs) == autograde.GRADER_ATTEMPTS and o.status == autograde.NOT_GRADED
     assert o.notes[-1].startswith("not graded: the grader failed"), o.notes
-    assert grading.GRADE_NEXT_TIME in o.notes[-1]
+    assert autograde.GRADE_NEXT_TIME in o.notes[-1]
 
 
 def test_a_notebook_that_cannot_be_read_is_not_graded_again(monkeypatch):
     once, runs = _fails_then("notebook", "graded")
-    monkeypatch.setattr(grading, "_grade_once", once)
-    o = grading.grade_submission("/nowhere", "01_x", "ada", force=False)
-    assert len(runs) == 1 and o.status == grading.NOT_GRADED, (runs, o)
+    monkeypatch.setattr(autograde, "_grade_once", once)
+    o = autograde.grade_submission("/nowhere", "01_x", "ada", force=False)
+    assert len(runs) == 1 and o.status == autograde.NOT_GRADED, (runs, o)
 
 
 @pytest.mark.parametrize(
@@ -209,7 +209,7 @@ def test_a_notebook_that_cannot_be_read_is_not_graded_again(monkeypatch):
     ],
 )  # fmt: skip
 def test_a_failure_s_cause_is_read_from_nbgrader_s_log(log, words, graders):
-    cause, grader_failed = grading.failure_cause(log)
+    cause, grader_failed = autograde.failure_cause(log)
     assert words in cause and grader_failed is graders, cause
     assert "no single cell was found" not in cause
 

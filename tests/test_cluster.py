@@ -5,7 +5,7 @@ A small class (assignment 01: a solution and a wrong answer) is graded three
 ways and every grade, comment and report line is compared:
 
 - **today's logic**: each submission graded in the course folder by
-  ``grading.grade_submission``, nbgrader writing the real gradebook itself (no Dask);
+  ``autograde.grade_submission``, nbgrader writing the real gradebook itself (no Dask);
 - **the local cluster** `make grade` starts by default (two workers);
 - **a real remote cluster**: a ``dask scheduler`` and two ``dask worker`` processes on
   127.0.0.1 started here, each worker in an empty folder of its own (its ``cwd`` and
@@ -57,13 +57,13 @@ TODAY = """
 import sys
 from pathlib import Path
 
-from attention_ref.course import grading
+from attention_ref.course import autograde, grading
 
 
 def in_place(root, tasks, force, jobs):
     done = {}
     for aid, student in tasks:
-        o = grading.grade_submission(str(root), aid, student, force)
+        o = autograde.grade_submission(str(root), aid, student, force)
         done[(aid, student)] = o
         print(f"   [{len(done)}/{len(tasks)}] {aid} {student}: {o.status}", flush=True)
     return done

@@ -51,3 +51,64 @@ def test_the_course_commands_import_no_pytorch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "False", out
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """``{module: {module it imports, ...}}`` within attention_ref, read from the source:
+    every import, at the top of a file or inside a function (one inside a function hides a
+    cycle from Python, not from the reader)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "attention_ref"
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        is_pkg = parts[-1] == "__init__"
+        mod = ".".join(parts[:-1] if is_pkg else parts)
+        names[mod] = (path, is_pkg)
+    graph: dict[str, set[str]] = {m: set() for m in names}
+    for mod, (path, is_pkg) in names.items():
+        package = mod if is_pkg else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                # `from pkg import sub` imports the submodule sub
+                targets = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in names]
+                targets = targets or [base]
+            for t in targets:
+                while t and t not in names:  # `import a.b.c` names a.b.c, a module
+                    t = t.rpartition(".")[0]
+                if t and t != mod and not mod.startswith(t + "."):  # not its own package
+                    graph[mod].add(t)
+    return graph
+
+
+def test_the_package_has_no_import_cycle_even_through_imports_in_functions():
+    """The grading command calls the cluster, which grades each submission with
+    course/autograde.py and imports neither; the report and the similar-answers list share
+    course/anonymity.py. No import runs back up, at a file's top or inside a function."""
+    graph = _import_graph()
+    assert "attention_ref.course.autograde" in graph["attention_ref.course.cluster"]
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(path[path.index(t) :] + [t]))
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)

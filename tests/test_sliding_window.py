@@ -3,6 +3,8 @@ recomputation, the cache's bytes."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -12,6 +14,8 @@ from attention_ref.sliding_window import (
     SinkAttention,
     SlidingWindowAttention,
     cache_bytes_as_text_grows,
+    local_layers,
+    mixed_layout_cache_bytes,
     rolling_append,
     rolling_cache_size,
     sliding_window_mask,
@@ -154,7 +158,34 @@ def test_the_measured_cache_holds_what_the_table_says():
     assert cache.nbytes == row["rolling"]
 
 
+def test_local_and_global_layers_are_placed_as_gemma_places_them():
+    assert local_layers(4, 1) == [True, False, True, False]  # Gemma 2: they alternate
+    gemma3 = local_layers(48, 5)  # Gemma 3: five local layers before each global one
+    assert [i for i, local in enumerate(gemma3) if not local] == list(range(5, 48, 6))
+    assert local_layers(3, 0) == [False] * 3  # every layer global
+
+
+def test_a_mixed_layout_s_cache_grows_with_its_global_layers_only():
+    lengths = [1, 1023, 1024, 4096, 131072]
+    shape = dict(n_layers=48, n_kv_heads=8, d_head=256)  # Gemma 3 12B's, 16-bit values
+    rows = mixed_layout_cache_bytes(lengths, local_per_global=5, window=1024, **shape)
+    rolling = cache_bytes_as_text_grows(lengths, window=1024, **shape)
+    for row, roll in zip(rows, rolling, strict=True):
+        assert row["full"] == roll["full"]
+        # 8 global layers hold every position, 40 local ones the last 1,023
+        assert row["mixed"] * 48 == 8 * roll["full"] + 40 * roll["rolling"]
+    assert rows[0]["mixed"] == rows[0]["full"] and rows[1]["mixed"] == rows[1]["full"]
+    ratios = [r["mixed"] / r["full"] for r in rows[2:]]
+    assert all(a > b > 1 / 6 for a, b in itertools.pairwise(ratios))  # toward 8 / 48, above
+    same = mixed_layout_cache_bytes(lengths, local_per_global=0, window=1024, **shape)
+    assert [r["mixed"] for r in same] == [r["full"] for r in same]
+
+
 def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="local_per_global"):
+        local_layers(4, -1)
+    with pytest.raises(ValueError, match="n_layers"):
+        mixed_layout_cache_bytes([8], 0, 1, 4, 1, 1)
     with pytest.raises(ValueError, match="window"):
         sliding_window_mask(torch.arange(3), torch.arange(3), 0)
     with pytest.raises(ValueError, match="size"):

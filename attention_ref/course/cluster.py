@@ -10,13 +10,13 @@ go to a running cluster whose workers may be other machines.
 assignment (generated once per assignment by the command), one submission's files and the
 grading settings of the command's environment (time limits, caps, budgets). A worker
 builds a private course folder from it in a temporary folder, with a private sqlite
-gradebook, and runs :func:`attention_ref.course.grading.grade_submission` there: the
+gradebook, and runs :func:`attention_ref.course.autograde.grade_submission` there: the
 sandbox, the trusted checker, the salvage of a killed kernel and the budgets are those of
-local grading. It returns a :class:`JobResult`: the :class:`~attention_ref.course.grading.Outcome`
-and each notebook as its kernel left it (taken right after execution, before nbgrader
-scored it). A worker never sees the course folder, another student's files, the real
-gradebook or its credentials (``NBGRADER_DB_URL`` and the hub's variables are removed
-while a job runs).
+local grading. It returns a :class:`JobResult`: the
+:class:`~attention_ref.course.autograde.Outcome` and each notebook as its kernel left it
+(taken right after execution, before nbgrader scored it). A worker never sees the course
+folder, another student's files, the real gradebook or its credentials (``NBGRADER_DB_URL``
+and the hub's variables are removed while a job runs).
 
 **The command writes everything.** For each result, in the order they arrive, the command
 runs nbgrader's own autograde on the real submission with its ``Execute`` step replaced by
@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import load
+from . import autograde, load, plumbing, sandbox, trusted
 from .exchange import HUB_CREDENTIALS
 from .plumbing import ROOT_MARKER, new_nbgrader_api
 
@@ -114,9 +114,8 @@ class ClusterConfig:
         """Seconds a job may run on its worker before the command stops it and reports it."""
         if self.job_seconds > 0:
             return self.job_seconds
-        from .grading import submission_seconds
 
-        return submission_seconds() + JOB_GRACE_SECONDS
+        return autograde.submission_seconds() + JOB_GRACE_SECONDS
 
     @classmethod
     def from_env(cls) -> ClusterConfig:
@@ -204,7 +203,7 @@ class JobResult:
     """What a job sends back: the outcome, and each notebook (by name, as JSON) as its
     kernel left it in the grading run that counts."""
 
-    outcome: object  # grading.Outcome
+    outcome: object  # autograde.Outcome
     executed: dict[str, str] = field(default_factory=dict)
     worker: str = ""
     seconds: float = 0.0  # the whole job on its worker (the grading is outcome.seconds)
@@ -346,10 +345,9 @@ def _scratch() -> str | None:
 def run_job(job: Job) -> JobResult:
     """Grade one submission in a private course folder; runs on a worker. Never raises:
     whatever goes wrong is the outcome's."""
-    from . import grading, plumbing, sandbox
 
     aid = job.template.aid
-    outcome = grading.Outcome(job.student, aid)
+    outcome = autograde.Outcome(job.student, aid)
     start = time.perf_counter()
     _announce_start()
     snapshot, _ = _preprocessors()
@@ -366,7 +364,7 @@ def run_job(job: Job) -> JobResult:
             plumbing._APIS[str(root)] = new_nbgrader_api(
                 root, db_url=sqlite_url(root), edit_autograde=_after_execute(snapshot)
             )
-            outcome = grading.grade_submission(str(root), aid, job.student, force=True)
+            outcome = autograde.grade_submission(str(root), aid, job.student, force=True)
         except Exception as err:  # never lose the class to one submission
             outcome.not_graded(
                 f"the grading job raised {type(err).__name__}: {err}", grader_failed=True
@@ -374,7 +372,7 @@ def run_job(job: Job) -> JobResult:
             outcome.seconds = time.perf_counter() - start
         finally:
             plumbing._APIS.pop(str(root), None)
-    executed = dict(snapshot.taken) if outcome.status != grading.NOT_GRADED else {}
+    executed = dict(snapshot.taken) if outcome.status != autograde.NOT_GRADED else {}
     return JobResult(outcome, executed, _worker_name(), time.perf_counter() - start)
 
 
@@ -388,7 +386,6 @@ def _job_folder() -> Iterator[str]:
     """A job's private folder, marked with its worker's process: a worker killed mid-job
     (its folder left behind, a student's notebook in it) has it removed by the next job
     that starts beside it (:func:`.sandbox.new_marked_dir`)."""
-    from . import sandbox
 
     tmp = sandbox.new_marked_dir(JOB_PREFIX, _scratch())
     try:
@@ -441,21 +438,19 @@ def write_result(root: Path, result: JobResult, force: bool):
     grading would have (nbgrader's autograde, its execution replaced by the worker's)."""
     from nbgrader.utils import temp_attrs
 
-    from . import grading
-
     o = result.outcome
     _, replay = _preprocessors()
     api = _replay_api(root)
     replay.reason = "; ".join(o.notes) or "its grading job returned no notebook"
     if o.status == "graded":
         replay.executed = dict(result.executed)
-        written = grading._autograde(api, o.assignment, o.student, force)
+        written = autograde._autograde(api, o.assignment, o.student, force)
     else:  # failed, or crashed: a first run whose kernel died, as on the worker
         replay.executed = {}
-        grading._autograde(api, o.assignment, o.student, force)
-        if o.status == grading.NOT_GRADED:
+        autograde._autograde(api, o.assignment, o.student, force)
+        if o.status == autograde.NOT_GRADED:
             return o
-        # ... then graded again from a copy of its notebooks, as grading._salvage does
+        # ... then graded again from a copy of its notebooks, as autograde._salvage does
         replay.executed = dict(result.executed)
         src = root / "submitted" / o.student / o.assignment
         with tempfile.TemporaryDirectory(prefix="salvage-", dir=root) as tmp:
@@ -465,10 +460,10 @@ def write_result(root: Path, result: JobResult, force: bool):
                 if nb_path.is_file() and not nb_path.is_symlink():
                     shutil.copyfile(nb_path, dst / nb_path.name)
             with temp_attrs(api.coursedir, submitted_directory=tmp):
-                written = grading._autograde(api, o.assignment, o.student, force=True)
+                written = autograde._autograde(api, o.assignment, o.student, force=True)
     replay.executed = {}
     if not written["success"]:
-        cause, _ = grading.failure_cause(grading._result_text(written))
+        cause, _ = autograde.failure_cause(autograde._result_text(written))
         o.not_graded(f"its grades could not be written: {cause}", grader_failed=True)
     return o
 
@@ -486,7 +481,6 @@ def _stop_checker() -> None:
     """As a worker closes: stop its trusted checker (started once per process, for every job
     it grades), which also removes the checker's folder; a worker process ends without
     running atexit handlers, so that folder would be left behind."""
-    from . import trusted
 
     while trusted._SHARED:
         trusted._SHARED.pop().stop()
@@ -570,7 +564,6 @@ def _open_client(config: ClusterConfig, jobs: int) -> Iterator[object]:
 def needs_grading(root: Path, aid: str, student: str, force: bool) -> bool:
     """Whether nbgrader's autograde would grade the submission (as its converter decides:
     forced, never graded, or submitted again since)."""
-    from . import plumbing
 
     if force:
         return True
@@ -627,8 +620,6 @@ def grade_on_cluster(
     each, as its grades are written."""
     from tqdm import tqdm
 
-    from . import grading
-
     # On a terminal only (disable=None): a log gets the per-submission lines alone.
     bar = tqdm(total=len(tasks), desc="grading", unit="submission", file=sys.stderr, disable=None)
     try:
@@ -642,8 +633,8 @@ def grade_on_cluster(
             if needs_grading(root, aid, student, force):
                 todo.append((aid, student))
             else:  # graded before: nbgrader would skip it; its notes as they stand
-                o = grading.Outcome(student, aid)
-                grading.note_graded(root / "autograded" / student / aid, o)
+                o = autograde.Outcome(student, aid)
+                autograde.note_graded(root / "autograded" / student / aid, o)
                 done(o)
         if not todo:
             return
@@ -690,8 +681,6 @@ def _finished(client, futures: dict, limit: float, poll: float = 2.0) -> Iterato
     starts again on its new worker), so a long queue costs nothing."""
     from distributed import wait
 
-    from . import grading
-
     key_of = {fut.key: fut for fut in futures}
     started: dict[object, tuple[float, str]] = {}
     pending = set(futures)
@@ -726,14 +715,12 @@ def _finished(client, futures: dict, limit: float, poll: float = 2.0) -> Iterato
                 f"{JOB_GRACE_SECONDS:g} s) and was stopped, its worker restarted; "
                 "make grade grades it next time"
             )
-            yield fut, JobResult(grading.Outcome(student, aid, grading.NOT_GRADED, [why]))
+            yield fut, JobResult(autograde.Outcome(student, aid, autograde.NOT_GRADED, [why]))
 
 
 def _result_of(fut, aid: str, student: str) -> JobResult:
     """The future's result, or a failed outcome that says why there is none."""
     from distributed.scheduler import KilledWorker
-
-    from . import grading
 
     try:
         return fut.result()
@@ -750,4 +737,4 @@ def _result_of(fut, aid: str, student: str) -> JobResult:
             f"not graded: the cluster lost its job ({type(err).__name__}: {err}); "
             "make grade grades it next time"
         )
-    return JobResult(grading.Outcome(student, aid, grading.NOT_GRADED, [why]))
+    return JobResult(autograde.Outcome(student, aid, autograde.NOT_GRADED, [why]))
