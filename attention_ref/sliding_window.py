@@ -371,18 +371,17 @@ def mixed_layout_cache_bytes(
     local layers' rolling caches of ``window - 1`` positions. Past the window, only the
     global layers' part grows: ``mixed / full`` falls toward their share of the layers.
     """
-    _window(window)
     local = local_layers(n_layers, local_per_global)
-    per_layer_token = 2 * n_kv_heads * d_head * bytes_per_value  # a key and a value
     n_local = sum(local)
-    n_global = n_layers - n_local
+    # one layer's caches, full and rolling; the model has n_layers of them
+    one = cache_bytes_as_text_grows(lengths, window, 1, n_kv_heads, d_head, bytes_per_value)
     return [
         {
-            "tokens": n,
-            "full": per_layer_token * n_layers * n,
-            "mixed": per_layer_token * (n_global * n + n_local * min(n, max(window - 1, 1))),
+            "tokens": r["tokens"],
+            "full": n_layers * r["full"],
+            "mixed": (n_layers - n_local) * r["full"] + n_local * r["rolling"],
         }
-        for n in lengths
+        for r in one
     ]
 
 

@@ -85,20 +85,24 @@ os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, shared with
 os.environ["ATTENTION_REF_LOAD_FACTOR"] = "1"  # the load average has not seen the load yet
 from attention_ref.checks._core import _Deadline, _TimeUp
 from attention_ref.course.load import runqueue_wait
-spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(9)]
-time.sleep(0.5)
-start, waited = time.monotonic(), runqueue_wait()
+# busy for at most a minute each, even if this process dies before it kills them
+spin = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass"
+spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(9)]
 try:
-    with _Deadline(0.5):  # stopped at 0.4 s of CPU, or 4 x 0.5 s on the clock
-        end = time.process_time() + 0.3
-        while time.process_time() < end:
-            pass
-    verdict = "finished"
-except _TimeUp:
-    verdict = "stopped"
-print(verdict, time.monotonic() - start, runqueue_wait() - waited)
-for p in spinners:
-    p.kill()
+    time.sleep(0.5)
+    start, waited = time.monotonic(), runqueue_wait()
+    try:
+        with _Deadline(0.5):  # stopped at 0.4 s of CPU, or 4 x 0.5 s on the clock
+            end = time.process_time() + 0.3
+            while time.process_time() < end:
+                pass
+        verdict = "finished"
+    except _TimeUp:
+        verdict = "stopped"
+    print(verdict, time.monotonic() - start, runqueue_wait() - waited)
+finally:
+    for p in spinners:
+        p.kill()
 """
 
 
