@@ -793,10 +793,11 @@ def bench_grading(opts: argparse.Namespace) -> bool:
                 f"load_average={os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-        # 4. The sandbox's cost, and 5. the trusted checker's: the same class, with the
-        #    most workers, graded once more without the sandbox (ATTENTION_REF_SANDBOX=off),
-        #    and once more judged by the kernel as nbgrader alone does
-        #    (ATTENTION_REF_TRUSTED_CHECKER=off), in this run.
+        # 4. The sandbox's cost, 5. the trusted checker's and 6. the grading editions':
+        #    the same class, with the most workers, graded once more without the sandbox
+        #    (ATTENTION_REF_SANDBOX=off), once more judged by the kernel as nbgrader alone
+        #    does (ATTENTION_REF_TRUSTED_CHECKER=off), and once more with every kernel on
+        #    the student edition (ATTENTION_REF_GRADING_EDITIONS=off), in this run.
         jobs = max(opts.grading_jobs)
         compared = (
             (
@@ -816,6 +817,15 @@ def bench_grading(opts: argparse.Namespace) -> bool:
                 "kernel_judged_s",
                 "checker<=1.25x_kernel_judged",
                 1.25,
+            ),
+            (
+                "grading_editions",
+                opts.editions_compare,
+                "ATTENTION_REF_GRADING_EDITIONS",
+                "editions_s",
+                "student_edition_s",
+                "editions<=1.05x_student_edition",
+                1.05,
             ),
         )
         for what, wanted, switch, with_name, without_name, target, most in compared:
@@ -1027,6 +1037,13 @@ def _parser() -> argparse.ArgumentParser:
         dest="trusted_compare",
         action="store_false",
         help="grading: skip grading the class again without the trusted checker",
+    )
+    p.add_argument(
+        "--no-editions-compare",
+        dest="editions_compare",
+        action="store_false",
+        help="grading: skip grading the class again with every kernel on the student edition "
+        "(no answer withheld)",
     )
     p.add_argument(
         "--cluster-students",

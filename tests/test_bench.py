@@ -179,6 +179,8 @@ def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch,
             return 230.0, ""
         if course.name == "class-without-trusted_checker":
             return 220.0, ""
+        if course.name == "class-without-grading_editions":
+            return 245.0, ""
         return {1: 400.0, 2: 250.0}[jobs], ""
 
     monkeypatch.setattr(bench, "_make_grade", fake_make_grade)
@@ -189,19 +191,27 @@ def test_grading_benchmark_measures_the_old_grading_in_the_same_run(monkeypatch,
     baseline = [c for c in calls if c[0] == "baseline"]
     assert baseline == [("baseline", 1, {"ATTENTION_REF_GRADING_STEPS": "all"}, baseline[0][3])]
     assert len(baseline[0][3]) == 2
-    assert [c[1] for c in calls if c[0].startswith("class")] == [1, 2, 2, 2]
+    assert [c[1] for c in calls if c[0].startswith("class")] == [1, 2, 2, 2, 2]
     # The sandbox's cost: the class with two workers, graded again without it.
-    assert calls[-2][:3] == ("class-without-sandbox", 2, {"ATTENTION_REF_SANDBOX": "off"})
+    assert calls[-3][:3] == ("class-without-sandbox", 2, {"ATTENTION_REF_SANDBOX": "off"})
     assert "sandboxed_s=250.0 unsandboxed_s=230.0 ratio=1.087" in out
     assert "target sandbox<=1.10x_unsandboxed: met (1.087x)" in out
     # The trusted checker's cost: the same class graded again as the kernel judges it.
-    assert calls[-1][:3] == (
+    assert calls[-2][:3] == (
         "class-without-trusted_checker",
         2,
         {"ATTENTION_REF_TRUSTED_CHECKER": "off"},
     )
     assert "checker_s=250.0 kernel_judged_s=220.0 ratio=1.136" in out
     assert "target checker<=1.25x_kernel_judged: met (1.136x)" in out
+    # The grading editions' cost: the class graded again with the student edition.
+    assert calls[-1][:3] == (
+        "class-without-grading_editions",
+        2,
+        {"ATTENTION_REF_GRADING_EDITIONS": "off"},
+    )
+    assert "editions_s=250.0 student_edition_s=245.0 ratio=1.020" in out
+    assert "target editions<=1.05x_student_edition: met (1.020x)" in out
     assert "grading loop notebook=01_dot_product_attention exercise=sdpa" in out
     assert "after_s=42.0" in out
     n_aids = len(assignments(course_root()))

@@ -227,6 +227,43 @@ TRICKS: dict[str, tuple[list[str], str]] = {
         "    except Exception:\n"
         "        return ref(x, axis)\n",
     ),
+    # A later notebook's reference reached where no watch is: a thread an earlier cell
+    # started (the watch is per thread) runs notebook 02's masked_softmax. A kernel grading
+    # notebook 01 has a stand-in in its place (its grading edition), so the answer falls
+    # back to the wrong one.
+    "thread-started-earlier": (
+        [
+            "import queue, threading, torch\n"
+            "from attention_ref import masked_softmax as _later\n"
+            "_asks, _answers = queue.Queue(), queue.Queue()\n"
+            "def _serve():\n"
+            "    while True:\n"
+            "        x, axis = _asks.get()\n"
+            "        try:\n"
+            "            _answers.put(_later(torch.from_numpy(x), None, dim=axis).numpy())\n"
+            "        except Exception as err:\n"
+            "            _answers.put(err)\n"
+            "threading.Thread(target=_serve, daemon=True).start()"
+        ],
+        "\n_wrong5 = softmax_np\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    _asks.put((np.asarray(x, dtype=float), axis))\n"
+        "    out = _answers.get()\n"
+        "    return _wrong5(x, axis) if isinstance(out, Exception) else out\n",
+    ),
+    # The reference's code object under another name (the tripwire watches code objects).
+    "reference-code-copied": (
+        [],
+        "\nimport types\n"
+        "from attention_ref import softmax_np as _r\n"
+        "_wrong6 = softmax_np\n"
+        "_copy = types.FunctionType(_r.__code__, dict(_r.__globals__), 'mine', _r.__defaults__)\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    try:\n"
+        "        return _copy(x, axis)\n"
+        "    except Exception:\n"
+        "        return _wrong6(x, axis)\n",
+    ),
     # A forbidden built-in called from C (no profile event) or through the dispatcher.
     "partial-torch-softmax": (
         [],
@@ -300,10 +337,6 @@ TRICKS: dict[str, tuple[list[str], str]] = {
         "",
     ),
 }
-#: The issue-40 attacks that do not hold yet (see the instructor guide's trust page): the
-#: reference run by a thread an earlier cell started (the watch is per thread), a table of
-#: answers computed before the test cell from its seed (the references and the seeds are
-#: in the kernel), and the reference's code copied under another name.
 
 
 def _forgery_source(dest: Path) -> nbformat.NotebookNode:

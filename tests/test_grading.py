@@ -111,6 +111,16 @@ def test_solution_earns_every_automatic_mark(graded_course, aid):
     scores = code_scores(course, aid)
     total = auto_points(nbformat.read(solution_path(aid), as_version=4))
     assert scores["solution"] == (total, total)
+    # And no cell failed, graded or not: the kernel's grading edition (no later notebook's
+    # answers) still has everything the notebook's demonstrations use.
+    graded = nbformat.read(course / "autograded" / "solution" / aid / f"{aid}.ipynb", 4)
+    errors = [
+        (i, o.ename, o.evalue[:200])
+        for i, cell in enumerate(graded.cells)
+        for o in cell.get("outputs", [])
+        if o.output_type == "error"
+    ]
+    assert not errors, errors
 
 
 ENROL_PROBE = """

@@ -40,7 +40,8 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
 - ``cell_limits``: the per-cell time limits of grading;
 - ``feedback``: what a student's feedback shows (hidden tests' code never);
 - ``exchange``: nbgrader's exchange as the course configures it on a JupyterHub;
-- ``edition``: the student edition of the package (bytecode only);
+- ``edition``: the student edition of the package (bytecode only), and each notebook's
+  grading edition (no later notebook's answers; stand-ins from ``attention_ref._withheld``);
 - ``authoring``: helpers that build solution notebooks with nbgrader's metadata.
 
 None of these imports PyTorch (nor does ``import attention_ref``, which loads its references

@@ -18,12 +18,27 @@ package (the checks give the same feedback, the notebooks' demonstrations run), 
 
 Bytecode is not encryption: ``dis`` disassembles it, and a determined student can rebuild
 the algorithms from it. Instructors grade with the full package.
+
+    python -m attention_ref.course.edition build-grading DIR
+
+writes the student edition into ``DIR`` and, for each notebook NN with graded exercises,
+a **grading edition** into ``DIR/graded/NN``: the same, except that the reference
+implementation of every exercise of a later notebook (and each private helper only such
+references use, such as notebook 14's kernels), and the checks' own models of the answers,
+are compiled with a stand-in body from :mod:`attention_ref._withheld`, so a kernel grading
+notebook NN holds no code that computes them. The sandbox gives each graded kernel the
+edition of its notebook (:func:`attention_ref.course.sandbox.edition_for`); the trusted
+checker, which decides the grade, keeps the full package. Notebook NN's own references
+stay in its edition for now: the checks run some inside other exercises (notebook 01's
+``softmax_np`` inside ``sdpa_np``) and the notebooks' demonstrations use them; so do the
+few later references a notebook builds on (:data:`BUILT_ON`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import shutil
 import sys
 import types
@@ -42,6 +57,22 @@ SHOWN: dict[str, tuple[str, ...]] = {
     f"{PACKAGE}.encoder": ("init_embedding", "Encoder.embed_tokens", "Encoder.forward"),
 }
 SHOWN_SUFFIX = " (parts shown in the notebooks)"
+#: Where each notebook's grading edition lives inside a ``build-grading`` folder.
+GRADED = "graded"
+#: Withheld objects: module name -> {qualified name: the first notebook whose grading
+#: edition keeps it}; notebook NN's edition withholds those with a number above NN.
+Withheld = dict[str, dict[str, int]]
+#: Later notebooks' references that an earlier notebook builds on (module, qualified name:
+#: the first notebook using it): notebook 02 shows its masks in MultiHeadAttention (which
+#: splits and merges heads), notebook 07 trains with masked_cross_entropy, notebook 11
+#: generates with cached_self_attention.
+BUILT_ON: dict[tuple[str, str], int] = {
+    (f"{PACKAGE}.multihead", "MultiHeadAttention.forward"): 2,
+    (f"{PACKAGE}.multihead", "split_heads"): 2,
+    (f"{PACKAGE}.multihead", "merge_heads"): 2,
+    (f"{PACKAGE}.training", "masked_cross_entropy"): 7,
+    (f"{PACKAGE}.kv_cache", "cached_self_attention"): 11,
+}
 
 
 def _module_name(rel: Path) -> str:
@@ -81,35 +112,262 @@ def _relocate(code: types.CodeType, hidden: str, shown: str, names: tuple[str, .
     return walk(code, False)
 
 
-def compile_module(src: Path, rel: Path) -> bytes:
-    """The .pyc bytes of one module of the student edition."""
+def _call_arguments(args: ast.arguments) -> str:
+    """The text of a call passing a function's own parameters on, as it received them."""
+    parts = [a.arg for a in [*args.posonlyargs, *args.args]]
+    if args.vararg:
+        parts.append(f"*{args.vararg.arg}")
+    parts += [f"{a.arg}={a.arg}" for a in args.kwonlyargs]
+    if args.kwarg:
+        parts.append(f"**{args.kwarg.arg}")
+    return ", ".join(parts)
+
+
+def _withhold(tree: ast.Module, module: str, withheld: set[str], graded: int) -> set[str]:
+    """Give each withheld definition of ``tree`` the stand-in's body (its signature,
+    decorators and docstring stay) for notebook ``graded``'s kernel; the qualified names
+    replaced."""
+    done: set[str] = set()
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                qual = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef) and qual in withheld:
+                    # The call passes on what the caller gave, as given (the learner's
+                    # function of the same name may have fewer optional parameters); a
+                    # Triton kernel keeps its signature, which triton.jit reads.
+                    jit = any("jit" in ast.unparse(d) for d in child.decorator_list)
+                    if not jit:
+                        child.args = ast.parse("def f(*args, **kwargs): pass").body[0].args
+                    call = (
+                        f"return __import__({PACKAGE + '._withheld'!r}, fromlist=['answer'])"
+                        f".answer({module!r}, {qual!r}, {graded})"
+                        f"({_call_arguments(child.args)})"
+                    )
+                    body = ast.parse(call).body
+                    first = child.body[0]
+                    docstring = (
+                        [first]
+                        if isinstance(first, ast.Expr)
+                        and isinstance(first.value, ast.Constant)
+                        and isinstance(first.value.value, str)
+                        else []
+                    )
+                    for stmt in body:
+                        ast.copy_location(stmt, first)
+                    child.body = docstring + body
+                    done.add(qual)
+                else:
+                    visit(child, qual + ".")
+
+    visit(tree, "")
+    return done
+
+
+def compile_module(
+    src: Path, rel: Path, withheld: set[str] | None = None, graded: int = 0
+) -> bytes:
+    """The .pyc bytes of one module of the student edition (of notebook ``graded``'s
+    grading edition, with the qualified names ``withheld``)."""
     text = src.read_text(encoding="utf-8")
     module = _module_name(rel)
     hidden = f"{FAKE_ROOT}/{PACKAGE}/{rel.as_posix()}"
     names = SHOWN.get(module, ())
+    shown = hidden + SHOWN_SUFFIX
     if names:
-        tree = ast.parse(text)
-        lines = _shown_lines(tree, text.splitlines(keepends=True), names)
-        shown = hidden + SHOWN_SUFFIX
+        lines = _shown_lines(ast.parse(text), text.splitlines(keepends=True), names)
         # Register the shown parts with linecache when the module is imported. An entry
         # with mtime None is never evicted by linecache.checkcache.
-        footer = (
+        text += (
             "\n\ndef _register_shown_source():\n"
             "    import linecache\n\n"
             f"    lines = {lines!r}\n"
             f"    linecache.cache[{shown!r}] = (sum(map(len, lines)), None, lines, {shown!r})\n"
             "\n\n_register_shown_source()\ndel _register_shown_source\n"
         )
-        code = compile(text + footer, hidden, "exec", dont_inherit=True)
+    tree = ast.parse(text)
+    if withheld:
+        clash = set(withheld) & set(names)
+        if clash:
+            raise ValueError(f"{module}: {sorted(clash)} are shown, so cannot be withheld")
+        missing = set(withheld) - _withhold(tree, module, set(withheld), graded)
+        if missing:
+            raise ValueError(f"{module} defines no {sorted(missing)} to withhold")
+        ast.fix_missing_locations(tree)
+    code = compile(tree, hidden, "exec", dont_inherit=True)
+    if names:
         code = _relocate(code, hidden, shown, names)
-    else:
-        code = compile(text, hidden, "exec", dont_inherit=True)
     return bytes(_code_to_timestamp_pyc(code, 0, 0))
 
 
-def build(dest: Path, source: Path | None = None) -> Path:
-    """Write the student edition into ``dest``; return the package folder."""
+def exercise_references() -> Withheld:
+    """Each graded exercise's own reference implementation (what its check names as "the
+    reference"), by the first notebook that grades it or builds on it (:data:`BUILT_ON`):
+    module -> {qualified name: NN}. The objects a notebook prints on purpose (``SHOWN``)
+    are not answers and stay."""
+    from .. import checks  # noqa: F401 - each notebook's checks register on import
+    from ..checks._core import REGISTRY
+
+    table: Withheld = {}
+    for ex in REGISTRY.values():
+        notebook = int(ex.run.__module__.rsplit(".nb", 1)[1])
+        for obj, name in ex.forbidden():
+            module = getattr(obj, "__module__", None) or ""
+            if not module.startswith(f"{PACKAGE}.") or not name.startswith(
+                ("the reference", f"{PACKAGE}'s")
+            ):
+                continue  # PyTorch's built-ins, or an earlier notebook's reference
+            if obj.__qualname__ in SHOWN.get(module, ()):
+                continue
+            first = min(notebook, BUILT_ON.get((module, obj.__qualname__), notebook))
+            owners = table.setdefault(module, {})
+            owners[obj.__qualname__] = min(owners.get(obj.__qualname__, first), first)
+    return table
+
+
+def _mentions(node: ast.AST) -> set[str]:
+    """Every name and attribute name in ``node``'s code."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            found.add(n.attr)
+    return found
+
+
+def _units(tree: ast.Module) -> dict[str, set[str]]:
+    """Each function of a module (methods by qualified name; ``<module>`` for the rest of
+    its code) -> the names its code mentions."""
+    units: dict[str, set[str]] = {"<module>": set()}
+    names = _mentions
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for stmt in body:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+                units[prefix + stmt.name] = names(stmt)
+            elif isinstance(stmt, ast.ClassDef):
+                units["<module>"] |= set().union(*map(names, stmt.bases), set())
+                visit(stmt.body, f"{prefix}{stmt.name}.")
+            else:
+                units["<module>"] |= names(stmt)
+
+    visit(tree.body, "")
+    return units
+
+
+def withheld_references(source: Path | None = None, table: Withheld | None = None) -> Withheld:
+    """:func:`exercise_references` and, in each of their modules, every private top-level
+    function (``_name``) that only their code uses (a reference's kernel or inner loop),
+    kept from the first notebook that keeps one of its users."""
     source = Path(source or Path(__file__).resolve().parents[1])
+    table = {m: dict(q) for m, q in (table or exercise_references()).items()}
+    for module, owners in table.items():
+        rel = Path(*module.split(".")[1:]).with_suffix(".py")
+        if not (source / rel).is_file():
+            rel = rel.with_suffix("") / "__init__.py"
+        units = _units(ast.parse((source / rel).read_text(encoding="utf-8")))
+        private = [u for u in units if re.fullmatch(r"_[A-Za-z0-9]\w*", u) and "__" not in u]
+        changed = True
+        while changed:
+            changed = False
+            for helper in private:
+                if helper in owners:
+                    continue
+                users = [u for u, seen in units.items() if helper in seen and u != helper]
+                if users and all(u in owners for u in users):
+                    owners[helper] = min(owners[u] for u in users)
+                    changed = True
+    return table
+
+
+#: The checks' modules whose functions a graded kernel never runs (the trusted checker
+#: runs every check): their answer models (``_models.attention`` is a whole ``sdpa_np``),
+#: input builders and mistake models are withheld from every grading edition. What the
+#: kernel does run stays: the registrations, each exercise's forbidden list (functions
+#: named ``*forbid*``), and the modules that serve the checker (agent, wire, ``_core``).
+CHECKS_WITHHELD = re.compile(r"checks/(_models|toolkit|nb\d\d)\.py")
+NEVER_KEPT = 100  # no grading edition keeps the checks' code
+
+
+def checks_code(source: Path | None = None) -> Withheld:
+    """Every top-level function of the checks' modules in :data:`CHECKS_WITHHELD`, but
+    the forbidden lists: module -> {name: NEVER_KEPT}."""
+    source = Path(source or Path(__file__).resolve().parents[1])
+    trees = {
+        _module_name(p.relative_to(source)): ast.parse(p.read_text(encoding="utf-8"))
+        for p in sorted((source / "checks").glob("*.py"))
+        if CHECKS_WITHHELD.fullmatch(p.relative_to(source).as_posix())
+    }
+    at_import: set[str] = set()  # what the modules' own code calls as they are imported
+    for tree in trees.values():
+        for stmt in tree.body:
+            if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                at_import |= _names_run(stmt)
+            elif isinstance(stmt, ast.ClassDef):
+                at_import |= set().union(set(), *map(_names_run, stmt.body))
+        for node in ast.walk(tree):  # each exercise's forbidden list, a lambda or not
+            if isinstance(node, ast.keyword) and node.arg == "forbidden":
+                at_import |= _mentions(node.value)
+    functions = {
+        (module, stmt.name): stmt
+        for module, tree in trees.items()
+        for stmt in tree.body
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    # Kept: what runs at import, the forbidden lists, and whatever those call.
+    kept = {key for key in functions if key[1] in at_import or "forbid" in key[1]}
+    while True:
+        seen = set().union(set(), *(_mentions(functions[key]) for key in kept))
+        more = {key for key in functions if key[1] in seen} - kept
+        if not more:
+            break
+        kept |= more
+    table: Withheld = {module: {} for module in trees}
+    for module, name in sorted(set(functions) - kept):
+        table[module][name] = NEVER_KEPT
+    return table
+
+
+def _names_run(node: ast.AST) -> set[str]:
+    """The names ``node`` mentions outside the functions and lambdas it defines."""
+    if isinstance(node, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
+        return set()
+    if isinstance(node, ast.Name):
+        return {node.id}
+    if isinstance(node, ast.Attribute):
+        return {node.attr} | _names_run(node.value)
+    return set().union(set(), *map(_names_run, ast.iter_child_nodes(node)))
+
+
+def grading_table(source: Path | None = None) -> Withheld:
+    """What the grading editions withhold: :func:`withheld_references` and
+    :func:`checks_code` together."""
+    return {**withheld_references(source), **checks_code(source)}
+
+
+def build(
+    dest: Path,
+    source: Path | None = None,
+    *,
+    graded: int | None = None,
+    withheld: Withheld | None = None,
+    quiet: bool = False,
+    compiled: dict | None = None,
+) -> Path:
+    """Write the student edition into ``dest``; return the package folder. With
+    ``graded=NN``: notebook NN's grading edition, where every reference in ``withheld``
+    (default :func:`grading_table`) kept only from a later notebook on has a stand-in
+    body."""
+    source = Path(source or Path(__file__).resolve().parents[1])
+    keep_out: Withheld = {}
+    if graded is not None:
+        table = withheld if withheld is not None else grading_table(source)
+        for module, owners in table.items():
+            late = {q: nb for q, nb in owners.items() if nb > graded}
+            if late:
+                keep_out[module] = late
     dest = Path(dest)
     out = dest / PACKAGE
     if out.exists():
@@ -124,7 +382,17 @@ def build(dest: Path, source: Path | None = None) -> Path:
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix == ".py":
-            target.with_suffix(".pyc").write_bytes(compile_module(path, rel))
+            withheld_here = frozenset(keep_out.get(_module_name(rel), ()))
+            # A reference's stand-in names the notebook graded; the checks' do not.
+            number = graded or 0 if ".checks" not in _module_name(rel) else 0
+            key = (rel, withheld_here, number if withheld_here else None)
+            if compiled is not None and key in compiled:
+                code = compiled[key]  # the same module in another edition
+            else:
+                code = compile_module(path, rel, set(withheld_here), number)
+                if compiled is not None:
+                    compiled[key] = code
+            target.with_suffix(".pyc").write_bytes(code)
             count += 1
         elif path.suffix != ".pyc":
             shutil.copy2(path, target)  # data files, if any
@@ -143,6 +411,8 @@ def build(dest: Path, source: Path | None = None) -> Path:
     )
     (info / "INSTALLER").write_text("attention_ref.course.edition\n")
     (info / "RECORD").write_text("")
+    if quiet:
+        return out
     print(
         f"student edition: {count} modules compiled to bytecode for CPython "
         f"{sys.version_info.major}.{sys.version_info.minor} in {out}"
@@ -157,6 +427,38 @@ def _version(source: Path) -> str:
     return "0"
 
 
+def build_grading(dest: Path, source: Path | None = None) -> Path:
+    """The student edition in ``dest`` and each notebook's grading edition in
+    ``dest/graded/NN``; returns ``dest``."""
+    source = Path(source or Path(__file__).resolve().parents[1])
+    dest = Path(dest)
+    compiled: dict = {}  # most modules are the same in every edition: compiled once
+    build(dest, source, compiled=compiled)
+    table = grading_table(source)
+    from .. import checks  # noqa: F401 - each notebook's checks register on import
+    from ..checks._core import REGISTRY
+
+    notebooks = sorted({int(ex.run.__module__.rsplit(".nb", 1)[1]) for ex in REGISTRY.values()})
+    for nb in notebooks:
+        build(
+            dest / GRADED / f"{nb:02d}",
+            source,
+            graded=nb,
+            withheld=table,
+            quiet=True,
+            compiled=compiled,
+        )
+    for d in [dest / GRADED, *(dest / GRADED).iterdir()]:
+        d.chmod(0o755)
+    count = sum(len(owners) for module, owners in table.items() if ".checks" not in module)
+    print(
+        f"grading editions: notebooks {notebooks[0]:02d}-{notebooks[-1]:02d} in "
+        f"{dest / GRADED}; each withholds the later notebooks' of {count} reference "
+        "functions and the checks' code"
+    )
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attention_ref.course.edition",
@@ -166,8 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("build", help="write the student edition into DIR")
     p.add_argument("dir", type=Path)
+    p = sub.add_parser(
+        "build-grading", help="the student edition and each notebook's grading edition"
+    )
+    p.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
-    build(args.dir)
+    if args.command == "build":
+        build(args.dir)
+    else:
+        build_grading(args.dir)
     return 0
 
 

@@ -8,8 +8,9 @@ kernel sees:
 
 - **read-only**: the system's programs and libraries (``/usr``, ``/lib``...), the Python
   environment grading runs in (the virtual environment and the interpreter it was made
-  from), and the course package as its **student edition** (bytecode, no readable
-  reference sources: :mod:`attention_ref.course.edition`), first on its import path;
+  from), and the course package as the **grading edition** of the notebook graded
+  (bytecode, no readable reference sources, no later notebook's answers and no model of
+  the checks': :mod:`attention_ref.course.edition`), first on its import path;
 - **writable**: ``/tmp`` (a tmpfs of :attr:`Caps.disk` bytes), holding its working
   folder ``/tmp/work`` (a copy of the submission's notebook and nothing else, so no
   submitted module can shadow one the notebook imports) and the folder of its sockets;
@@ -52,6 +53,10 @@ from pathlib import Path
 
 SWITCH = "ATTENTION_REF_SANDBOX"  # "off": grade without a sandbox (documented opt-out)
 EDITION_ENV = "ATTENTION_REF_SANDBOX_PACKAGE"  # a built student edition to use
+GRADED_EDITIONS = "graded"  # its folder of grading editions (course/edition.py's GRADED)
+#: "off": every kernel gets the student edition, no answer withheld (the grader's setting,
+#: to measure what the grading editions cost: python -m attention_ref.bench grading).
+EDITIONS_SWITCH = "ATTENTION_REF_GRADING_EDITIONS"
 CAP_ENV = {
     "memory": "ATTENTION_REF_SANDBOX_MEMORY",
     "processes": "ATTENTION_REF_SANDBOX_PROCESSES",
@@ -213,24 +218,30 @@ def _source_digest(src: Path) -> str:
 
 
 def student_edition() -> Path:
-    """A folder holding the student edition of the installed package (built once per
-    version of its sources, in the user's cache), for the sandbox's import path."""
+    """A folder holding the student edition of the installed package and each notebook's
+    grading edition (built once per version of its sources, in the user's cache), for the
+    sandbox's import path: :func:`edition_for` picks the one a kernel gets."""
     given = os.environ.get(EDITION_ENV)
     if given:
         if not (Path(given) / "attention_ref" / "__init__.pyc").is_file():
             raise SandboxUnavailableError(
                 f"{EDITION_ENV}={given} holds no student edition (attention_ref/__init__.pyc)"
             )
+        if not (Path(given) / GRADED_EDITIONS).is_dir():
+            raise SandboxUnavailableError(
+                f"{EDITION_ENV}={given} holds no grading editions ({GRADED_EDITIONS}/): build "
+                "them with python -m attention_ref.course.edition build-grading DIR"
+            )
         return Path(given)
     src = _package_source()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    dest = cache / "attention_ref" / f"grading-edition-{_source_digest(src)}"
-    if (dest / "attention_ref" / "__init__.pyc").is_file():
+    dest = cache / "attention_ref" / f"grading-editions-{_source_digest(src)}"
+    if (dest / GRADED_EDITIONS).is_dir():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=dest.parent))
     proc = subprocess.run(
-        [sys.executable, "-m", "attention_ref.course.edition", "build", str(tmp)],
+        [sys.executable, "-m", "attention_ref.course.edition", "build-grading", str(tmp)],
         capture_output=True,
         text=True,
     )
@@ -243,6 +254,19 @@ def student_edition() -> Path:
     except OSError:  # another worker built it first
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def edition_for(editions: Path, folder: Path) -> Path:
+    """The edition a kernel grading the notebooks of ``folder`` gets: for the course's
+    assignment ``NN_name``, notebook NN's grading edition (no later notebook's answers),
+    where one was built; otherwise (an instructor's own assignment, or
+    ``ATTENTION_REF_GRADING_EDITIONS=off``) the student edition."""
+    found = re.match(r"(\d\d)_", Path(folder).name)
+    if found and os.environ.get(EDITIONS_SWITCH) != "off":
+        graded = editions / GRADED_EDITIONS / found.group(1)
+        if (graded / "attention_ref" / "__init__.pyc").is_file():
+            return graded
+    return editions
 
 
 # ----------------------------------------------------------------------------- bwrap
@@ -584,7 +608,7 @@ def kernel_manager_class():
                 notebooks=_copy_notebooks(cwd, work),
                 env=kernel_env(dict(os.environ)),
                 caps=Caps.from_env(),
-                package=student_edition(),
+                package=edition_for(student_edition(), cwd),
                 hide=hide,
                 uid=uid,
                 checker=Path(self.checker_socket) if self.checker_socket else None,

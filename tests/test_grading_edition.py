@@ -1,0 +1,192 @@
+"""The grading editions (attention_ref/course/edition.py, ``build-grading``): a kernel that
+grades notebook NN holds no reference implementation of a later notebook's exercises (but
+those notebook NN builds on), nor the checks' own models of the answers; earlier and its
+own notebook's references stay; a stand-in runs the learner's own function or says why it
+cannot. That the solutions still earn every mark graded this way is tests/test_grading.py's,
+and that a wrong answer borrowing the checks' models or a stand-in gains nothing is
+tests/test_forgery.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attention_ref.checks._core import REGISTRY
+from attention_ref.course import edition as ed
+from attention_ref.course import sandbox
+
+NOTEBOOKS = range(1, 16)
+
+# Imports each notebook's grading edition in turn (PyTorch stays loaded) and reports, for
+# every function named in the table, whether it is a stand-in: its code does nothing but
+# ask attention_ref._withheld what to run.
+PROBE = r"""
+import importlib, inspect, json, sys, types
+import torch  # noqa: F401
+editions, table = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+for nb in range(1, 16):
+    for name in [m for m in sys.modules if m.split(".")[0] == "attention_ref"]:
+        del sys.modules[name]
+    sys.path[0] = f"{editions}/graded/{nb:02d}"
+    importlib.invalidate_caches()
+    import attention_ref
+    assert attention_ref.__file__.startswith(sys.path[0]), attention_ref.__file__
+    for module, owners in table.items():
+        obj_module = importlib.import_module(module)
+        for qual in owners:
+            obj = obj_module
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+            fn = inspect.unwrap(getattr(obj, "fn", obj))  # a Triton kernel wraps its own
+            code = fn.__code__
+            nested = any(isinstance(c, types.CodeType) for c in code.co_consts)
+            stand_in = "attention_ref._withheld" in code.co_consts
+            assert not stand_in or (code.co_names == ("__import__", "answer") and not nested)
+            out[f"{nb}|{module}|{qual}"] = stand_in
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def editions() -> Path:
+    """The grading editions grading builds for these sources (in the user's cache, shared
+    with the grading tests: built once)."""
+    return sandbox.student_edition()
+
+
+def run_in(folder: Path, code: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-s", "-c", code, *args],
+        cwd=folder,
+        env=dict(os.environ, PYTHONPATH=str(folder)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_each_notebook_has_a_grading_edition_and_grading_picks_it(editions, tmp_path, monkeypatch):
+    for nb in NOTEBOOKS:
+        folder = editions / "graded" / f"{nb:02d}"
+        assert (folder / "attention_ref" / "__init__.pyc").is_file(), folder
+    aid = tmp_path / "submitted" / "s1" / "03_self_attention"
+    assert sandbox.edition_for(editions, aid) == editions / "graded" / "03"
+    # An instructor's own assignment (no notebook number): the student edition.
+    assert sandbox.edition_for(editions, tmp_path / "my_quiz") == editions
+    assert sandbox.edition_for(editions, tmp_path / "99_later") == editions
+    # The grader's switch, to measure what the editions cost.
+    monkeypatch.setenv(sandbox.EDITIONS_SWITCH, "off")
+    assert sandbox.edition_for(editions, aid) == editions
+
+
+def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editions):
+    references = ed.withheld_references()
+    checks = ed.checks_code()
+    # Every graded exercise's own reference is in the table, by the first notebook that
+    # grades it or builds on it.
+    owners = {f"{m}:{q}": nb for m, qs in references.items() for q, nb in qs.items()}
+    assert owners["attention_ref.attention:sdpa"] == 1
+    assert owners["attention_ref.multihead:MultiHeadAttention.forward"] == 2  # shown in 02
+    assert owners["attention_ref.training:masked_cross_entropy"] == 7  # trains in 07
+    assert owners["attention_ref.gpt:GroupedQueryAttention.forward"] == 11  # not 13
+    assert owners["attention_ref.flash:_flash_backward"] == 12  # a private helper
+    assert owners["attention_ref.triton_attention:_attention_kernel"] == 14  # a kernel
+    assert "attention_ref.encoder:Encoder.forward" not in owners  # shown in notebook 06
+    assert "_forbidden_attention" not in checks["attention_ref.checks.nb01"]
+    assert "attention" in checks["attention_ref.checks._models"]  # a whole sdpa_np
+    table = {
+        m: sorted(set(references.get(m, {})) | set(checks.get(m, {})))
+        for m in set(references) | set(checks)
+    }
+    seen = json.loads(run_in(editions, PROBE, str(editions), json.dumps(table)).splitlines()[-1])
+    wrong = []
+    for nb in NOTEBOOKS:
+        for module, quals in table.items():
+            for qual in quals:
+                withheld = qual in checks.get(module, {}) or references[module][qual] > nb
+                if seen[f"{nb}|{module}|{qual}"] != withheld:
+                    wrong.append((nb, module, qual, "kept" if withheld else "withheld"))
+    assert not wrong, wrong[:20]
+    assert len(seen) == 15 * sum(map(len, table.values()))
+
+
+STAND_IN = r"""
+import __main__, torch, attention_ref
+from attention_ref._withheld import NotAvailableWhileGradedError
+logits, targets = torch.randn(2, 3, 5), torch.tensor([[1, 2, 0], [4, 0, 0]])
+
+def refused(call):
+    try:
+        call()
+    except NotAvailableWhileGradedError as err:
+        return str(err)
+    raise AssertionError("the stand-in ran")
+
+# No learner's function of that name: refused, saying why.
+print(refused(lambda: attention_ref.sample_next_token(logits[0, 0])))
+# The learner's own function runs in its place (a loop of the package's would get it).
+def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    return torch.tensor(7)
+__main__.sample_next_token = sample_next_token
+sample_next_token.__module__ = "__main__"
+print(int(attention_ref.sample_next_token(logits[0, 0])))
+# A learner's function that calls the reference is told so, not sent round in circles.
+def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    return attention_ref.sample_next_token(logits, temperature, top_k, top_p, generator)
+__main__.sample_next_token = sample_next_token
+sample_next_token.__module__ = "__main__"
+print(refused(lambda: sample_next_token(logits[0, 0])))
+# A method has no learner's stand-in: refused.
+print(refused(lambda: attention_ref.GPTBlock(8, 2, 16)(torch.randn(1, 3, 8))))
+# An earlier notebook's reference is whole.
+q, k = torch.ones(1, 2, 4), torch.ones(1, 3, 4)
+print(tuple(attention_ref.sdpa(q, k, k)[1].shape))
+"""
+
+
+def test_a_stand_in_runs_the_learners_own_function_or_says_why_not(editions):
+    out = run_in(editions / "graded" / "10", STAND_IN).splitlines()
+    assert "sample_next_token is not available while this notebook is graded" in out[0]
+    assert "than notebook 10's" in out[0] and "Define your own sample_next_token" in out[0]
+    assert out[1] == "7"
+    assert "Your sample_next_token calls it" in out[2]
+    assert "GPTBlock.forward is not available" in out[3] and "Use your own class" in out[3]
+    assert out[4] == "(1, 2, 3)"
+
+
+def test_the_checks_models_are_not_in_a_graded_kernel_but_every_forbidden_list_is(editions):
+    code = (
+        "import numpy as np\n"
+        "from attention_ref.checks import _core, _models, toolkit\n"
+        "from attention_ref._withheld import NotAvailableWhileGradedError\n"
+        "lists = sum(len(ex.forbidden()) for ex in _core.REGISTRY.values())\n"
+        "for f in (lambda: _models.attention(np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 3))),\n"
+        "          lambda: toolkit.additive_softmax(np.ones(3), np.ones(3, bool))):\n"
+        "    try:\n"
+        "        f()\n"
+        "    except NotAvailableWhileGradedError as err:\n"
+        "        print(err)\n"
+        "print(len(_core.REGISTRY), lists)\n"
+    )
+    for nb in (1, 15):
+        out = run_in(editions / "graded" / f"{nb:02d}", code).splitlines()
+        assert len(out) == 3, out
+        assert all("the checks run in the trusted checker" in line for line in out[:2]), out
+        n_exercises, n_forbidden = map(int, out[2].split())
+        assert n_exercises == len(REGISTRY) and n_forbidden > n_exercises, out
+
+
+def test_a_grading_edition_refuses_what_it_cannot_withhold(tmp_path):
+    src = tmp_path / "attention_ref"
+    src.mkdir()
+    (src / "m.py").write_text("def f(x):\n    return x\n")
+    with pytest.raises(ValueError, match=r"attention_ref\.m defines no \['g'\] to withhold"):
+        ed.compile_module(src / "m.py", Path("m.py"), {"g": 1})
