@@ -77,7 +77,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export PYTHONHASHSEED := 0
 
 .PHONY: lab test test-class-lane test-cluster-lane test-servers-lane test-other-lane test-later test-later-solutions \
-	test-later-runs test-busy test-hostile release grade report bench lint format lock venv clean \
+	test-later-runs test-busy test-hostile release grade report bench mutants lint format lock venv clean \
 	student-edition versions versions-install test-alternatives alternatives-and-versions
 
 venv: $(STAMP)
@@ -180,6 +180,13 @@ report: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m attention_ref.bench all
+
+# Mutation testing of the checks (tools/mutants.py): each function exercise's solution
+# mutated one change at a time, each mutant through the self-check; a survivor not listed
+# in tools/mutants_equivalent.txt is a gap. MUTANTS_ARGS="--notebooks 01 02 --graded".
+MUTANTS_ARGS ?=
+mutants: $(STAMP)
+	$(BIN)/python tools/mutants.py $(MUTANTS_ARGS)
 
 # The ranges in pyproject.toml at both ends: each end in its own environment, side by side.
 VERSIONS_ARGS ?=

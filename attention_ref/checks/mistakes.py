@@ -578,6 +578,10 @@ _TABLE = """
   hint: y = self.tgt_embed(tgt_in) * math.sqrt(d_model) + PE[:T].
 [tgt_no_positional_encoding] no positional encoding is added to the target embeddings.
   hint: add sinusoidal_encoding(max_len, d_model)[:T] to the scaled target embeddings.
+[tgt_embedding_dropout_missing] the target embeddings (plus positions) are not passed through
+    the model's dropout in decode: in training mode nothing but the layers is dropped.
+  hint: y = self.dropout(y + self.pe[:T]) before the decoder layers, as the encoder does
+    with the source.
 [decoder_self_mask_ignored] the self-attention mask (self_mask, the causal mask) is ignored:
     every target position sees the future.
   hint: pass self_mask to self.self_attn(y, y, y, self_mask).

@@ -561,6 +561,7 @@ def check_transformer(cls, ctx: Context) -> None:
             _check_tf_case(cls, ctx, c, i, dtype)
     _check_tf_encode_decode(cls, ctx, cases[0])
     _check_tf_properties(cls, ctx, cases[1])
+    _check_tf_dropout(cls, ctx, cases[0])
 
 
 # MODEL_TOL: the positional table may be held in float32 or computed in float64 (~1e-8 apart,
@@ -663,6 +664,35 @@ def _check_tf_encode_decode(cls, ctx: Context, c: TfCase) -> None:
         )
     what = "decode(...) vs forward(...)"
     ctx.expect_close(logits[keep], full[keep], what=what, case=case, **MODEL_TOL[torch.float64])
+
+
+def _check_tf_dropout(cls, ctx: Context, c: TfCase) -> None:
+    """dropout=0.5 with the encoder and the decoder layers (reference parts) in eval mode
+    and the model in training mode: the logits are not the eval-mode logits, so the target
+    embeddings pass through the model's own dropout."""
+    kwargs = {"max_len": 32, "pad_id": c.pad_id, "dropout": 0.5}
+    case = (
+        f"Transformer{c.sizes}"[:-1] + ", dropout=0.5, max_len=32, pad_id="
+        f"{c.pad_id}) in training mode, its encoder and decoder layers in eval mode, "
+        f"src {c.src}, tgt_in {c.tgt}"
+    )
+    mod = build_module(
+        ctx, cls, c.sizes, kwargs, case, earlier={"DecoderLayer": ref_dec.DecoderLayer}
+    )
+    _tf_prepare(ctx, mod, c, case)
+    mod.double()
+    src, tgt_in = torch.tensor(c.src), torch.tensor(c.tgt)
+    mod.eval()
+    eval_out = _tf_logits(ctx, mod, src, tgt_in, case)
+    mod.train()
+    mod.encoder.eval()
+    for layer in mod.decoder_layers:
+        layer.eval()
+    torch.manual_seed(ctx.seed)
+    train_out = _tf_logits(ctx, mod, src, tgt_in, case)
+    expect_dropout_applied(
+        ctx, train_out, eval_out, p=0.5, case=case, mistake="tgt_embedding_dropout_missing"
+    )
 
 
 def _check_tf_properties(cls, ctx: Context, c: TfCase) -> None:

@@ -325,6 +325,7 @@ class _TransformerBase(nn.Module):
         )
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.out_proj = nn.Linear(d_model, tgt_vocab)
+        self.dropout = nn.Dropout(dropout)
 
     def encode(self, src, encoder_causal=False):
         src_mask = (src != self.pad_id)[:, None, None, :]
@@ -334,10 +335,13 @@ class _TransformerBase(nn.Module):
             enc_mask = src_mask & torch.ones(S, S, dtype=torch.bool, device=src.device).tril()
         return self.encoder(src, enc_mask)[0], src_mask
 
-    def decode(self, tgt_in, memory, src_mask, *, causal=True, scale=True, final=True, mm=True):
+    def decode(
+        self, tgt_in, memory, src_mask, *, causal=True, scale=True, final=True, mm=True, drop=True
+    ):
         T = tgt_in.shape[1]
         y = self.tgt_embed(tgt_in) * (math.sqrt(self.d_model) if scale else 1.0)
         y = y + self.pe[:T].to(y.dtype)
+        y = self.dropout(y) if drop else y
         mask = (tgt_in != self.pad_id)[:, None, None, :]
         if causal:
             mask = mask & torch.ones(T, T, dtype=torch.bool, device=y.device).tril()
@@ -371,6 +375,14 @@ class TransformerNoMemoryMask(_TransformerBase):
 class TransformerNoScale(_TransformerBase):
     def forward(self, src, tgt_in):
         return self.decode(tgt_in, *self.encode(src), scale=False)
+
+
+@mistake("transformer", id="tgt_embedding_dropout_missing")
+class TransformerNoTargetDropout(_TransformerBase):
+    """Right in eval mode; in training mode the target embeddings are never dropped."""
+
+    def forward(self, src, tgt_in):
+        return self.decode(tgt_in, *self.encode(src), drop=False)
 
 
 @mistake("transformer", id="transformer_final_norm_missing")
@@ -426,6 +438,7 @@ class TransformerCausalOnlyOwnLoop(nn.Module):
         pe = torch.zeros(max_len, d_model, dtype=torch.float64)
         pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * inv), torch.cos(pos * inv)
         self.register_buffer("pe", pe.float(), persistent=False)
+        self.dropout = nn.Dropout(dropout)
 
     def encode(self, src):
         keep = src.ne(self.pad_id).unsqueeze(1).unsqueeze(2)
@@ -434,7 +447,7 @@ class TransformerCausalOnlyOwnLoop(nn.Module):
 
     def decode(self, tgt_in, memory, src_mask):
         T = tgt_in.shape[1]
-        y = self.tgt_embed(tgt_in) * self.scale + self.pe[:T].to(memory.dtype)
+        y = self.dropout(self.tgt_embed(tgt_in) * self.scale + self.pe[:T].to(memory.dtype))
         causal = torch.tril(torch.ones(T, T, device=y.device)).bool()
         for layer in self.decoder_layers:
             y, _, _ = layer(y, memory, self_mask=causal, memory_mask=src_mask)

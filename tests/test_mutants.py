@@ -1,0 +1,70 @@
+"""Mutation testing of the checks (tools/mutants.py, `make mutants`): the operators make the
+changes they name, and every mutant of notebooks 01-07's solutions is caught by its
+exercise's self-check or listed, with a reason, as equivalent (0 gaps). A new survivor
+fails this test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from attention_ref.checks._core import REGISTRY
+
+from course_tools import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import mutants  # noqa: E402
+
+NOTEBOOKS = ["01", "02", "03", "04", "05", "06", "07"]
+
+TOY = """def f(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+"""
+
+
+def test_each_operator_makes_the_one_change_it_names():
+    found = {m.what: m.source for m in mutants.mutants(TOY, defaults=True)}
+    assert "Sub->Add" in found and "x + x.max(" in found["Sub->Add"]
+    assert "Div->Mult" in found and "e * e.sum(" in found["Div->Mult"]
+    assert ".max->.min" in found and "x.min(axis=axis" in found[".max->.min"]
+    assert "keepdims=True->False" in found
+    assert "sign dropped" in found and "axis=1" in found["sign dropped"]
+    assert "np.exp(x, ...) -> x" in found
+    assert any(w.startswith("statement deleted: e = np.exp") for w in found)
+    # One change each: every mutant differs from the solution, and from every other.
+    assert len(set(found.values())) == len(found)
+    assert all(src != TOY for src in found.values())
+    # Default arguments only when asked.
+    assert "sign dropped" not in {m.what for m in mutants.mutants(TOY)}
+
+
+def test_every_mutant_of_notebooks_01_to_07_is_caught_or_equivalent():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "mutants.py"),
+            "--quiet",
+            "--notebooks",
+            "01",
+            "02",
+            "03",
+            "04",
+            "05",
+            "06",
+            "07",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("mutants notebook=")]
+    every = [e for e, ex in REGISTRY.items() if ex.run.__module__[-2:] in NOTEBOOKS]
+    assert sorted(line.split("exercise=")[1].split()[0] for line in lines) == sorted(every)
+    assert all(" gaps=0 " in line for line in lines), proc.stdout
+    killed = sum(int(line.split("killed=")[1].split()[0]) for line in lines)
+    total = sum(int(line.split("mutants=")[1].split()[0]) for line in lines)
+    assert killed >= 0.95 * total, proc.stdout
+    assert proc.stdout.rstrip().endswith("mutants: 0 gap(s)")
