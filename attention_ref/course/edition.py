@@ -217,7 +217,7 @@ def exercise_references() -> Withheld:
             if not module.startswith(f"{PACKAGE}.") or not name.startswith(
                 ("the reference", f"{PACKAGE}'s")
             ):
-                continue  # PyTorch's built-ins, or an earlier notebook's reference
+                continue  # a PyTorch built-in, or a reference forbidden but not the answer
             if obj.__qualname__ in SHOWN.get(module, ()):
                 continue
             first = min(notebook, BUILT_ON.get((module, obj.__qualname__), notebook))
