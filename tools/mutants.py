@@ -98,12 +98,7 @@ class _Mutator(ast.NodeTransformer):
             node.op = new()
         return node
 
-    def visit_BoolOp(self, node: ast.BoolOp):
-        self.generic_visit(node)
-        new = SWAPS.get(type(node.op))
-        if new and self._site(node, f"{type(node.op).__name__}->{new.__name__}"):
-            node.op = new()
-        return node
+    visit_BoolOp = visit_BinOp  # noqa: N815 - and <-> or, as + <-> -
 
     def visit_Compare(self, node: ast.Compare):
         self.generic_visit(node)
