@@ -241,17 +241,16 @@ def _units(tree: ast.Module) -> dict[str, set[str]]:
     """Each function of a module (methods by qualified name; ``<module>`` for the rest of
     its code) -> the names its code mentions."""
     units: dict[str, set[str]] = {"<module>": set()}
-    names = _mentions
 
     def visit(body: list[ast.stmt], prefix: str) -> None:
         for stmt in body:
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-                units[prefix + stmt.name] = names(stmt)
+                units[prefix + stmt.name] = _mentions(stmt)
             elif isinstance(stmt, ast.ClassDef):
-                units["<module>"] |= set().union(*map(names, stmt.bases), set())
+                units["<module>"] |= set().union(set(), *map(_mentions, stmt.bases))
                 visit(stmt.body, f"{prefix}{stmt.name}.")
             else:
-                units["<module>"] |= names(stmt)
+                units["<module>"] |= _mentions(stmt)
 
     visit(tree.body, "")
     return units
