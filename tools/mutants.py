@@ -12,11 +12,15 @@ exercise's self-check (``check(id, f)``; ``--graded``: the thorough check of the
 tests too). A mutant the check rejects is *killed*; one it accepts *survives*: either it
 is equivalent to the solution (it computes the same thing on every input the spec
 allows: list it in tools/mutants_equivalent.txt with a line of reason) or it is a gap in
-the check (a case or a property to add). The notebook's cells before each answer run
-once, in this process, to give the answer cell the names it uses.
+the check (a case or a property to add). A listed function mutant is checked too: every
+input the check gave it (recorded) is given to it and to the solution, from the same random
+state, and the two must return the same (a difference makes it a gap again). The
+notebook's cells before each answer run once, in this process, to give the answer cell the
+names it uses.
 
-Prints one line per exercise (mutants, killed, equivalent, survived) and each survivor;
-exits 1 when a survivor is not listed as equivalent.
+Prints one line per exercise (mutants, killed, equivalent, survived) and each survivor, as
+``exercise:line:change`` (the second and later same change on one line: ``change #2``...);
+exits 1 when a survivor is not listed as equivalent (or differs from the solution).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import ast
 import contextlib
 import copy
+import inspect
 import io
 import json
 import os
@@ -65,11 +70,16 @@ NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class Mutant:
     line: int
     what: str
     source: str
+    #: for a surviving function mutant: where it differs from the solution on the inputs the
+    #: check generated ("" where it never does), and how many of those inputs were compared
+    #: (some cannot be copied: a cache object the function appends to), see _replayed
+    difference: str = ""
+    compared: str = ""
 
     def key(self, exercise: str) -> str:
         return f"{exercise}:{self.line}:{self.what}"
@@ -199,13 +209,16 @@ def mutants(source: str, defaults: bool = False) -> list[Mutant]:
     counter = _Mutator(defaults=defaults)
     counter.visit(copy.deepcopy(tree))
     out = []
+    seen: dict[tuple[int, str], int] = {}  # the same change on one line: numbered from #2
     for k in range(counter.count):
         m = _Mutator(k, defaults)
         new = m.visit(copy.deepcopy(tree))
         ast.fix_missing_locations(new)
         text = ast.unparse(new)
         if m.done and text != ast.unparse(tree):
-            out.append(Mutant(m.done[0], m.done[1], text))
+            line, what = m.done
+            seen[line, what] = n = seen.get((line, what), 0) + 1
+            out.append(Mutant(line, what if n == 1 else f"{what} #{n}", text))
     return out
 
 
@@ -240,9 +253,13 @@ def _cells(notebook: Path) -> list[tuple[str, str | None, bool]]:
     return out
 
 
-def _defined(code: str, exercise: str, kind: str) -> str:
-    """The name the answer cell defines for the exercise: the function of that name, or
-    (a module exercise) the last class the cell defines."""
+def _defined(code: str, exercise: str, kind: str, test: str = "") -> str:
+    """The name the answer cell defines for the exercise: what its test cell ``test`` checks
+    (``check("flash_attention", FlashAttention)``), else the function of that name or (a
+    module exercise) the last class the cell defines."""
+    checked = re.search(rf"""check\(\s*["']{re.escape(exercise)}["']\s*,\s*(\w+)""", test)
+    if checked:
+        return checked.group(1)
     if kind == "function":
         return exercise
     classes = [n.name for n in ast.parse(code).body if isinstance(n, ast.ClassDef)]
@@ -263,16 +280,112 @@ def run_notebook(
         yield from _mutate_cells(notebook, namespace, wanted, graded, quiet, defaults)
 
 
+def _copied(value):
+    """A deep copy of a call's arguments; a torch.Generator is cloned with its state."""
+    import torch
+
+    if isinstance(value, torch.Generator):
+        twin = torch.Generator(device=value.device)
+        twin.set_state(value.get_state())
+        return twin
+    if isinstance(value, tuple | list):
+        return type(value)(_copied(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+def _same(got, want) -> bool:
+    import numpy as np
+    import torch
+
+    if isinstance(want, torch.Tensor):
+        return (
+            isinstance(got, torch.Tensor)
+            and got.shape == want.shape
+            and got.dtype == want.dtype
+            and got.device == want.device
+            and (
+                want.device.type == "meta"  # no values: shape, dtype and device are all
+                or torch.equal(got, want)
+                or (want.is_floating_point() and torch.allclose(got, want, 1e-5, 1e-7, True))
+            )
+        )
+    if isinstance(want, np.ndarray):
+        return (
+            isinstance(got, np.ndarray)
+            and got.shape == want.shape
+            and got.dtype == want.dtype
+            and bool(np.allclose(got, want, rtol=1e-5, atol=1e-7, equal_nan=True))
+        )
+    if isinstance(want, tuple | list):
+        return (
+            type(got) is type(want)
+            and len(got) == len(want)
+            and all(_same(g, w) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(want, float) and isinstance(got, float):
+        return bool(np.isclose(got, want, rtol=1e-7, atol=1e-12, equal_nan=True))
+    return type(got) is type(want) and bool(got == want)
+
+
+def _replayed(exercise: str, mutant, solution, graded: bool) -> tuple[str, str]:
+    """Run the check again on a recording of the mutant, then the mutant and the solution on
+    every input the check passed it (the cases the spec allows, as the check generates them),
+    each from the same random state. Returns the first input where they differ ("": none)
+    and "compared/calls"."""
+    import functools
+
+    import torch
+
+    from attention_ref.checks import check
+
+    calls = []
+
+    @functools.wraps(mutant)
+    def recording(*args, **kwargs):
+        try:
+            calls.append(_copied((args, kwargs)))
+        except Exception:  # noqa: BLE001 - an input that cannot be copied is not compared
+            calls.append(None)
+        return mutant(*args, **kwargs)
+
+    try:
+        check(exercise, recording, time_limit=2)
+        if graded:
+            check(exercise, recording, seed=2024, thorough=True, time_limit=4)
+    except AssertionError as err:
+        return f"the check fails it when it is recorded ({str(err).splitlines()[0][:100]})", ""
+    copied = [c for c in calls if c is not None]
+    compared = f"{len(copied)}/{len(calls)}"
+    for args, kwargs in copied:
+        state = torch.get_rng_state()
+        outs = []
+        for fn in (mutant, solution):
+            torch.set_rng_state(state)
+            a, kw = _copied((args, kwargs))
+            try:
+                outs.append(fn(*a, **kw))
+            except Exception as err:  # noqa: BLE001 - the difference is what it raised
+                outs.append(f"raised {type(err).__name__}")
+        if not _same(*outs):
+            shapes = [tuple(x.shape) for x in args if isinstance(x, torch.Tensor)]
+            return f"differs from the solution on a call with tensors of shapes {shapes}", ""
+    return "", compared
+
+
 def _mutate_cells(notebook: Path, namespace: dict, wanted, graded, quiet, defaults):
     from attention_ref.checks import check
     from attention_ref.checks._core import REGISTRY
 
-    for code, exercise, is_test in _cells(notebook):
+    cells = _cells(notebook)
+    for i, (code, exercise, is_test) in enumerate(cells):
         if is_test:
             continue
         if exercise and exercise in REGISTRY and (wanted is None or exercise in wanted):
             exec(compile(code, f"<{exercise}>", "exec"), namespace)  # noqa: S102
-            name = _defined(code, exercise, REGISTRY[exercise].kind)
+            test = next((c for c, _, t in cells[i + 1 :] if t), "")
+            name = _defined(code, exercise, REGISTRY[exercise].kind, test)
             if name not in namespace:  # defined by a later cell (notebook 12's flash)
                 print(f"  {exercise}: its answer cell defines no {name}", file=sys.stderr)
                 continue
@@ -296,6 +409,10 @@ def _mutate_cells(notebook: Path, namespace: dict, wanted, graded, quiet, defaul
                     continue
                 except Exception:  # noqa: BLE001 - a mutant that cannot even be defined
                     continue
+                if inspect.isfunction(candidate):  # (flash_attention's is a class)
+                    m.difference, m.compared = _replayed(
+                        exercise, candidate, namespace[name], graded
+                    )
                 survivors.append(m)
             yield exercise, found, survivors
             continue
@@ -345,8 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         runs = run_notebook(notebook, wanted, args.graded, args.quiet, args.defaults)
         for exercise, found, survivors in runs:
-            same = [m for m in survivors if m.key(exercise) in equivalent]
-            open_ = [m for m in survivors if m.key(exercise) not in equivalent]
+            same = [m for m in survivors if m.key(exercise) in equivalent and not m.difference]
+            open_ = [m for m in survivors if m not in same]
             gaps += len(open_)
             print(
                 f"mutants notebook={nn} exercise={exercise} mutants={len(found)} "
@@ -355,8 +472,18 @@ def main(argv: list[str] | None = None) -> int:
                 file=real,
                 flush=True,
             )
+            for m in same:
+                if m.compared:
+                    print(
+                        f"  equivalent: {m.key(exercise)} (the same as the solution on "
+                        f"{m.compared} of the check's calls)",
+                        file=real,
+                        flush=True,
+                    )
             for m in open_:
-                print(f"  survived: {m.key(exercise)}", file=real, flush=True)
+                listed = " (listed as equivalent, but it " if m.key(exercise) in equivalent else ""
+                note = f"{listed}{m.difference})" if listed else ""
+                print(f"  survived: {m.key(exercise)}{note}", file=real, flush=True)
             t0 = time.perf_counter()
     print(f"mutants: {gaps} gap(s)")
     return 1 if gaps else 0

@@ -624,6 +624,10 @@ _TABLE = """
     best finished one.
   hint: collect finished hypotheses and keep searching while an unfinished one could still score
     higher; return the highest-scoring finished hypothesis.
+[beam_stop_against_worst] the search stops as soon as the best finished hypothesis scores at
+    least the WORST unfinished one, while a better unfinished hypothesis could still finish higher.
+  hint: stop early only when the best finished score is at least the BEST unfinished score (or
+    run until no unfinished hypothesis is left).
 [beam_length_normalised] the scores are divided by the length (length normalisation), which this
     exercise does not use.
   hint: compare raw sums of log-probabilities.

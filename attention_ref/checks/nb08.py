@@ -295,7 +295,9 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                     mistake="loss_left_autograd",
                 )
             if not torch.isfinite(loss.detach()).all():
-                ctx.fail(f"the loss is {float(loss)}.", case=case, mistake="loss_log_underflow")
+                ctx.fail(
+                    f"the loss is {float(loss.detach())}.", case=case, mistake="loss_log_underflow"
+                )
             ref_logits = logits.double().requires_grad_(True)
             expected = ref_training.masked_cross_entropy(ref_logits, targets, mask)
             ctx.expect_array(loss.detach(), logits.new_zeros(()), what="the loss", case=case)
@@ -376,6 +378,7 @@ BEAM_MISTAKES = [
     "beam_last_only",
     "beam_probabilities",
     "beam_first_finished",
+    "beam_stop_against_worst",
     "beam_length_normalised",
     "beam_past_eos",
     "beam_eos_not_scored",
@@ -405,6 +408,9 @@ def beam_model(step_fn, bos, eos, k, max_len, mode: str = "correct") -> tuple[li
             break
         alive = [(seq, score) for seq, score, _ in keep]
         if not alive:
+            break
+        best_done = max((s for _, s in finished), default=-math.inf)
+        if mode == "beam_stop_against_worst" and best_done >= min(s for _, s in alive):
             break
     else:
         finished += [(seq[1:], s) for seq, s in alive]
@@ -437,6 +443,17 @@ LATE_WINNER = {
     (4, 5): {2: 1.0},
     (6,): {2: 0.95, 5: 0.05},
 }
+# A table where a search that stops once a finished hypothesis beats the WORST unfinished one
+# (not the best) returns "b c" (0.243), the first to finish is "e" (0.11), and the best is
+# "a c c" (0.30), found one step later. Ids as in LATE_WINNER.
+BEST_STILL_OPEN = {
+    (): {3: 0.50, 4: 0.30, 6: 0.20},
+    (3,): {5: 0.90, 2: 0.10},
+    (4,): {5: 0.90, 2: 0.10},
+    (6,): {2: 0.55, 5: 0.45},
+    (3, 5): {5: 2 / 3, 3: 1 / 3},
+    (4, 5): {2: 0.90, 5: 0.10},
+}
 #: label, V, bos_id, eos_id, beam_size, max_len, and the TableLM: its seed (added to the
 #: check's) and options.
 BEAM_CASES = [
@@ -445,7 +462,13 @@ BEAM_CASES = [
         "a table where the first hypothesis to finish is not the best, beam_size=3",
         *(7, 1, 2, 3, 6, 0, dict(table=LATE_WINNER)),
     ),
+    (
+        "a table where, after one hypothesis finishes, the best unfinished one still wins, "
+        "beam_size=3",
+        *(7, 1, 2, 3, 6, 0, dict(table=BEST_STILL_OPEN)),
+    ),
     ("random table, V=6, beam_size=3", 6, 1, 2, 3, 8, 1, {}),
+    ("random table, V=4, beam_size=6 (more than the vocabulary)", 4, 1, 2, 6, 5, 6, {}),
     ("random table, V=7, beam_size=1", 7, 1, 2, 1, 8, 2, {}),
     ("random table, V=8, beam_size=4, bos_id=5, eos_id=0", 8, 5, 0, 4, 8, 3, {}),
     (
@@ -470,15 +493,20 @@ BEAM_RANDOM_CASES = [
 ]
 
 
+def _described(x) -> str:
+    if isinstance(x, list | tuple) and x:
+        return f"a {type(x).__name__} of {type(x[0]).__name__}"
+    return f"a {type(x).__name__}"
+
+
 def _as_tokens(x) -> list[int] | None:
-    if isinstance(x, torch.Tensor):
-        x = x.tolist()
-    if not isinstance(x, list | tuple):
+    """The tokens as a list of ints, or None when ``x`` is not a list of (NumPy or Python)
+    ints: a tensor or a tuple is not, since the notebook compares the tokens with lists."""
+    if not isinstance(x, list) or not all(
+        isinstance(t, int | np.integer) and not isinstance(t, bool) for t in x
+    ):
         return None
-    try:
-        return [int(t) for t in x]
-    except (TypeError, ValueError):
-        return None
+    return [int(t) for t in x]
 
 
 @exercise(
@@ -505,7 +533,8 @@ def check_beam_search(candidate, ctx: Context) -> None:
         tokens = _as_tokens(got[0])
         if tokens is None:
             ctx.fail(
-                f"tokens must be a list of ints; got {type(got[0]).__name__}.",
+                f"tokens must be a list of ints; got {_described(got[0])}"
+                + (" (call .tolist() on it)." if isinstance(got[0], torch.Tensor) else "."),
                 case=case,
                 mistake="wrong_type",
             )

@@ -432,6 +432,7 @@ def check_sample_next_token(fn, ctx: Context) -> None:
             _compare_distribution(ctx, freq, row, T, k, p, N, case)
     _check_generator(fn, ctx)
     _check_batch_shape(fn, ctx)
+    _check_leading_dims(fn, ctx, rows["base"])
 
 
 def _fits(freq: np.ndarray, dist: np.ndarray, N: int) -> bool:
@@ -520,6 +521,21 @@ def _check_greedy(fn, ctx: Context) -> None:
                     likely=likely,
                     hint=likely.hint,
                 )
+    # any number of leading dimensions, none included: the argmax is along the last axis
+    for shape in ((2, 3, 7), (7,)):
+        case = f"temperature=0 (greedy): logits {shape}, {len(shape) - 1} leading dimension(s)"
+        logits = (rows if len(shape) == 3 else rows[0]).reshape(shape).float()
+        got = _sample(ctx, fn, logits, 0.0, None, None, None, case)
+        _expect_ids(ctx, got, shape[:-1], 7, case)
+        want = expected.reshape(shape[:-1]) if len(shape) == 3 else expected[0]
+        if not torch.equal(got.cpu(), want):
+            ctx.fail(
+                f"got ids {got.tolist()}, expected {want.tolist()} (the first index of the "
+                "largest logit along the LAST axis).",
+                case=case,
+                hint="take the argmax over dim=-1, the vocabulary, whatever the number of "
+                "leading dimensions.",
+            )
 
 
 def _check_generator(fn, ctx: Context) -> None:
@@ -553,6 +569,22 @@ def _check_batch_shape(fn, ctx: Context) -> None:
                 case=case,
                 hint="work along the last axis only; keep the leading axes as they are.",
             )
+
+
+def _check_leading_dims(fn, ctx: Context, row: torch.Tensor) -> None:
+    """top_k is counted along the vocabulary whatever the leading dimensions: the same
+    row drawn as logits (2, 2000, V) and (2000, 2, V) follows the exact distribution."""
+    V = row.numel()
+    for lead in ((2, 2000), (2000, 2)):
+        shape = (*lead, V)
+        case = f"top_k=4 on logits {shape}: the same row {lead[0] * lead[1]} times, T=1"
+        gen = torch.Generator().manual_seed(ctx.seed * 37 + lead[0])
+        logits = row.float().expand(shape).contiguous()
+        got = _sample(ctx, fn, logits, 1.0, 4, None, gen, case)
+        _expect_ids(ctx, got, lead, V, case)
+        freq = np.bincount(got.flatten().numpy(), minlength=V) / got.numel()
+        if not _fits(freq, next_token_distribution(row, 1.0, 4, None), got.numel()):
+            _compare_distribution(ctx, freq, row, 1.0, 4, None, got.numel(), case)
 
 
 # ----------------------------------------------------------------------------- GQA

@@ -260,8 +260,9 @@ def _forward_mistakes(q, k, v, bs: int, causal: bool) -> list[Mistake]:
     return mistakes
 
 
-#: The cases of online_softmax_attention and flash_attention: label, q shape, k shape, d_v,
-#: block_size, causal, dtype. Both end with the large-logit cases of _attention_cases.
+#: The cases of online_softmax_attention and flash_attention: label, q shape, k shape, d_v
+#: (or v's whole shape), block_size, causal, dtype. Both end with the large-logit cases of
+#: _attention_cases.
 _BROADCAST = "broadcast batch: q (2, 1, 12, 8), k (1, 3, 12, 8)"
 ONLINE_CASES = [
     ("batch (2, 3), n=40, block_size=16", (2, 3, 40, 8), (2, 3, 40, 8), 8, 16, False, F64),
@@ -274,6 +275,11 @@ ONLINE_CASES = [
     ("float32, n=50, block_size=12", (2, 2, 50, 16), (2, 2, 50, 16), 16, 12, False, F32),
     ("float32, n=50, block_size=12, causal", (2, 50, 16), (2, 50, 16), 16, 12, True, F32),
     (_BROADCAST, (2, 1, 12, 8), (1, 3, 12, 8), 8, 5, False, F64),
+    (
+        "broadcast batch, k and v each their own: q (1, 1, 12, 8), k (2, 1, 12, 8), "
+        "v (1, 3, 12, 6)",
+        *((1, 1, 12, 8), (2, 1, 12, 8), (1, 3, 12, 6), 5, False, F64),
+    ),
 ]
 ONLINE_THOROUGH_CASES = [
     ("n=100, block_size=32, causal", (2, 100, 8), (2, 100, 8), 8, 32, True, F64),
@@ -318,7 +324,8 @@ def _attention_cases(ctx: Context, g: torch.Generator, cases, thorough_cases, to
 def _attn_inputs(g, shape_q, shape_k, d_v, dtype, scale=1.0):
     q = scale * torch.randn(*shape_q, generator=g, dtype=torch.float64)
     k = scale * torch.randn(*shape_k, generator=g, dtype=torch.float64)
-    v = torch.randn(*shape_k[:-1], d_v, generator=g, dtype=torch.float64)
+    shape_v = d_v if isinstance(d_v, tuple) else (*shape_k[:-1], d_v)
+    v = torch.randn(*shape_v, generator=g, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
@@ -520,6 +527,8 @@ class _WatchedCache:
         return self._cache.append(k, v)
 
     def __getattr__(self, name):  # k, v, length, max_len of the real cache
+        if name == "_cache":  # not set yet: a copy (copy.deepcopy) is being made
+            raise AttributeError(name)
         return getattr(self._cache, name)
 
 

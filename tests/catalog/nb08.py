@@ -227,6 +227,9 @@ def _beam(step_fn, bos_id, eos_id, beam_size, max_len, **bug):
             return finished[0]
         if not alive:
             break
+        best_done = max((s for _, s in finished), default=-math.inf)
+        if bug.get("stop_worst") and best_done >= min(s for _, s in alive):  # min: the bug
+            break
     else:
         finished += [(seq[1:], s) for seq, s in alive]
     toks, s = max(finished, key=lambda f: f[1])
@@ -253,6 +256,17 @@ def beam_probabilities(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
 @mistake("beam_search", id="beam_first_finished")
 def beam_first_finished(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, first=True)
+
+
+@mistake("beam_search", id="beam_stop_against_worst")
+def beam_stop_against_worst(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
+    return _beam(step_fn, bos_id, eos_id, beam_size, max_len, stop_worst=True)
+
+
+@mistake("beam_search", id="wrong_type")
+def beam_tokens_as_tensor(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
+    tokens, score = _beam(step_fn, bos_id, eos_id, beam_size, max_len)
+    return torch.tensor(tokens, dtype=torch.long), score
 
 
 @mistake("beam_search", id="output_includes_bos")

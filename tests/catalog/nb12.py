@@ -234,7 +234,7 @@ def attn_in_place_updates(q, k, v, block_size=64, causal=False):
         acc = q.new_zeros((*batch, i1 - i0, v.shape[-1]))
         for j0 in range(0, min(n_k, i1) if causal else n_k, block_size):
             j1 = min(j0 + block_size, n_k)
-            s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT
+            s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT + q.new_zeros(*batch, 1, 1)  # (*batch, ...)
             if causal and j1 - 1 > i0:
                 allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
                 s.masked_fill_(~allowed, -math.inf)
