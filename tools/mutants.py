@@ -7,7 +7,8 @@ For each exercise of the chosen solution notebooks (default: 01-07), the answer
 cell's code (solution markers removed) is mutated one change at a time: an arithmetic or
 comparison operator swapped, ``max``/``min`` exchanged, a number changed, a sign dropped,
 ``keepdim(s)=True`` turned off, a call replaced by its first argument (a scale, a
-``transpose``, a ``detach``...) and a statement deleted. Each mutant is run through the
+``transpose``, a ``detach``...), a statement deleted and a default argument changed
+(``--no-defaults``: not the defaults). Each mutant is run through the
 exercise's self-check (``check(id, f)``; ``--graded``: the thorough check of the hidden
 tests too). A mutant the check rejects is *killed*; one it accepts *survives*: either it
 is equivalent to the solution (it computes the same thing on every input the spec
@@ -434,16 +435,17 @@ def main(argv: list[str] | None = None) -> int:
         "--notebooks",
         nargs="+",
         default=["01", "02", "03", "04", "05", "06", "07"],
-        help="NN ... (default: 01-07, the notebooks at 0 gaps; 08-15 still have survivors)",
+        help="NN ... (default: 01-07; 01-13 are at 0 gaps)",
     )
     parser.add_argument("--exercises", nargs="+", default=None)
     parser.add_argument("--graded", action="store_true", help="also the hidden tests' check")
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument(
-        "--defaults",
-        action="store_true",
-        help="mutate default arguments too (not yet 0 gaps: masked_softmax's dim, the "
-        "Transformer's sizes)",
+        "--no-defaults",
+        dest="defaults",
+        action="store_false",
+        help="leave the functions' default arguments unmutated (mutated by default: the "
+        "checks call each exercise with its optional arguments left out once)",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("MPLBACKEND", "Agg")

@@ -59,6 +59,7 @@ _TABLE = """
 [pad_id_not_stored]
   hint: self.pad_id = pad_id in __init__.
 [wrong_type]
+[wrong_default]
 [wrong_shape]
 [wrong_dtype]
   hint: keep the result in the dtype the spec asks for (the inputs', unless it says otherwise):
@@ -1184,6 +1185,12 @@ _TABLE = """
 [triton_v_strides_of_k] v is addressed with k's strides: when k and v have different layouts, v
     is read in the wrong order.
   hint: pass all four strides of v (v.stride()) and use them in v's pointers.
+[triton_batch_head_one_axis] the kernel offsets each (batch, head) by bh * stride_h, as if the
+    batch and the heads were one axis of B * H heads (as Triton's early tutorial 06 did): that
+    holds only where stride_b = H * stride_h, as in a contiguous tensor, not in a transposed view
+    of (B, n, H, d).
+  hint: split the program's id, b, h = bh // H, bh % H, and offset by b * stride_b + h * stride_h
+    (pass all four strides of each tensor).
 [triton_load_out_of_bounds] {detail}: a tl.load without the mask of its rows or columns (q's rows
     past n_q, say) reads memory the kernel was not given; on a GPU that is garbage or a crash.
   hint: give every tl.load the mask of the elements that exist (mask=offs_m[:, None] < n_q for q,

@@ -23,6 +23,7 @@ from .toolkit import (
     earlier_position_changed,
     expect_attention_values,
     expect_not_swapped,
+    expect_spec_defaults,
     inverted_mask_mistake,
     normal,
     padding_mask,
@@ -145,6 +146,15 @@ def check_softmax_np(candidate, ctx: Context) -> None:
         mistakes = [Mistake.of(i, model=lambda f=f: f(x64, axis)) for i, f in SOFTMAX_MISTAKES]
         tol = TOL[x.dtype.type]
         ctx.expect_close(got, expected, what="the result", case=case, mistakes=mistakes, **tol)
+    x = rng.normal(size=(2, 3, 5))  # 3-D: axis=-1 is neither 0 nor 1
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (x,),
+        {"axis": -1},
+        case="a (2, 3, 5) array, axis left out",
+        signature="softmax_np(x, axis=-1)",
+    )
 
 
 # ----------------------------------------------------------------------------- sdpa

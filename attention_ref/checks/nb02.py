@@ -15,6 +15,7 @@ from .toolkit import (
     causal_mask,
     dtype_name,
     expect_masked_weights_zero,
+    expect_spec_defaults,
     inverted_mask_mistake,
     padding_mask,
     random_mask,
@@ -219,3 +220,12 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
                 fallback=rows_not_summing_to_one(mnp, dim),
                 **TOL[dtype],
             )
+    scores = randn(2, 4, 6)  # 3-D: dim=-1 is neither 0 nor 1
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (scores, m1),
+        {"dim": -1},
+        case="scores (2, 4, 6) float32, a random mask (4, 6), dim left out",
+        signature="masked_softmax(scores, mask, dim=-1)",
+    )

@@ -29,6 +29,7 @@ from .toolkit import (
     BUILTIN_ATTENTION,
     MODEL_TOL,
     TOL,
+    _visible_parameters,
     build_module,
     causal_mask,
     dropout_p,
@@ -562,6 +563,57 @@ def check_transformer(cls, ctx: Context) -> None:
     _check_tf_encode_decode(cls, ctx, cases[0])
     _check_tf_properties(cls, ctx, cases[1])
     _check_tf_dropout(cls, ctx, cases[0])
+    _check_tf_defaults(cls, ctx)
+
+
+#: The spec's defaults of Transformer(src_vocab, tgt_vocab, ...).
+TF_DEFAULTS = dict(
+    d_model=64,
+    n_heads=4,
+    n_layers=2,
+    d_ff=128,
+    dropout=0.0,
+    max_len=256,
+    pad_id=0,
+    norm_first=False,
+)
+
+
+def _check_tf_defaults(cls, ctx: Context) -> None:
+    """Built with the sizes left out, the Transformer has the parameters, buffers and pad_id
+    of the one built with the spec's defaults given."""
+    spelled = ", ".join(f"{k}={v!r}" for k, v in TF_DEFAULTS.items())
+    case = f"Transformer(11, 13) against Transformer(11, 13, {spelled})"
+    sample = (torch.full((1, 2), 1), torch.full((1, 1), 1))
+    built = []
+    for kwargs in ({}, TF_DEFAULTS):
+        mod = build_module(
+            ctx,
+            cls,
+            (11, 13),
+            kwargs,
+            case,
+            sample=sample,
+            earlier={"DecoderLayer": ref_dec.DecoderLayer},
+        )
+        shapes = _visible_parameters(mod)
+        shapes.update({f"buffer {n}": tuple(b.shape) for n, b in mod.named_buffers()})
+        built.append((shapes, getattr(mod, "pad_id", None)))
+    (left_out, pad_left_out), (given, pad_given) = built
+    if left_out != given or pad_left_out != pad_given:
+        differ = sorted(k for k in set(left_out) | set(given) if left_out.get(k) != given.get(k))
+        what = (
+            f"pad_id is {pad_left_out!r} instead of {pad_given!r}"
+            if pad_left_out != pad_given
+            else f"{differ[0]} is {left_out.get(differ[0])} instead of {given.get(differ[0])}"
+        )
+        ctx.fail(
+            f"built with the sizes left out, your Transformer differs from one built with the "
+            f"spec's defaults: {what}.",
+            case=case,
+            mistake="wrong_default",
+            hint=f"give __init__'s optional arguments the spec's defaults: {spelled}.",
+        )
 
 
 # MODEL_TOL: the positional table may be held in float32 or computed in float64 (~1e-8 apart,

@@ -11,7 +11,7 @@ from .. import training as ref_training
 from ..apps import translation as ref
 from ._core import CheckFailure, Context, Mistake, exercise
 from .mistakes import named
-from .toolkit import dtype_name
+from .toolkit import dtype_name, expect_spec_defaults
 
 # ----------------------------------------------------------------------------- make_batch
 BOS, EOS = 1, 2
@@ -149,6 +149,15 @@ def check_make_batch(candidate, ctx: Context) -> None:
             ]
             g, e = counted(got[i], i), expected[i]
             ctx.expect_close(g, e, what=name, case=case, rtol=0, atol=0, mistakes=mistakes)
+    src_seqs, tgt_seqs = _make_pairs(rng, [3, 5], [2, 4])
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (src_seqs, tgt_seqs),
+        {"pad_id": 0},
+        case="two pairs of sentences, pad_id left out",
+        signature="make_batch(src_seqs, tgt_seqs, pad_id=0)",
+    )
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -338,9 +347,11 @@ class TableLM:
         temp: float = 1.5,
         eos_push: float = 0.8,
         table: dict | None = None,
+        never_ends: bool = False,
     ) -> None:
         self.V, self.bos, self.eos, self.seed = V, bos, eos, seed
         self.temp, self.eos_push, self.table = temp, eos_push, table
+        self.never_ends = never_ends  # <eos> all but impossible: hypotheses reach max_len
         self.calls = 0
 
     def _row(self, prefix: tuple[int, ...]) -> np.ndarray:
@@ -350,7 +361,7 @@ class TableLM:
                 p[tok] = q
             return np.log(p / p.sum())
         z = self.temp * np.random.default_rng([self.seed, *prefix]).normal(size=self.V)
-        z[self.eos] += self.eos_push * (len(prefix) - 3)
+        z[self.eos] = -30.0 if self.never_ends else z[self.eos] + self.eos_push * (len(prefix) - 3)
         z[self.bos] = -8.0
         z = z - z.max()
         return z - np.log(np.exp(z).sum())
@@ -567,6 +578,17 @@ def check_beam_search(candidate, ctx: Context) -> None:
             hint=getattr(likely, "hint", "")
             or "follow the rule step by step on the greedy-trap table by hand.",
         )
+    # a fixed table (the check compares your function with itself): with V=5 and seed 30,
+    # beam_size 4 and 5 (or 3) find different best hypotheses, and nothing ends before max_len
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (TableLM(5, 1, 2, 30, temp=1.0, never_ends=True), 1, 2),
+        {"beam_size": 4, "max_len": 20},
+        case="random table, V=5, bos_id=1, eos_id=2, <eos> never likely (hypotheses run to "
+        "max_len); beam_size and max_len left out",
+        signature="beam_search(step_fn, bos_id, eos_id, beam_size=4, max_len=20)",
+    )
 
 
 def _named_beam_mistake(make, args: tuple, tokens: list[int], score: float):

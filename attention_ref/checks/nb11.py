@@ -35,6 +35,7 @@ from .toolkit import (
     build_module,
     dtype_name,
     earlier_position_changed,
+    expect_spec_defaults,
     load_reference_weights,
     same_in_both_modes,
 )
@@ -433,6 +434,17 @@ def check_sample_next_token(fn, ctx: Context) -> None:
     _check_generator(fn, ctx)
     _check_batch_shape(fn, ctx)
     _check_leading_dims(fn, ctx, rows["base"])
+    base = rows["base"].float().expand(2000, -1).contiguous()
+    expect_spec_defaults(
+        ctx,
+        fn,
+        lambda: (base,),
+        {"temperature": 1.0, "top_k": None, "top_p": None},
+        case="logits (2000, 6) float32 (the same row), temperature, top_k and top_p left out",
+        signature="sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, "
+        "generator=None)",
+        kwargs=lambda: {"generator": torch.Generator().manual_seed(ctx.seed + 11)},
+    )
 
 
 def _fits(freq: np.ndarray, dist: np.ndarray, N: int) -> bool:

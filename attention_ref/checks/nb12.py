@@ -32,7 +32,14 @@ from ..multihead import MultiHeadAttention, merge_heads, split_heads
 from ._core import CheckFailure, Context, Mistake, exercise, naming, warm_autograd
 from .mistakes import mistake_id, named
 from .remote import autograd_grad, watching
-from .toolkit import BUILTIN_ATTENTION, DEVICE_MISMATCH, TOL, dtype_name, expect_tensor
+from .toolkit import (
+    BUILTIN_ATTENTION,
+    DEVICE_MISMATCH,
+    TOL,
+    dtype_name,
+    expect_spec_defaults,
+    expect_tensor,
+)
 
 _SOFTMAXES = [
     (torch.softmax, "torch.softmax"),
@@ -455,6 +462,15 @@ def check_online_softmax_attention(candidate, ctx: Context) -> None:
 
     _watch(ctx, g, 16, run, ONLINE_WATCHED)
     _check_online_autograd(ctx, candidate)
+    q, k, v = _attn_inputs(g, (1, 80, 8), (1, 80, 8), 8, F64)
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (q, k, v),
+        {"block_size": 64, "causal": False},
+        case="q, k, v (1, 80, 8) float64, block_size and causal left out",
+        signature="online_softmax_attention(q, k, v, block_size=64, causal=False)",
+    )
 
 
 def _check_online_autograd(ctx: Context, candidate) -> None:

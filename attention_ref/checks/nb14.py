@@ -18,7 +18,8 @@ and named: unwatched it reads other memory or crashes the process), and names tw
 storing the same element (the interpreter runs programs in order and hides that race). It
 counts the elements loaded and the multiply-adds of every ``tl.dot``: a causal call must load
 at most 80% of what the same call without causality loads, and do at most 80% of its
-products (67% and 62.5% when the future tiles are skipped). It records the dtypes of every
+products (67% and 62.5% when the future tiles are skipped), and the programs whose queries
+see no key (causal, n_q > n_k) must load no tile of k or v. It records the dtypes of every
 ``tl.dot``'s operands: with float16 inputs, a product of float32 tiles (inputs upcast before
 ``tl.dot``, ``p`` not rounded to ``v``'s dtype) is correct in value but a TF32 product at
 half the speed on a GPU, and is named. A compiled kernel cannot be watched: on a GPU those
@@ -392,8 +393,9 @@ ATTENTION_CASES = [
     ("one token", (1, 1, 1, 1, 16), False, F32, "", 16, 16, 1.0),
     ("one token, causal", (1, 1, 1, 1, 16), True, F32, "", 16, 16, 1.0),
     (
-        "q, k, v transposed views of (B, n, H, d), causal",
-        (1, 2, 33, 33, 16),
+        # two batches: a kernel that offsets (batch, head) by bh * stride_h reads wrong here
+        "2 x 2 heads, n=17, q, k, v transposed views of (B, n, H, d), causal",
+        (2, 2, 17, 17, 16),
         True,
         F32,
         "bnhd",
@@ -425,7 +427,8 @@ ATTENTION_CASES = [
     ("float16, n=48, causal", (1, 2, 48, 48, 32), True, F16, "", 16, 16, 1.0),
 ]
 ATTENTION_THOROUGH = [
-    ("n=100, blocks of 32, causal", (2, 1, 100, 100, 16), True, F32, "", 32, 32, 1.0),
+    ("2 x 2 heads, n=72, blocks of 32, causal, transposed views of (B, n, H, d)",
+     (2, 2, 72, 72, 16), True, F32, "bnhd", 32, 32, 1.0),
     ("n_q=33, n_k=66, block_n=32, causal", (1, 2, 33, 66, 16), True, F32, "", 16, 32, 1.0),
     ("k a transposed view of (B, H, d, n_k)", (1, 2, 24, 24, 16), False, F32, "kt", 16, 16, 1.0),
     ("float16, large scores", (1, 1, 40, 40, 16), False, F16, "", 16, 16, 4.0),
@@ -470,6 +473,21 @@ def _exact(q, k, v, causal: bool):
     lse = torch.logsumexp(s, -1)
     w = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
     return w @ v, lse
+
+
+def _heads_one_axis(t: torch.Tensor) -> torch.Tensor | None:
+    """What a kernel that offsets each (batch, head) by ``bh * stride_h`` reads (the batch
+    and the heads taken as one axis of B * H heads, as Triton's early tutorial 06 did): the
+    same memory with a batch stride of H * stride_h. None where that equals ``t``'s own
+    strides (a contiguous tensor, one batch) or reads past its storage."""
+    B, H, n, d = t.shape
+    strides = (H * t.stride(1), *t.stride()[1:])
+    if B == 1 or strides == t.stride():
+        return None
+    last = sum((size - 1) * st for size, st in zip(t.shape, strides, strict=True))
+    if t.storage_offset() + last >= t.untyped_storage().nbytes() // t.element_size():
+        return None
+    return torch.as_strided(t, t.shape, strides)
 
 
 def _describe(label, q, k, causal, bm, bn) -> str:
@@ -518,7 +536,9 @@ def _lse_parts(q, k, v, causal):
     return m, torch.log(torch.exp(s - m[..., None]).sum(-1))
 
 
-def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=1.0) -> None:
+def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=1.0) -> KernelLoads:
+    """One call of the learner's kernel, watched: its output and lse against float64, a wrong
+    value named by a model of the mistake; the watcher (what the kernel loaded)."""
     case = _describe(label, q, k, causal, bm, bn)
     dev = q.device
     with watching(KernelLoads()) as rec:
@@ -554,6 +574,12 @@ def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=
                 model=lambda: _exact(qc, kc, vc.as_strided(vc.shape, kc.stride()), causal)[0],
             )
         )
+    flat = [_heads_one_axis(t) for t in (q, k, v)]
+    if any(t is not None for t in flat):
+        flat = [t if f is None else f for t, f in zip((q, k, v), flat, strict=True)]
+        mistakes.append(
+            Mistake.of("triton_batch_head_one_axis", model=lambda: _exact(*flat, causal)[0])
+        )
     if causal:
         mistakes.append(Mistake.of("flash_causal_ignored", model=lambda: _exact(q, k, v, False)[0]))
     ctx.expect_close(
@@ -570,6 +596,41 @@ def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=
             "in their dtype and round only p, to v.dtype, before the second product.",
             case=case,
             mistake="triton_dot_upcast",
+        )
+    return rec
+
+
+def _check_blind_blocks(ctx, candidate, g, dev, pace) -> None:
+    """In the interpreter: causal, n_q = 48 and n_k = 16 in blocks of 16, the queries of the
+    first two blocks see no key (query i sees keys j <= i - 32), so their programs load no
+    tile of k or v. What they load is what the whole call loads less what the call of the
+    last 16 queries alone loads (the same keys and the same mask: query i - 32 of that call
+    sees what query i sees here), and may be their queries at most."""
+    n_q, n_k, d, bs = 48, 16, 16, 16
+    q, k, v = _attention_inputs(g, (1, 1, n_q, n_k, d), F32, "", 1.0, dev)
+    last = q[:, :, n_q - n_k :].clone()
+    loads = []
+    for label, qs in (
+        ("n_q=48, n_k=16, causal: the first 32 queries see no key", q),
+        ("the last 16 of those queries alone (n_q = n_k = 16), causal", last),
+    ):
+        limit = _limit_scale(ctx, pace, (1, 1, qs.shape[2], n_k, d), bs, bs)
+        rec = _attention_case(ctx, candidate, qs, k, v, True, bs, bs, label, limit)
+        loads.append(rec.loaded if rec.available else None)
+    if None in loads:
+        return
+    blind, queries = loads[0] - loads[1], (n_q - n_k) * d
+    if blind > queries:
+        ctx.fail(
+            f"with causal=True, n_q={n_q} and n_k={n_k}, the queries of the first "
+            f"{(n_q - n_k) // bs} blocks of {bs} see no key (query i sees keys j <= i - "
+            f"{n_q - n_k}), yet your kernel loads {blind} elements for them, {queries} of which "
+            "are their queries: a program whose queries see no key loads no tile of k or v "
+            "(its loop's end, (start_m + 1) * BLOCK_M + n_k - n_q, is 0 or less: the loop "
+            "runs no step).",
+            case=f"q (1, 1, {n_q}, {d}), k and v (1, 1, {n_k}, {d}) float32, causal=True, "
+            f"block_m=block_n={bs}",
+            mistake="triton_future_tiles_loaded",
         )
 
 
@@ -652,7 +713,8 @@ def _check_skipping_and_memory(ctx, candidate, g, dev, pace: float) -> None:
 def check_triton_attention(candidate, ctx: Context) -> None:
     """Output and lse of every case against float64 attention (tails, n_q != n_k both ways,
     one token, transposed inputs, other block shapes, float16, large scores), a wrong value
-    named by a model of the mistake; then the skipped tiles and memory.
+    named by a model of the mistake; then the skipped tiles and memory, and the blocks whose
+    queries see no key (they load no tile).
 
     The graded (thorough) run checks other shapes, block sizes and layouts on other inputs,
     not the self-check's cases again: its test cell runs the self-check first, and the
@@ -667,6 +729,7 @@ def check_triton_attention(candidate, ctx: Context) -> None:
         limit = _limit_scale(ctx, pace, shape, bm, bn)
         _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit)
     _check_skipping_and_memory(ctx, candidate, g, dev, pace)
+    _check_blind_blocks(ctx, candidate, g, dev, pace)
 
 
 # ----------------------------------------------------------------------------- autograd function

@@ -976,3 +976,57 @@ def inverted_mask_mistake(mask: np.ndarray, axis: int = -1) -> Mistake:
         return bool(np.all(np.abs(got[rows & m]) < 1e-6) and np.any(got[rows & ~m] > 0))
 
     return Mistake.of("mask_inverted", applies=applies)
+
+
+# ----------------------------------------------------------------------------- defaults
+def _same_result(a, b) -> bool:
+    """Whether two returns of the learner's function are the same (tensors and arrays to
+    1e-6, element by element; tuples and lists item by item; anything else by ==)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(torch.allclose(a.double(), b.double(), rtol=1e-6, atol=1e-9, equal_nan=True))
+        )
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.shape == b.shape
+            and bool(np.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True))
+        )
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(_same_result(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a return that cannot be compared is not the same
+        return False
+
+
+def expect_spec_defaults(
+    ctx: Context,
+    fn,
+    args_of,
+    defaults: dict,
+    *,
+    case: str,
+    signature: str,
+    kwargs=dict,
+) -> None:
+    """The learner's ``fn`` called with the optional arguments ``defaults`` left out returns
+    what it returns with them given as the spec's values: its default arguments are the
+    spec's. ``args_of()`` and ``kwargs()`` give each call its own positional and fixed
+    keyword arguments (a fresh step function, a generator seeded alike)."""
+    left_out = ctx.call(fn, *args_of(), case=case, **kwargs())
+    given = ctx.call(fn, *args_of(), case=case, **kwargs(), **defaults)
+    if not _same_result(left_out, given):
+        spelled = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
+        ctx.fail(
+            f"called without {', '.join(defaults)}, your function returns something other than "
+            f"with {spelled}: a default argument is not the spec's.",
+            case=case,
+            mistake="wrong_default",
+            hint=f"give the optional arguments the spec's defaults: {signature}.",
+        )

@@ -145,6 +145,14 @@ def masked_softmax_in_place(scores, mask, dim=-1):
     return torch.softmax(scores, dim=dim).nan_to_num(0.0)
 
 
+@mistake("masked_softmax", id="wrong_default")
+def masked_softmax_default_dim_1(scores, mask, dim=1):
+    """Right when dim is given, as every call of the check does but one; on 2-D scores
+    dim=1 is the last axis, so the slip shows only with more dimensions."""
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
+    return torch.where(mask.any(dim=dim, keepdim=True), w, torch.zeros_like(w))
+
+
 @alternative("masked_softmax")
 def masked_softmax_where(scores, mask, dim=-1):
     w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)

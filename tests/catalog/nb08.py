@@ -263,6 +263,11 @@ def beam_stop_against_worst(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     return _beam(step_fn, bos_id, eos_id, beam_size, max_len, stop_worst=True)
 
 
+@mistake("beam_search", id="wrong_default")
+def beam_default_beam_size_5(step_fn, bos_id, eos_id, beam_size=5, max_len=20):
+    return _beam(step_fn, bos_id, eos_id, beam_size, max_len)
+
+
 @mistake("beam_search", id="wrong_type")
 def beam_tokens_as_tensor(step_fn, bos_id, eos_id, beam_size=4, max_len=20):
     tokens, score = _beam(step_fn, bos_id, eos_id, beam_size, max_len)

@@ -103,7 +103,8 @@ def softmax_of_a_contiguous_copy(x):
 #: loads masked off), 17 q loaded without its row mask, 18 out stored without its row mask,
 #: 19 lse stored without its row mask, 21 Triton's tutorial 06's finite mask (-1.0e6),
 #: 22 weights against the tile's maximum, 23 the scale applied twice, 24 exp with the scores
-#: in log2 units, 20 exp2 with log2(e) (correct).
+#: in log2 units, 25 the causal loop's end at least one tile (a block whose queries see no
+#: key loads the first tile), 20 exp2 with log2(e) (correct).
 @triton.jit
 def _attn(
     Q, K, V, O_, L_,
@@ -133,6 +134,8 @@ def _attn(
             hi = tl.minimum(tl.maximum(start_m * BM + offset, 0), n_k)
         elif BUG == 15:
             hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset - 1, 0), n_k)
+        elif BUG == 25:  # "every block visits a tile": one in the future of all its queries
+            hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset, BN), n_k)
         elif BUG != 13 and BUG != 16:
             hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset, 0), n_k)
     end = n_k
@@ -223,7 +226,10 @@ def _contiguous_strides(t):
     return (H * n * d, n * d, d, 1)
 
 
-def _attention(q, k, v, causal, bm, bn, bug=0, contiguous_strides=False, v_strides_of_k=False):
+def _attention(
+    q, k, v, causal, bm, bn, bug=0, contiguous_strides=False, v_strides_of_k=False,
+    heads_one_axis=False,
+):  # fmt: skip
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -231,6 +237,8 @@ def _attention(q, k, v, causal, bm, bn, bug=0, contiguous_strides=False, v_strid
     strides = [_contiguous_strides(t) if contiguous_strides else t.stride() for t in (q, k, v)]
     if v_strides_of_k:
         strides[2] = strides[1]
+    if heads_one_axis:  # b * (H * stride_h) + h * stride_h = bh * stride_h
+        strides = [(H * s[1], *s[1:]) for s in strides]
     grid = (triton.cdiv(n_q, bm), B * H)
     _attn[grid](
         q, k, v, out, lse, *strides[0], *strides[1], *strides[2], *out.stride(), *lse.stride(),
@@ -267,12 +275,13 @@ for _bug, _id in [
     (22, "triton_weights_tile_max"),
     (23, "triton_scale_twice"),
     (24, "triton_exp_of_log2_scores"),
+    (25, "triton_future_tiles_loaded"),
 ]:
 
     def _entry(q, k, v, causal=False, block_m=16, block_n=16, _bug=_bug):
         return _attention(q, k, v, causal, block_m, block_n, bug=_bug)
 
-    _entry.__name__ = f"attention_bug_{_id}" + ("_lse" if _bug == 19 else "")
+    _entry.__name__ = f"attention_bug_{_id}" + {19: "_lse", 25: "_no_key"}.get(_bug, "")
     mistake("triton_attention", id=_id)(_entry)
 
 
@@ -285,6 +294,13 @@ def attention_strides_from_shape(q, k, v, causal=False, block_m=16, block_n=16):
 def attention_v_with_k_strides(q, k, v, causal=False, block_m=16, block_n=16):
     """v addressed with k's strides (one set of strides passed for both)."""
     return _attention(q, k, v, causal, block_m, block_n, v_strides_of_k=True)
+
+
+@mistake("triton_attention", id="triton_batch_head_one_axis")
+def attention_batch_and_heads_one_axis(q, k, v, causal=False, block_m=16, block_n=16):
+    """Triton's early tutorial 06: each (batch, head) at bh * stride_h, right only when
+    stride_b = H * stride_h (a contiguous tensor)."""
+    return _attention(q, k, v, causal, block_m, block_n, heads_one_axis=True)
 
 
 @mistake("triton_attention", id="triton_score_matrix_allocated")
