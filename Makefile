@@ -121,10 +121,11 @@ test-other-lane: $(STAMP)
 
 # What make test leaves out: the per-notebook tests on every notebook but conftest.py's
 # QUICK_NOTEBOOKS (the solutions executed by nbval, with the hub's workflow, the Triton
-# catalog and the trusted checker's sample to balance the lanes | the student notebooks
-# executed and the solutions graded, and the other tests marked later). Two lanes, side by
-# side. .ci/run runs it after make test.
-LATER_WITH_SOLUTIONS = tests/test_hub.py tests/test_catalog.py tests/test_trusted_checker.py
+# catalog, the trusted checker's sample and the mutants of notebooks 08-13 to balance the
+# lanes | the student notebooks executed and the solutions graded, and the other tests marked
+# later). Two lanes, side by side. .ci/run runs it after make test.
+LATER_WITH_SOLUTIONS = tests/test_hub.py tests/test_catalog.py tests/test_trusted_checker.py \
+	tests/test_mutants.py
 test-later: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-later-solutions test-later-runs
 

@@ -67,6 +67,9 @@ _TABLE = """
     result computed in another dtype back with .to(x.dtype), x being an input tensor (the
     logits, q, ...).
 [wrong_device]
+  hint: build every tensor on the inputs' device: torch.arange(n, device=x.device),
+    x.new_zeros(...), torch.zeros_like(x); a tensor made without device= is on the CPU, and
+    on a GPU it cannot meet the inputs.
 [not_a_tuple]
 [input_modified]
   hint: use out-of-place operations (x = x - m, masked_fill rather than masked_fill_) so
@@ -1223,6 +1226,12 @@ _TABLE = """
     keys j <= i + n_k - n_q, as in the forward kernel.
   hint: end the loop over key tiles at min(n_k, i1 + n_k - n_q) and mask with keys > rows + n_k -
     n_q, exactly as the forward pass masks.
+[triton_bwd_float16_mixed] with float16 inputs the backward pass multiplies float16 tensors by
+    float32 ones: the kernel's lse is float32 whatever the inputs' dtype, so the weights p =
+    exp(s - lse) are float32, while q, k, v, out or grad_out are still float16.
+  hint: upcast at the start of backward, q, k, v, out, lse = (t.float() for t in
+    ctx.saved_tensors) and do = grad_out.float(), and return each gradient cast back to its
+    input's dtype (dq.to(q.dtype), ...).
 
 # --- 15 the attention of today's open models
 [window_not_causal] the window is symmetric or not causal: a query sees the keys after it

@@ -40,14 +40,15 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import time
 
 import numpy as np
 import torch
 
 from ..efficient import KernelLoads, PeakMemory
-from ._core import Context, Mistake, exercise
-from .mistakes import named
+from ._core import CheckFailure, Context, Mistake, exercise, naming
+from .mistakes import mistake_id, named, tag
 from .nb12 import (
     _SOFTMAXES,
     FLASH_BWD_MISTAKES,
@@ -59,7 +60,7 @@ from .nb12 import (
     _leaves,
 )
 from .remote import watching
-from .toolkit import dtype_name, expect_tensor, reference_functions
+from .toolkit import dtype_name, expect_spec_defaults, expect_tensor, reference_functions
 
 F16, F32, F64 = torch.float16, torch.float32, torch.float64
 
@@ -730,6 +731,17 @@ def check_triton_attention(candidate, ctx: Context) -> None:
         _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit)
     _check_skipping_and_memory(ctx, candidate, g, dev, pace)
     _check_blind_blocks(ctx, candidate, g, dev, pace)
+    shape = (1, 1, 20, 20, 16)
+    q, k, v = _attention_inputs(g, shape, F32, "", 1.0, dev)
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (q, k, v),
+        {"causal": False, "block_m": 16, "block_n": 16},
+        case="q, k, v (1, 1, 20, 16) float32; causal, block_m and block_n left out",
+        signature="triton_attention(q, k, v, causal=False, block_m=16, block_n=16)",
+        limit_scale=_limit_scale(ctx, pace, shape, 16, 16),
+    )
 
 
 # ----------------------------------------------------------------------------- autograd function
@@ -742,12 +754,20 @@ FUNCTION_CASES = [
     ("n_q=20, n_k=45, causal", (1, 1, 20, 45, 16), True, F32),
     ("n_q=45, n_k=20, causal: 25 queries see no key", (1, 1, 45, 20, 16), True, F32),
     ("one token, causal", (1, 1, 1, 1, 16), True, F32),
+    ("float16, n_q=24, n_k=40, causal", (1, 1, 24, 40, 16), True, F16),
 ]
 FUNCTION_THOROUGH = [
     ("2 x 1 heads, n=70, causal, d=32", (2, 1, 70, 70, 32), True, F32),
     ("n_q=30, n_k=18, causal: 12 queries see no key", (2, 1, 30, 18, 16), True, F32),
+    ("float16, n_q=36, n_k=20", (1, 1, 36, 20, 16), False, F16),
 ]
 GRAD_TOL = {"cpu": dict(rtol=1e-3, atol=1e-4), "cuda": dict(rtol=2e-2, atol=2e-2)}
+#: float16: the kernel's output and the gradients rounded to float16 (and out's rounding
+#: carried into D); a backward pass computed in float16 throughout stays within it too.
+GRAD_TOL_F16 = dict(rtol=1e-2, atol=1e-2)
+#: An exception of a backward pass that multiplies float16 tensors by float32 ones (the
+#: kernel's lse is float32): torch's matmul and friends refuse the pair.
+_MIXED_DTYPES = re.compile(r"same dtype|Half|float16|expected .*(Float|Half).* found", re.I)
 
 
 def _grads_model(
@@ -826,11 +846,27 @@ def _function_case(ctx, cls, q, k, v, causal, label, limit_scale=1.0) -> None:
     out = _flash_forward(ctx, cls, leaves, (causal,), case, limit_scale)
     want_out, _ = _exact(q, k, v, causal)
     tol = GRAD_TOL[q.device.type]
+    if q.dtype == F16:
+        tol = {name: max(value, GRAD_TOL_F16[name]) for name, value in tol.items()}
     ctx.expect_array(out, q.new_empty(want_out.shape), what="the output", case=case)
     ctx.expect_close(out.detach().double().cpu(), want_out, what="the output", case=case, **tol)
     g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel())
     do64 = torch.randn(want_out.shape, generator=g, dtype=F64)
-    grads = _flash_backward(ctx, cls, out, leaves, do64.to(q.dtype).to(q.device), case, limit_scale)
+    if q.dtype == F16:
+        do64 = do64.to(F16).double()  # the gradient the learner is given, exactly
+    try:
+        grads = _flash_backward(
+            ctx, cls, out, leaves, do64.to(q.dtype).to(q.device), case, limit_scale
+        )
+    except CheckFailure as err:
+        text = str(err)
+        first = text.split("\n", 1)[0]  # "your code raised <the exception>" (no case in it)
+        raised = mistake_id(text) in ("code_raised", "dtypes_mixed") and "raised" in first
+        if q.dtype == F16 and raised and _MIXED_DTYPES.search(first):
+            # the exception's generic "Likely mistake" (dtypes_mixed) gives way to this one
+            text = text.split("\n  Likely mistake:", 1)[0].split(tag("code_raised"), 1)[0]
+            raise naming(CheckFailure(text), named("triton_bwd_float16_mixed")) from None
+        raise
     ref_leaves = _leaves(q.double().cpu(), k.double().cpu(), v.double().cpu())
     want = torch.autograd.grad(_exact(*ref_leaves, causal)[0], ref_leaves, do64)
     qc, kc, vc = (t.cpu() for t in (q, k, v))

@@ -22,10 +22,9 @@ import torch
 from .. import experts as ref_experts
 from .. import latent_attention as ref_latent
 from .. import sliding_window as ref_window
-from ._core import CheckFailure, Context, Mistake, exercise, naming, warm_autograd
-from .mistakes import named
+from ._core import Context, Mistake, exercise, warm_autograd
 from .remote import autograd_grad
-from .toolkit import DEVICE_MISMATCH, TOL, dtype_name, normal
+from .toolkit import TOL, dtype_name, expect_follows_device, normal
 
 DTYPES = (torch.float64, torch.float32)
 
@@ -151,7 +150,7 @@ def check_sliding_window_mask(candidate, ctx: Context) -> None:
     pad = torch.empty(2, 5, dtype=torch.bool, device=meta)
     for window, extra, what in ((None, (), "5 tokens, window=None"),
                                 (3, (pad,), "5 tokens, window=3, key_padding (2, 5)")):  # fmt: skip
-        _check_device(ctx, candidate, (q, q, window, *extra), ("the mask",),
+        expect_follows_device(ctx, candidate, (q, q, window, *extra), ("the mask",),
                       "window_mask_wrong_device", what)  # fmt: skip
 
 
@@ -314,60 +313,11 @@ def check_rolling_append(candidate, ctx: Context) -> None:
     _check_ring_device(ctx, candidate)
 
 
-#: What PyTorch says when one operation mixes a CPU tensor with another device's: the
-#: general message, and that of index_add_ and its kin.
-MIXED_DEVICES = (*DEVICE_MISMATCH, "expected to be in the same device")
-_META_WARM = False
-#: The per-call limit of a call on the meta device, in per-call limits (see _check_device).
-META_LIMIT_SCALE = 4.0
-
-
-def _warm_meta() -> None:
-    """PyTorch's first operation on the meta device imports its Python meta kernels (about
-    900 modules: 6 to 8 s on a loaded 2-core machine, more than a call's limit); done once by
-    the checker itself, before the learner's first meta call, so that it does not count
-    against that call's time limit where the learner's code runs in the checker's process
-    (the self-check)."""
-    global _META_WARM
-    if not _META_WARM:
-        x = torch.empty(1, 2, device="meta")
-        torch.cat([x, x], dim=-1)
-        _META_WARM = True
-
-
-def _check_device(ctx: Context, candidate, args: tuple, names: tuple[str, ...], mistake: str,
-                  what: str, **kwargs) -> None:  # fmt: skip
-    """Notebook 15 runs on the GPU when there is one: what the candidate returns must be on
-    its inputs' device, and nothing it builds may be left on the CPU. PyTorch's meta device
-    (shapes, no data) stands in for a second device, so this runs without a GPU: a tensor
-    built on the CPU and mixed with a meta tensor raises, as on a GPU. An answer that reads
-    the data (``.item()``, ``.tolist()``, which a meta tensor has not) or an operation without
-    a meta kernel (``torch.bincount``) is not judged here: its values were checked already."""
-    _warm_meta()
-    meta = torch.device("meta")
-    case = f"{what}, on PyTorch's meta device (tensors without data, standing in for a GPU)"
-    try:
-        # Under grading the learner's code runs in its own kernel, which pays the meta
-        # device's first use (seconds of imports) inside this call: a longer limit, so that
-        # it is not taken for a loop (the same code already returned in time on the CPU).
-        got = ctx.call(candidate, *args, case=case, limit_scale=META_LIMIT_SCALE, **kwargs)
-    except CheckFailure as err:
-        if any(words in str(err).lower() for words in MIXED_DEVICES):
-            raise naming(err, named(mistake)) from None
-        return  # it needs the data, which a meta tensor has not: judged on the values
-    if len(names) > 1:
-        got = ctx.expect_tuple(got, names, case=case)
-    for name, g in zip(names, got if len(names) > 1 else (got,), strict=True):
-        if isinstance(g, torch.Tensor) and g.device != meta:
-            ctx.fail(f"{name} is on {g.device}, expected the inputs' device ({meta}).",
-                     case=case, mistake=mistake)  # fmt: skip
-
-
 def _check_ring_device(ctx: Context, candidate) -> None:
     meta = torch.device("meta")
     slots, new = torch.empty(1, 3, 2, device=meta), torch.empty(1, 2, 2, device=meta)
     positions = torch.empty(3, dtype=torch.long, device=meta)
-    _check_device(ctx, candidate, (slots, positions, new, 3), RING_OUTPUTS,
+    expect_follows_device(ctx, candidate, (slots, positions, new, 3), RING_OUTPUTS,
                   "ring_positions_wrong_device",
                   "a ring of 3 slots (positions 0..2), 2 new (3..4)")  # fmt: skip
 
@@ -459,7 +409,7 @@ def check_absorbed_scores(candidate, ctx: Context) -> None:
         )
     meta = torch.device("meta")
     shapes = ((1, 2, 3, 8), (1, 2, 3, 4), (1, 5, 6), (1, 5, 4), (2, 8, 6))
-    _check_device(ctx, candidate, tuple(torch.empty(*s, device=meta) for s in shapes),
+    expect_follows_device(ctx, candidate, tuple(torch.empty(*s, device=meta) for s in shapes),
                   ("the scores",), "mla_scores_wrong_device",
                   "3 new tokens against 5, 2 heads, d_nope = 8, d_rope = 4, r = 6")  # fmt: skip
 
@@ -583,7 +533,7 @@ def check_route(candidate, ctx: Context) -> None:
     logits = torch.empty(6, 4, device="meta")
     for router, kwargs in (("mixtral", {}), ("qwen3", {"norm_topk_prob": False}),
                            ("gpt_oss", {})):  # fmt: skip
-        _check_device(ctx, candidate, (logits, 2, router), ("gates", "experts", "probs"),
+        expect_follows_device(ctx, candidate, (logits, 2, router), ("gates", "experts", "probs"),
                       "route_wrong_device", f"{router}: 6 tokens, 4 experts, top_k=2",
                       **kwargs)  # fmt: skip
 
@@ -696,7 +646,7 @@ def check_load_balancing_loss(candidate, ctx: Context) -> None:
                              **TOL[dtype])  # fmt: skip
         _expect_gradient(candidate, ctx, probs64, experts, label)
     meta = torch.device("meta")
-    _check_device(ctx, candidate, (torch.empty(6, 4, device=meta),
+    expect_follows_device(ctx, candidate, (torch.empty(6, 4, device=meta),
                                    torch.empty(6, 2, dtype=torch.long, device=meta)),
                   ("the loss",), "aux_loss_wrong_device",
                   "6 tokens, 4 experts, top_k=2")  # fmt: skip

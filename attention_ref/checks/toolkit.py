@@ -28,7 +28,7 @@ from torch.nn.utils import parametrize
 from ..weights import set_parametrized
 from . import _models as M
 from . import remote as _remote
-from ._core import Context, Mistake
+from ._core import CheckFailure, Context, Mistake, naming
 from .mistakes import Named, named
 
 
@@ -1014,13 +1014,15 @@ def expect_spec_defaults(
     case: str,
     signature: str,
     kwargs=dict,
+    limit_scale: float = 1.0,
 ) -> None:
     """The learner's ``fn`` called with the optional arguments ``defaults`` left out returns
     what it returns with them given as the spec's values: its default arguments are the
     spec's. ``args_of()`` and ``kwargs()`` give each call its own positional and fixed
-    keyword arguments (a fresh step function, a generator seeded alike)."""
-    left_out = ctx.call(fn, *args_of(), case=case, **kwargs())
-    given = ctx.call(fn, *args_of(), case=case, **kwargs(), **defaults)
+    keyword arguments (a fresh step function, a generator seeded alike); ``limit_scale``
+    each call's time limit, in per-call limits."""
+    left_out = ctx.call(fn, *args_of(), case=case, limit_scale=limit_scale, **kwargs())
+    given = ctx.call(fn, *args_of(), case=case, limit_scale=limit_scale, **kwargs(), **defaults)
     if not _same_result(left_out, given):
         spelled = ", ".join(f"{k}={v!r}" for k, v in defaults.items())
         ctx.fail(
@@ -1030,3 +1032,64 @@ def expect_spec_defaults(
             mistake="wrong_default",
             hint=f"give the optional arguments the spec's defaults: {signature}.",
         )
+
+
+# ----------------------------------------------------------------------------- devices
+#: What PyTorch says when one operation mixes a CPU tensor with another device's: the
+#: general message, and that of index_add_ and its kin.
+MIXED_DEVICES = (*DEVICE_MISMATCH, "expected to be in the same device")
+_META_WARM = False
+#: The per-call limit of a call on the meta device, in per-call limits (expect_follows_device).
+META_LIMIT_SCALE = 4.0
+
+
+def _warm_meta() -> None:
+    """PyTorch's first operation on the meta device imports its Python meta kernels (about
+    900 modules: 6 to 8 s on a loaded 2-core machine, more than a call's limit); done once by
+    the checker itself, before the learner's first meta call, so that it does not count
+    against that call's time limit where the learner's code runs in the checker's process
+    (the self-check)."""
+    global _META_WARM
+    if not _META_WARM:
+        x = torch.empty(1, 2, device="meta")
+        torch.cat([x, x], dim=-1)
+        _META_WARM = True
+
+
+def expect_follows_device(
+    ctx: Context,
+    candidate,
+    args: tuple,
+    names: tuple[str, ...],
+    mistake: str,
+    what: str,
+    **kwargs,
+) -> None:
+    """The notebooks run on the GPU when there is one: what the candidate returns must be on
+    its inputs' device (``args``, on the meta device), and nothing it builds may be left on
+    the CPU; ``names`` the outputs, ``mistake`` the id named when one is not. PyTorch's meta device
+    (shapes, no data) stands in for a second device, so this runs without a GPU: a tensor
+    built on the CPU and mixed with a meta tensor raises, as on a GPU. An answer that reads
+    the data (``.item()``, ``.tolist()``, which a meta tensor has not) or an operation without
+    a meta kernel (``torch.bincount``) is not judged here: its values were checked already."""
+    _warm_meta()
+    meta = torch.device("meta")
+    case = f"{what}, on PyTorch's meta device (tensors without data, standing in for a GPU)"
+    try:
+        # Under grading the learner's code runs in its own kernel, which pays the meta
+        # device's first use (seconds of imports) inside this call: a longer limit, so that
+        # it is not taken for a loop (the same code already returned in time on the CPU).
+        got = ctx.call(candidate, *args, case=case, limit_scale=META_LIMIT_SCALE, **kwargs)
+    except CheckFailure as err:
+        if any(words in str(err).lower() for words in MIXED_DEVICES):
+            raise naming(err, named(mistake)) from None
+        return  # it needs the data, which a meta tensor has not: judged on the values
+    if len(names) > 1:
+        got = ctx.expect_tuple(got, names, case=case)
+    for name, g in zip(names, got if len(names) > 1 else (got,), strict=True):
+        if isinstance(g, torch.Tensor) and g.device != meta:
+            ctx.fail(
+                f"{name} is on {g.device}, expected the inputs' device ({meta}).",
+                case=case,
+                mistake=mistake,
+            )

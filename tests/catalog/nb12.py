@@ -139,8 +139,8 @@ def _online_attention(
             else:
                 s = q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
             if causal:
-                rows = torch.arange(i0, i1)[:, None]
-                cols = torch.arange(j0, j1)[None, :]
+                rows = torch.arange(i0, i1, device=q.device)[:, None]
+                cols = torch.arange(j0, j1, device=q.device)[None, :]
                 s = s.masked_fill(cols > rows, -math.inf)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -262,13 +262,14 @@ def attn_einsum_where(q, k, v, block_size=64, causal=False):
     outs = []
     for i0 in range(0, n_q, block_size):
         qb = q[..., i0 : i0 + block_size, :] * scale
-        rows = torch.arange(i0, i0 + qb.shape[-2])[:, None]
+        rows = torch.arange(i0, i0 + qb.shape[-2], device=q.device)[:, None]
         m = l = acc = None  # noqa: E741
         for j0 in range(0, min(n_k, i0 + qb.shape[-2]) if causal else n_k, block_size):
             kb, vb = k[..., j0 : j0 + block_size, :], v[..., j0 : j0 + block_size, :]
             s = torch.einsum("...qd,...kd->...qk", qb, kb)
             if causal:
-                s = torch.where(torch.arange(j0, j0 + kb.shape[-2])[None, :] <= rows, s, -math.inf)
+                cols = torch.arange(j0, j0 + kb.shape[-2], device=q.device)[None, :]
+                s = torch.where(cols <= rows, s, -math.inf)
             bm = s.amax(-1, keepdim=True)
             if m is None:
                 m = bm
@@ -298,7 +299,8 @@ def attn_running_logsumexp(q, k, v, block_size=64, causal=False):
             j1 = min(j0 + block_size, n_k)
             s = q[..., i0:i1, :] @ k[..., j0:j1, :].mT
             if causal:
-                allowed = torch.arange(j0, j1)[None, :] <= torch.arange(i0, i1)[:, None]
+                cols = torch.arange(j0, j1, device=q.device)[None, :]
+                allowed = cols <= torch.arange(i0, i1, device=q.device)[:, None]
                 s = s.masked_fill(~allowed, -math.inf)
             tile_lse = torch.logsumexp(s, dim=-1, keepdim=True)
             if lse is None:  # the first tile holds key 0: every row has a finite lse

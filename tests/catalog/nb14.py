@@ -325,11 +325,15 @@ def attention_exp2_contiguous_copies(q, k, v, causal=False, block_m=16, block_n=
 
 
 # ----------------------------------------------------------------------------- autograd function
-def _backward(q, k, v, out, lse, do, causal, block=16, delta=True, guard=True, shift=True):
+def _backward(
+    q, k, v, out, lse, do, causal, block=16, delta=True, guard=True, shift=True, upcast=True
+):
     """Notebook 12's backward pass (tiles of ``block``), from the kernel's lse (B, H, n_q);
     ``guard``: a query that sees no key (lse = -inf) gets weights 0, not exp(-inf + inf);
-    ``shift=False``: notebook 12's causal loop end and mask as they were (j <= i)."""
-    q, k, v, out, do = (t.float() for t in (q, k, v, out, do))
+    ``shift=False``: notebook 12's causal loop end and mask as they were (j <= i);
+    ``upcast=False``: in the inputs' dtype, as notebook 12's (float16 with lse's float32)."""
+    if upcast:
+        q, k, v, out, do = (t.float() for t in (q, k, v, out, do))
     lse = lse[..., None]
     if guard:
         lse = torch.where(torch.isfinite(lse), lse, math.inf)
@@ -419,6 +423,30 @@ class TritonAttentionNotebook12Mask(TritonFlashAttention):
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
         return (*_backward(q, k, v, out, lse, do, ctx.causal, shift=False), None)
+
+
+@mistake("triton_flash_attention", id="triton_bwd_float16_mixed")
+class TritonAttentionNotUpcast(TritonFlashAttention):
+    """Notebook 12's backward pass copied without upcasting: with float16 inputs the weights
+    exp(s - lse) are float32 (the kernel's lse is) and p.mT @ do multiplies them by float16."""
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, lse, do, ctx.causal, upcast=False)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+@alternative("triton_flash_attention")
+class TritonAttentionFloat16Throughout(TritonFlashAttention):
+    """The backward pass in the inputs' dtype throughout: lse cast down to q's dtype (float16
+    weights, float16 accumulators), within float16's tolerance."""
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, out, lse.to(q.dtype), do, ctx.causal, upcast=False)
+        return dq, dk, dv, None
 
 
 @mistake("triton_flash_attention", id="flash_bwd_no_delta")
