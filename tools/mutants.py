@@ -7,7 +7,7 @@ For each exercise of the chosen solution notebooks (default: 01-07), the answer
 cell's code (solution markers removed) is mutated one change at a time: an arithmetic or
 comparison operator swapped, ``max``/``min`` exchanged, a number changed, a sign dropped,
 ``keepdim(s)=True`` turned off, a call replaced by its first argument (a scale, a
-``transpose``, a ``detach``...), a statement deleted and a default argument changed
+``transpose``, a ``detach``...), a statement deleted and a numeric default argument changed
 (``--no-defaults``: not the defaults). Each mutant is run through the
 exercise's self-check (``check(id, f)``; ``--graded``: the thorough check of the hidden
 tests too). A mutant the check rejects is *killed*; one it accepts *survives*: either it
@@ -15,7 +15,8 @@ is equivalent to the solution (it computes the same thing on every input the spe
 allows: list it in tools/mutants_equivalent.txt with a line of reason) or it is a gap in
 the check (a case or a property to add). A listed function mutant is checked too: every
 input the check gave it (recorded) is given to it and to the solution, from the same random
-state, and the two must return the same (a difference makes it a gap again). The
+state, and the two must return the same and leave the inputs they may change alike (a
+difference, or no input that could be copied, makes it a gap again). The
 notebook's cells before each answer run once, in this process, to give the answer cell the
 names it uses.
 
@@ -296,38 +297,61 @@ def _copied(value):
     return copy.deepcopy(value)
 
 
-def _same(got, want) -> bool:
+def _same(got, want, depth: int = 0, inputs: bool = False) -> bool:
+    """Whether the mutant's ``got`` is the solution's ``want``: tensors and arrays of the same
+    shape, dtype, device and ``requires_grad`` with equal values (float64 to 1e-9, other
+    floats to 1e-5: another order of the same sums), sequences and dicts item by item,
+    modules and the objects a check hands over to be changed (``__by_reference__``: a cache
+    the call appends to) by their attributes, the rest by ``==``. ``inputs``: the arguments
+    after the two calls, where any other object (a step function that counts its calls, a
+    generator) is the check's own and not compared."""
     import numpy as np
     import torch
 
+    if depth > 8:  # a structure this deep (or a cycle) is not followed further
+        return True
     if isinstance(want, torch.Tensor):
-        return (
+        if not (
             isinstance(got, torch.Tensor)
             and got.shape == want.shape
             and got.dtype == want.dtype
             and got.device == want.device
-            and (
-                want.device.type == "meta"  # no values: shape, dtype and device are all
-                or torch.equal(got, want)
-                or (want.is_floating_point() and torch.allclose(got, want, 1e-5, 1e-7, True))
-            )
-        )
+            and got.requires_grad == want.requires_grad  # a .detach() added or dropped
+        ):
+            return False
+        if want.device.type == "meta" or torch.equal(got, want):  # meta: no values
+            return True
+        tol = (1e-9, 1e-12) if want.dtype == torch.float64 else (1e-5, 1e-7)
+        return want.is_floating_point() and torch.allclose(got, want, *tol, equal_nan=True)
     if isinstance(want, np.ndarray):
         return (
             isinstance(got, np.ndarray)
             and got.shape == want.shape
             and got.dtype == want.dtype
-            and bool(np.allclose(got, want, rtol=1e-5, atol=1e-7, equal_nan=True))
+            and bool(np.allclose(got, want, rtol=1e-9, atol=1e-12, equal_nan=True))
         )
     if isinstance(want, tuple | list):
         return (
             type(got) is type(want)
             and len(got) == len(want)
-            and all(_same(g, w) for g, w in zip(got, want, strict=True))
+            and all(_same(g, w, depth + 1, inputs) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and list(got) == list(want)
+            and all(_same(got[k], want[k], depth + 1, inputs) for k in want)
         )
     if isinstance(want, float) and isinstance(got, float):
-        return bool(np.isclose(got, want, rtol=1e-7, atol=1e-12, equal_nan=True))
-    return type(got) is type(want) and bool(got == want)
+        return bool(np.isclose(got, want, rtol=1e-9, atol=1e-12, equal_nan=True))
+    if isinstance(want, torch.nn.Module) or getattr(type(want), "__by_reference__", False):
+        return type(got) is type(want) and _same(vars(got), vars(want), depth + 1, inputs)
+    if inputs and not isinstance(want, int | float | str | bool | type(None)):
+        return True
+    try:
+        return type(got) is type(want) and bool(got == want)
+    except Exception:  # noqa: BLE001 - what cannot be compared is not the same
+        return False
 
 
 def _replayed(exercise: str, mutant, solution, graded: bool) -> tuple[str, str]:
@@ -358,20 +382,27 @@ def _replayed(exercise: str, mutant, solution, graded: bool) -> tuple[str, str]:
     except AssertionError as err:
         return f"the check fails it when it is recorded ({str(err).splitlines()[0][:100]})", ""
     copied = [c for c in calls if c is not None]
+    if calls and not copied:
+        return f"none of the check's {len(calls)} calls could be copied to compare", ""
     compared = f"{len(copied)}/{len(calls)}"
-    for args, kwargs in copied:
-        state = torch.get_rng_state()
-        outs = []
-        for fn in (mutant, solution):
-            torch.set_rng_state(state)
-            a, kw = _copied((args, kwargs))
-            try:
-                outs.append(fn(*a, **kw))
-            except Exception as err:  # noqa: BLE001 - the difference is what it raised
-                outs.append(f"raised {type(err).__name__}")
-        if not _same(*outs):
-            shapes = [tuple(x.shape) for x in args if isinstance(x, torch.Tensor)]
-            return f"differs from the solution on a call with tensors of shapes {shapes}", ""
+    before = torch.get_rng_state()
+    try:
+        for args, kwargs in copied:
+            outs, inputs = [], []
+            for fn in (mutant, solution):
+                torch.manual_seed(0)
+                a, kw = _copied((args, kwargs))
+                try:
+                    outs.append(fn(*a, **kw))
+                except Exception as err:  # noqa: BLE001 - the difference is what it raised
+                    outs.append(f"raised {type(err).__name__}")
+                inputs.append((a, kw))  # after the call: what it appended to or changed
+            if not _same(*outs) or not _same(*inputs, inputs=True):
+                shapes = [tuple(x.shape) for x in args if isinstance(x, torch.Tensor)]
+                what = "returns" if not _same(*outs) else "leaves its inputs"
+                return f"{what} otherwise than the solution on a call with tensors {shapes}", ""
+    finally:
+        torch.set_rng_state(before)
     return "", compared
 
 
@@ -444,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-defaults",
         dest="defaults",
         action="store_false",
-        help="leave the functions' default arguments unmutated (mutated by default: the "
-        "checks call each exercise with its optional arguments left out once)",
+        help="leave the functions' numeric default arguments unmutated (mutated by default: "
+        "the checks call each exercise with its optional arguments left out once)",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("MPLBACKEND", "Agg")
