@@ -20,24 +20,10 @@ Triton installs on Linux only (``pip install triton``; WSL on Windows).
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 
 import torch
 
-
-def use_interpreter_without_gpu() -> bool:
-    """Select Triton's CPU interpreter when no CUDA device is present (before triton is
-    imported, which reads the setting when a kernel is defined), and give Triton a writable
-    cache directory; returns whether the interpreter is on. A setting already made wins."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    home = os.environ.get("TRITON_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), f"triton-cache-{os.getuid() if hasattr(os, 'getuid') else 0}"
-    )
-    os.environ.setdefault("TRITON_CACHE_DIR", home)
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
+from .triton_env import use_interpreter_without_gpu
 
 INTERPRETED = use_interpreter_without_gpu()
 

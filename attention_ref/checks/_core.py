@@ -33,8 +33,12 @@ import numpy as np
 import torch
 
 from ..course.load import load_factor, runqueue_wait
+from ..triton_env import use_interpreter_without_gpu
 from . import remote as _remote
 from .mistakes import MISTAKES, Named, named, tag
+
+# Triton's interpreter is chosen before anything (the meta device, say) imports Triton.
+use_interpreter_without_gpu()
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
