@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -770,68 +771,122 @@ def _zero_output(module, args, out):
     return torch.zeros_like(out)
 
 
+@dataclass(frozen=True)
+class DropoutMistakes:
+    """The mistake ids a residual layer's dropout check names (each exercise keeps its own):
+    ``on_residual`` (a dropout on the residual stream), ``missing`` (one sub-layer's output
+    not dropped; ``{name}`` and ``{dropout}`` filled in), ``never_applied`` (no sub-layer's
+    output dropped; None: ``missing`` for the first) and ``misplaced`` (pre-norm only: the
+    output minus x is not the live sub-layer's output dropped and rescaled)."""
+
+    on_residual: str = "dropout_on_residual_stream"
+    missing: str = "sublayer_dropout_missing"
+    never_applied: str | None = None
+    misplaced: str | None = None
+
+
+@contextmanager
+def _hooked_to_zero(mod: nn.Module, names: list[str]):
+    """The default way to silence sub-layers: a forward hook returns zeros for each output."""
+    hooks = [getattr(mod, name).register_forward_hook(_zero_output) for name in names]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def expect_sublayer_dropout(
-    ctx: Context, mod: nn.Module, run, sublayers: dict[str, str], *, p: float, case: str
+    ctx: Context,
+    mod: nn.Module,
+    run,
+    sublayers: dict[str, str],
+    *,
+    p: float,
+    case: str,
+    mistakes: DropoutMistakes = DropoutMistakes(),
+    silence=None,
+    residual: torch.Tensor | None = None,
 ) -> None:
-    """The layer's own dropout on each sub-layer's output, before the residual add. ``mod``
-    was built with dropout ``p``, the reference parts in it; ``sublayers`` maps each part
-    (``"self_attn"``) to the dropout the spec puts on its output (``"dropout1"``); ``run(c)``
-    returns the layer's output. With the parts' own dropout (attention weights, hidden units)
-    off and every other part's output zeroed, only the dropout on this part's output can make
-    the training-mode output differ from the eval-mode one."""
+    """Dropout placement, the property every residual layer of the course holds: the layer's
+    own dropout acts on each sub-layer's output, before the residual add. ``mod`` was built
+    with dropout ``p``; ``sublayers`` maps each part (``"self_attn"``) to the dropout the spec
+    puts on its output (``"dropout1"``); ``run(c)`` returns the layer's output (a tensor).
+    ``silence(names)`` is a context manager under which those parts' outputs are zero
+    (default: forward hooks). With the parts' own dropout (attention weights, hidden units)
+    off and every other part silenced, only the dropout on the live part's output can make
+    the training-mode output differ from the eval-mode one; with every part silenced, nothing
+    may. ``residual`` (a pre-norm layer's input x, whose output is x plus each part's output
+    dropped) adds the scale: in training mode ``out - x`` is the eval-mode ``out - x`` with
+    some elements zeroed and the others times 1 / (1 - p)."""
+    silence = silence or partial(_hooked_to_zero, mod)
     for name in sublayers:
         for m in getattr(mod, name).modules():
             if isinstance(m, _DropoutNd):
                 m.p = 0.0
-    _expect_residual_stream_kept(ctx, mod, run, sublayers, p=p, case=case)
-    for name, drop in sublayers.items():
-        where = f"{case}, only {name}'s output non-zero, its own dropout off"
-        silenced = [getattr(mod, other) for other in sublayers if other != name]
-        train, evaluated = _in_both_modes(ctx, mod, run, silenced, where)
-        if same_in_both_modes(train, evaluated):
-            ctx.fail(
-                f"with dropout={p} in training mode, {name}'s output is not dropped: the output "
-                "equals the eval-mode output.",
-                case=where + ", training mode",
-                mistake=named("sublayer_dropout_missing", name=name, dropout=drop),
-            )
-
-
-def _in_both_modes(ctx: Context, mod: nn.Module, run, silenced: list, where: str):
-    """``run`` in training mode (seeded) then in eval mode, with the outputs of the
-    ``silenced`` sub-layers zeroed: ``(train, evaluated)``."""
-    hooks = [m.register_forward_hook(_zero_output) for m in silenced]
-    try:
-        mod.train()
-        torch.manual_seed(ctx.seed)
-        train = run(where + ", training mode")
-        mod.eval()
-        evaluated = run(where + ", eval mode")
-    finally:
-        for h in hooks:
-            h.remove()
-    return train, evaluated
-
-
-def _expect_residual_stream_kept(
-    ctx: Context, mod: nn.Module, run, sublayers: dict[str, str], *, p: float, case: str
-) -> None:
-    """Dropout placement, the property every residual layer holds: with every sub-layer's
-    output zeroed (their own dropout off), dropout has nothing to drop, since the layer's
-    dropouts act on those outputs only, so the residual stream passes the same in training
-    and eval mode. A dropout on the residual sum (``norm1(dropout1(x + a))``,
-    ``dropout1(x + a)``) or after a norm (``dropout1(norm1(x + a))``) makes them differ."""
     where = f"{case}, every sub-layer's output zeroed ({', '.join(sublayers)}), their dropout off"
-    silenced = [getattr(mod, name) for name in sublayers]
-    train, evaluated = _in_both_modes(ctx, mod, run, silenced, where)
+    train, evaluated = _in_both_modes(ctx, mod, run, silence(list(sublayers)), where)
     if isinstance(train, torch.Tensor) and not same_in_both_modes(train, evaluated):
         ctx.fail(
             f"with dropout={p} and every sub-layer's output zeroed, the output in training "
             "mode differs from the eval-mode output: a dropout acts on the residual stream, "
             "where nothing should be dropped.",
             case=where + ", training mode",
-            mistake=named("dropout_on_residual_stream", dropouts=", ".join(sublayers.values())),
+            mistake=named(mistakes.on_residual, dropouts=", ".join(sublayers.values())),
         )
+    missing, misplaced = [], []
+    for name, drop in sublayers.items():
+        where = f"{case}, only {name}'s output non-zero, its own dropout off"
+        others = [other for other in sublayers if other != name]
+        train, evaluated = _in_both_modes(ctx, mod, run, silence(others), where)
+        if not (isinstance(train, torch.Tensor) and isinstance(evaluated, torch.Tensor)):
+            continue
+        if same_in_both_modes(train, evaluated):
+            missing.append((name, drop, where))
+        elif residual is not None and not _dropped_and_rescaled(train, evaluated, residual, p):
+            misplaced.append((name, where))
+    if missing and len(missing) == len(sublayers) and mistakes.never_applied:
+        ctx.fail(
+            f"with dropout={p} in training mode the output equals the eval-mode output, "
+            "whichever sub-layer's output is live: "
+            + ("neither is" if len(sublayers) == 2 else "none is")
+            + " dropped.",
+            case=missing[0][2] + ", training mode",
+            mistake=mistakes.never_applied,
+        )
+    for name, drop, where in missing:
+        ctx.fail(
+            f"with dropout={p} in training mode, {name}'s output is not dropped: the output "
+            "equals the eval-mode output.",
+            case=where + ", training mode",
+            mistake=named(mistakes.missing, name=name, dropout=drop),
+        )
+    for name, where in misplaced:
+        ctx.fail(
+            f"with dropout={p} in training mode, the output minus x is not {name}'s output "
+            f"with some elements zeroed and the others scaled by 1/(1 - p) = {1 / (1 - p):g}.",
+            case=where + ", training mode",
+            mistake=named(mistakes.misplaced or mistakes.missing, name=name),
+        )
+
+
+def _dropped_and_rescaled(train, evaluated, x, p: float) -> bool:
+    """Pre-norm: ``train - x`` is ``(evaluated - x) / (1 - p)`` where it is not zero."""
+    d, e = train - x, (evaluated - x) / (1 - p)
+    kept = torch.isclose(d, e, rtol=1e-9, atol=1e-12)
+    return bool((kept | (d.abs() <= 1e-12)).all())
+
+
+def _in_both_modes(ctx: Context, mod: nn.Module, run, silenced, where: str):
+    """``run`` in training mode (seeded) then in eval mode, under the context manager
+    ``silenced``: ``(train, evaluated)``."""
+    with silenced:
+        mod.train()
+        torch.manual_seed(ctx.seed)
+        train = run(where + ", training mode")
+        mod.eval()
+        evaluated = run(where + ", eval mode")
+    return train, evaluated
 
 
 def earlier_position_changed(before, after, atol: float) -> int | None:
