@@ -24,11 +24,13 @@ from .toolkit import (
     expect_attention_values,
     expect_not_swapped,
     expect_spec_defaults,
+    extreme_score_rows,
     inverted_mask_mistake,
     normal,
     padding_mask,
     random_mask,
     reference_functions,
+    scores_case,
 )
 
 
@@ -84,6 +86,7 @@ SOFTMAX_MISTAKES = [
 @exercise("softmax_np", forbidden=_forbidden_softmax, summary="stable softmax in NumPy")
 def check_softmax_np(candidate, ctx: Context) -> None:
     rng = ctx.rng(1)
+    wide, wide32 = extreme_score_rows(rng, 6), extreme_score_rows(rng, 5, np.float32)
     cases = [
         ("a vector of 5 logits, axis=-1", rng.normal(size=5), -1),
         ("a single logit (one element)", rng.normal(size=1), -1),
@@ -97,20 +100,12 @@ def check_softmax_np(candidate, ctx: Context) -> None:
             np.stack([1000 + rng.normal(size=4), -1000 + rng.normal(size=4)]),
             -1,
         ),
-        (
-            "rows spanning 1400 (from -700 to +700)",
-            np.array([[-700.0, -300.0, 0.0, 700.0], [700.0, -700.0, 650.0, -650.0]])
-            + rng.uniform(-1, 1, size=(2, 4)),
-            -1,
-        ),
+        ("a row spanning more than exp's range (+696, the rest below -210)", wide[:1], -1),
+        ("a row of very negative logits (around -1000)", wide[1:], -1),
     ]
     if ctx.thorough:
         cases += [
-            (
-                "a float32 row spanning 174 (from -87 to +87)",
-                np.array([-87.0, -87.0, -87.0, 87.0], dtype=np.float32),
-                -1,
-            ),
+            ("a float32 row spanning more than exp's range (+87, the rest < -26)", wide32[:1], -1),
             ("a (3, 4, 5, 2) array, axis=2", rng.normal(size=(3, 4, 5, 2)), 2),
             ("a (5, 3) matrix, axis=-2", 3 * rng.normal(size=(5, 3)), -2),
             ("large negative logits around -1000", -1000 + rng.normal(size=(3, 7)), -1),
@@ -181,7 +176,13 @@ def attention_cases(ctx: Context) -> list[AttnCase]:
             *((3, 4), (5, 4), (5, 2), sparse, 1.0),
         ),
     ]
-    drawn = [_draw(rng, *row) for row in cases] + [_draw_large(rng)]
+    extreme = scores_case(
+        "scores at the edges of exp's range (query 0's span more than 709.8, query 1's are "
+        "all around -1000)",
+        extreme_score_rows(rng, 5),
+        normal(rng, 5, 3),
+    )
+    drawn = [_draw(rng, *row) for row in cases] + [_draw_large(rng), extreme]
     if ctx.thorough:
         m = random_mask(rng, (2, 4, 6), 0.5, attend=2)
         cases = [
@@ -258,8 +259,9 @@ def check_attention(candidate, ctx: Context, *, torch_dtype=None) -> None:
             and not np.all(np.isfinite(as_float64(got[1])))
         ):
             ctx.fail(
-                "the weights contain NaN or inf for scores above 709.8, where np.exp "
-                "overflows in float64.",
+                "the weights contain NaN or inf for scores beyond 709.8 in size, where np.exp "
+                "overflows in float64 (or, for a row of very negative scores, every exp "
+                "underflows to 0).",
                 case=case,
                 mistake="softmax_unstable",
             )

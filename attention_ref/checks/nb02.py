@@ -16,6 +16,7 @@ from .toolkit import (
     dtype_name,
     expect_masked_weights_zero,
     expect_spec_defaults,
+    extreme_score_rows,
     inverted_mask_mistake,
     padding_mask,
     random_mask,
@@ -150,6 +151,9 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
     m_dead[2] = False
     pad = torch.from_numpy(padding_mask([2, 5], 5))
     causal = torch.from_numpy(causal_mask(5))
+    extreme = extreme_score_rows(rng, 6)
+    extreme_mask = torch.ones(2, 6, dtype=torch.bool)
+    extreme_mask[0, int(extreme[0].argmin())] = extreme_mask[1, 0] = False
     cases = [
         ("scores (4, 6), a random mask", randn(4, 6), m1, -1),
         ("scores (4, 6), row 2 fully masked", randn(4, 6), m_dead, -1),
@@ -161,6 +165,11 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
         (
             "scores (6, 4) normalised over dim=0, column 2 fully masked",
             *(randn(6, 4), m_dead.T.contiguous(), 0),
+        ),
+        (
+            "scores (2, 6) at the edges of exp's range (row 0 spans more than 709.8, row 1 "
+            "is all around -1000), one key masked in each",
+            *(torch.from_numpy(extreme), extreme_mask, -1),
         ),
     ]
     if ctx.thorough:

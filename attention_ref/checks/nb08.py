@@ -11,7 +11,7 @@ from .. import training as ref_training
 from ..apps import translation as ref
 from ._core import CheckFailure, Context, Mistake, exercise
 from .mistakes import named
-from .toolkit import dtype_name, expect_spec_defaults
+from .toolkit import dtype_name, expect_gradient, expect_spec_defaults
 
 # ----------------------------------------------------------------------------- make_batch
 BOS, EOS = 1, 2
@@ -318,18 +318,20 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 mistakes=_loss_mistakes(logits, targets, mask),
                 **CE_TOL[dtype],
             )
-            loss.backward()
-            expected.backward()
-            if leaf.grad is None:
-                ctx.fail("no gradient reached logits.", case=case)
-            ctx.expect_close(
-                leaf.grad,
-                ref_logits.grad,
-                what="the gradient of the loss",
+            expect_gradient(
+                ctx,
+                loss,
+                {"logits": leaf},
+                torch.autograd.grad(expected, ref_logits),
                 case=case,
+                call_name="masked_cross_entropy",
+                mistake="loss_left_autograd",
+                disconnected="the loss is not connected to logits for autograd (it has no "
+                "grad_fn): was it detached, or rebuilt from NumPy or Python numbers?",
+                tol=CE_TOL[dtype],
+                what="the gradient of the loss",
                 hint="the padding must get zero gradient and each real token 1 / mask.sum() "
                 "of its cross-entropy gradient.",
-                **CE_TOL[dtype],
             )
 
 

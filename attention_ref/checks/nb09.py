@@ -14,9 +14,8 @@ import numpy as np
 import torch
 
 from ..apps import qa as ref
-from ._core import Context, Mistake, exercise, warm_autograd
-from .remote import autograd_grad
-from .toolkit import MODEL_TOL, TOL, dtype_name, expect_tensor
+from ._core import Context, Mistake, exercise
+from .toolkit import MODEL_TOL, TOL, dtype_name, expect_gradient, expect_tensor
 
 NEG = float("-inf")
 
@@ -321,27 +320,18 @@ def _expect_span_loss_gradient(candidate, ctx: Context, label: str, *args) -> No
     # from the leaves whose gradients are checked.
     got = ctx.call(lambda: candidate(s, e, start.clone(), end.clone(), mask.clone()),
                    case=case, call_name="span_loss")  # fmt: skip
-    if not isinstance(got, torch.Tensor) or got.grad_fn is None:
-        ctx.fail(
-            "the loss is not connected to the logits for autograd (it has no grad_fn): was "
-            "it detached, or rebuilt from NumPy or Python numbers (torch.tensor(...))?",
-            case=case,
-            mistake="span_loss_not_differentiable",
-        )
-    warm_autograd()
-    grads = ctx.call(
-        lambda: autograd_grad(got, [s, e], allow_unused=True),
-        case=case,
-        call_name="autograd's backward pass through span_loss",
-    )
     leaves = [t.detach().clone().requires_grad_() for t in (s64, e64)]
     want = torch.autograd.grad(ref.span_loss(*leaves, start, end, mask), leaves)
-    for name, grad, w in zip(("start_logits", "end_logits"), grads, want, strict=True):
-        if grad is None:
-            ctx.fail(
-                f"no gradient reached {name}.",
-                case=case,
-                mistake="span_loss_not_differentiable",
-            )
-        ctx.expect_close(grad, w, what=f"the gradient of the loss with respect to {name}",
-                         case=case, **TOL[torch.float64])  # fmt: skip
+    expect_gradient(
+        ctx,
+        got,
+        {"start_logits": s, "end_logits": e},
+        want,
+        case=case,
+        call_name="span_loss",
+        mistake="span_loss_not_differentiable",
+        disconnected="the loss is not connected to the logits for autograd (it has no "
+        "grad_fn): was it detached, or rebuilt from NumPy or Python numbers (torch.tensor(...))?",
+        tol=TOL[torch.float64],
+        what="the gradient of the loss with respect to {name}",
+    )

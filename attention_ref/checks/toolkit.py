@@ -29,7 +29,7 @@ from torch.nn.utils import parametrize
 from ..weights import set_parametrized
 from . import _models as M
 from . import remote as _remote
-from ._core import CheckFailure, Context, Mistake, naming
+from ._core import CheckFailure, Context, Mistake, naming, warm_autograd
 from .mistakes import Named, named
 
 
@@ -889,6 +889,53 @@ def _in_both_modes(ctx: Context, mod: nn.Module, run, silenced, where: str):
     return train, evaluated
 
 
+def expect_gradient(
+    ctx: Context,
+    out,
+    leaves: dict[str, torch.Tensor],
+    want: tuple[torch.Tensor, ...],
+    *,
+    case: str,
+    call_name: str,
+    mistake: str,
+    disconnected: str,
+    tol: dict,
+    grad_output: torch.Tensor | None = None,
+    what: str = "the gradient of {name}",
+    hint: str = "",
+    errors: dict[str, str] | None = None,
+) -> None:
+    """The property of a loss that trains, or of a function the notebook differentiates:
+    ``out``, which the learner's ``call_name`` computed from ``leaves`` (by name, tensors
+    that require grad), is connected to them for autograd, and autograd's backward pass
+    through the learner's code (given ``grad_output``, for a non-scalar ``out``) reaches each
+    leaf with the reference's gradient ``want`` (in the order of ``leaves``) within ``tol``.
+    ``disconnected`` says what is wrong when ``out`` has no ``grad_fn`` (``.detach()``, a
+    tensor rebuilt from NumPy or Python numbers); ``mistake`` is named then and when a leaf
+    gets no gradient; ``errors`` maps words of an error the backward pass raises to the
+    mistake they mean (``"inplace operation"``)."""
+    if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+        ctx.fail(disconnected, case=case, mistake=mistake)
+    warm_autograd()
+    try:
+        grads = ctx.call(
+            lambda: _remote.autograd_grad(
+                out, list(leaves.values()), grad_output, allow_unused=True
+            ),
+            case=case,
+            call_name=f"autograd's backward pass through {call_name}",
+        )
+    except CheckFailure as err:
+        for words, named_id in (errors or {}).items():
+            if words in str(err):
+                raise naming(err, named(named_id)) from None
+        raise
+    for name, grad, w in zip(leaves, grads, want, strict=True):
+        if grad is None:
+            ctx.fail(f"no gradient reached {name}.", case=case, mistake=mistake)
+        ctx.expect_close(grad, w, what=what.format(name=name), case=case, hint=hint, **tol)
+
+
 def earlier_position_changed(before, after, atol: float) -> int | None:
     """The causality property: ``before`` and ``after`` are outputs ``(1, T, ...)`` for
     inputs that differ only in the last token; the first earlier position whose output
@@ -906,6 +953,30 @@ def normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndar
     """Seeded float64 inputs of ``shape``, N(0, scale**2): ``scale`` of 4 or more gives
     scores in the tens or hundreds (large logits, where an unstable softmax overflows)."""
     return scale * rng.normal(size=shape)
+
+
+def extreme_score_rows(rng: np.random.Generator, n: int, dtype=np.float64) -> np.ndarray:
+    """Two rows of ``n`` >= 3 scores ``(2, n)`` at the edges of ``exp``'s range in ``dtype``,
+    L = log of its largest value (709.8 for float64, 88.7 for float32): row 0 spans more
+    than L although every value alone is within it (one at +0.98 L, the others from -0.98 L
+    to -0.3 L), so a softmax shifted by the row's minimum or mean overflows where one shifted
+    by its maximum cannot; row 1 is very negative (every score around -1000), so without the
+    shift every ``exp`` underflows to 0 and the row divides 0 by 0. Every softmax exercise
+    meets both rows (COURSE_DESIGN §5, large logits)."""
+    if n < 3:
+        raise ValueError(f"extreme_score_rows needs n >= 3 scores per row, got n={n}")
+    L = float(np.log(np.finfo(dtype).max))
+    wide = np.r_[0.98 * L, rng.uniform(-0.98 * L, -0.3 * L, n - 1)]
+    negative = -1000.0 + rng.normal(size=n)
+    return np.stack([rng.permutation(wide), negative]).astype(dtype)
+
+
+def scores_case(label: str, scores: np.ndarray, v: np.ndarray) -> AttnCase:
+    """The attention case whose scores ``q k^T / sqrt(d_k)`` are ``scores (n_q, n_k)`` (up
+    to rounding): ``q`` is the scores themselves and ``k = sqrt(n_k) I``, so ``d_k = n_k``."""
+    n_k = scores.shape[-1]
+    k = math.sqrt(n_k) * np.eye(n_k)
+    return AttnCase(label, scores.astype(np.float64), k, v)
 
 
 def causal_mask(n: int) -> np.ndarray:
