@@ -465,6 +465,36 @@ def warm_autograd() -> None:
     _AUTOGRAD_WARM.append(True)
 
 
+_META_WARM: list[bool] = []
+
+
+def warm_meta() -> None:
+    """PyTorch's first operation on the meta device imports its Python meta kernels (about
+    900 modules: 6 to 8 s on a loaded 2-core machine, more than a call's limit). Done once
+    per process, before a call of the learner's code on meta tensors is timed (in the
+    checker's process for the self-check, in the graded kernel by its agent), so that the
+    learner's first meta call is not charged for it."""
+    if _META_WARM:
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():  # outside any watcher of the check's
+        x = torch.empty(1, 2, device="meta")
+        torch.cat([x, x], dim=-1)
+    _META_WARM.append(True)
+
+
+def on_meta(*values: Any) -> bool:
+    """Whether one of ``values`` (or of a tuple, list or dict among them, one level down) is
+    a tensor on the meta device: a call given it pays for :func:`warm_meta` first."""
+    for v in values:
+        inner = v.values() if isinstance(v, dict) else v if isinstance(v, tuple | list) else (v,)
+        for x in inner:
+            if isinstance(x, torch.Tensor) and x.device.type == "meta":
+                return True
+    return False
+
+
 def _seconds(x: float) -> str:
     return f"{x:g} s"
 
@@ -579,6 +609,8 @@ class Context:
         limit = None if self.time_limit is None else self.time_limit * limit_scale
         if _remote.is_remote(fn):
             return self._call_remote(fn, copies, kw_copies, case, name, on, limit)
+        if on_meta(*copies, kw_copies):
+            warm_meta()  # not the learner's time
         deadline = _Deadline(limit)
         tripwire = _Tripwire(self._forbidden)
         try:

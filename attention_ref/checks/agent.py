@@ -274,7 +274,7 @@ class Agent:
 
         import torch
 
-        from ._core import ReferenceUsed, _Deadline, _TimeUp, warm_autograd
+        from ._core import ReferenceUsed, _Deadline, _TimeUp, on_meta, warm_autograd, warm_meta
 
         op = msg.get("op")
         target, args, kwargs = msg.get("target"), msg.get("args", ()), msg.get("kwargs", {})
@@ -284,6 +284,8 @@ class Agent:
             target, args = _backward, args
         if op in ("grad", "backward"):
             warm_autograd()  # not the learner's time
+        if on_meta(args, kwargs):
+            warm_meta()  # nor the meta device's first use (seconds of imports)
         forbid = msg.get("forbid")
         key = (
             str(msg.get("exercise") or ""),

@@ -37,6 +37,7 @@ from .toolkit import (
     DEVICE_MISMATCH,
     TOL,
     dtype_name,
+    expect_follows_device,
     expect_gradient,
     expect_spec_defaults,
     expect_tensor,
@@ -476,6 +477,17 @@ def check_online_softmax_attention(candidate, ctx: Context) -> None:
         {"block_size": 64, "causal": False},
         case="q, k, v (1, 80, 8) float64, block_size and causal left out",
         signature="online_softmax_attention(q, k, v, block_size=64, causal=False)",
+    )
+    meta = torch.device("meta")
+    expect_follows_device(
+        ctx,
+        candidate,
+        tuple(torch.empty(2, 20, 8, device=meta) for _ in range(3)),
+        ("the output",),
+        "wrong_device",
+        "q, k, v (2, 20, 8), block_size=8, causal=True",
+        block_size=8,
+        causal=True,
     )
 
 

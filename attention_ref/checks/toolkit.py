@@ -29,7 +29,7 @@ from torch.nn.utils import parametrize
 from ..weights import set_parametrized
 from . import _models as M
 from . import remote as _remote
-from ._core import CheckFailure, Context, Mistake, naming, warm_autograd
+from ._core import CheckFailure, Context, Mistake, naming, warm_autograd, warm_meta
 from .mistakes import Named, named
 
 
@@ -1171,22 +1171,8 @@ def expect_spec_defaults(
 #: What PyTorch says when one operation mixes a CPU tensor with another device's: the
 #: general message, and that of index_add_ and its kin.
 MIXED_DEVICES = (*DEVICE_MISMATCH, "expected to be in the same device")
-_META_WARM = False
 #: The per-call limit of a call on the meta device, in per-call limits (expect_follows_device).
 META_LIMIT_SCALE = 4.0
-
-
-def _warm_meta() -> None:
-    """PyTorch's first operation on the meta device imports its Python meta kernels (about
-    900 modules: 6 to 8 s on a loaded 2-core machine, more than a call's limit); done once by
-    the checker itself, before the learner's first meta call, so that it does not count
-    against that call's time limit where the learner's code runs in the checker's process
-    (the self-check)."""
-    global _META_WARM
-    if not _META_WARM:
-        x = torch.empty(1, 2, device="meta")
-        torch.cat([x, x], dim=-1)
-        _META_WARM = True
 
 
 def expect_follows_device(
@@ -1205,7 +1191,7 @@ def expect_follows_device(
     built on the CPU and mixed with a meta tensor raises, as on a GPU. An answer that reads
     the data (``.item()``, ``.tolist()``, which a meta tensor has not) or an operation without
     a meta kernel (``torch.bincount``) is not judged here: its values were checked already."""
-    _warm_meta()
+    warm_meta()
     meta = torch.device("meta")
     case = f"{what}, on PyTorch's meta device (tensors without data, standing in for a GPU)"
     try:
