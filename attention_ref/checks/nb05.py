@@ -21,7 +21,7 @@ import torch
 from .. import positional as ref
 from ._core import Context, Mistake, _as_np, exercise
 from .mistakes import named
-from .toolkit import dtype_name
+from .toolkit import dtype_name, expect_follows_device
 
 
 def _angle_tol(max_position: float, scale: float = 1.0) -> dict:
@@ -383,3 +383,12 @@ def check_rope(candidate, ctx: Context) -> None:
                 mistakes=_rope_mistakes(xd, pos, base),
                 **_angle_tol(max_pos, float(x.abs().max())),
             )
+    meta = torch.device("meta")
+    expect_follows_device(
+        ctx,
+        candidate,
+        (torch.empty(2, 5, 8, device=meta),),
+        ("the output",),
+        "wrong_device",
+        "x (B=2, T=5, d=8), default positions",
+    )

@@ -15,7 +15,14 @@ import torch
 
 from ..apps import qa as ref
 from ._core import Context, Mistake, exercise
-from .toolkit import MODEL_TOL, TOL, dtype_name, expect_gradient, expect_tensor
+from .toolkit import (
+    MODEL_TOL,
+    TOL,
+    dtype_name,
+    expect_follows_device,
+    expect_gradient,
+    expect_tensor,
+)
 
 NEG = float("-inf")
 
@@ -205,6 +212,16 @@ def check_best_span(candidate, ctx: Context) -> None:
                 or "the score of a span is start_logits[s] + end_logits[e]; take the "
                 "maximum over all valid pairs, not over starts and ends separately.",
             )
+    meta = torch.device("meta")
+    logits = torch.empty(2, 9, device=meta)
+    expect_follows_device(
+        ctx,
+        candidate,
+        (logits, logits, torch.empty(2, 9, dtype=torch.bool, device=meta), 4),
+        ("start", "end"),
+        "wrong_device",
+        "start_logits, end_logits (2, 9), mask (2, 9), max_len=4",
+    )
 
 
 # ----------------------------------------------------------------------------- span_loss

@@ -15,7 +15,7 @@ import torch
 from ..apps import summarization as ref
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import named
-from .toolkit import dtype_name
+from .toolkit import dtype_name, expect_follows_device
 
 
 # ----------------------------------------------------------------------------- pool_sentences
@@ -90,6 +90,15 @@ def check_pool_sentences(candidate, ctx: Context) -> None:
             for i, m in POOL_MISTAKES
         ]
         ctx.expect_close(got, expected, what=what, case=case, mistakes=mistakes, **POOL_TOL[dtype])
+    meta = torch.device("meta")
+    expect_follows_device(
+        ctx,
+        candidate,
+        (torch.empty(2, 7, 4, device=meta), torch.empty(2, 7, dtype=torch.long, device=meta), 3),
+        ("the pooled sentences",),
+        "wrong_device",
+        "h (2, 7, 4), sentence_ids (2, 7), n_sentences=3",
+    )
 
 
 # ----------------------------------------------------------------------------- select_sentences

@@ -326,12 +326,24 @@ def rope_float32_output(x, positions=None, base=10000.0):
     return _rope_from_parts(x.float(), th.cos(), th.sin())
 
 
+@mistake("rope", id="wrong_device")
+def rope_positions_on_cpu(x, positions=None, base=10000.0):
+    """Default positions built without device=: on the CPU whatever x's device."""
+    T, d = x.shape[-2], x.shape[-1]
+    pos = torch.arange(T) if positions is None else positions
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    theta = pos.double()[:, None] * w  # (T, d/2)
+    c, s = theta.cos().to(x.dtype), theta.sin().to(x.dtype)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+
+
 @alternative("rope")
 def rope_complex(x, positions=None, base=10000.0):
     """Pairs as complex numbers, rotated by multiplying with e^{i theta}."""
     T, d = x.shape[-2], x.shape[-1]
-    pos = torch.arange(T) if positions is None else positions
-    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    pos = torch.arange(T, device=x.device) if positions is None else positions
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
     theta = pos.double()[:, None] * inv_freq  # (T, d/2)
     xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
     rotated = xc * torch.polar(torch.ones_like(theta), theta)
@@ -342,7 +354,7 @@ def rope_complex(x, positions=None, base=10000.0):
 def rope_rotation_matrices(x, positions=None, base=10000.0):
     """One explicit (d, d) block-diagonal rotation matrix per position."""
     T, d = x.shape[-2], x.shape[-1]
-    pos = torch.arange(T) if positions is None else positions
+    pos = torch.arange(T) if positions is None else positions  # read as numbers below
     mats = []
     for p in pos.tolist():
         blocks = []
@@ -350,7 +362,9 @@ def rope_rotation_matrices(x, positions=None, base=10000.0):
             a = p * base ** (-2 * i / d)
             blocks.append(
                 torch.tensor(
-                    [[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]], dtype=x.dtype
+                    [[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]],
+                    dtype=x.dtype,
+                    device=x.device,
                 )
             )
         mats.append(torch.block_diag(*blocks))
@@ -364,7 +378,7 @@ def rope_rotate_every_two(x, positions=None, base=10000.0):
     T, d = x.shape[-2], x.shape[-1]
     if positions is None:
         positions = torch.arange(T, device=x.device)
-    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, device=x.device).float() / d))
     freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, d/2)
     cos = freqs.cos().repeat_interleave(2, dim=-1).to(x.dtype)  # (T, d)
     sin = freqs.sin().repeat_interleave(2, dim=-1).to(x.dtype)
@@ -377,7 +391,7 @@ def rope_rotate_every_two(x, positions=None, base=10000.0):
 def rope_pair_loop(x, positions=None, base=10000.0):
     """A loop over the pairs, writing into a new tensor."""
     T, d = x.shape[-2], x.shape[-1]
-    pos = (torch.arange(T) if positions is None else positions).to(torch.float32)
+    pos = (torch.arange(T, device=x.device) if positions is None else positions).float()
     out = torch.empty_like(x)
     for i in range(d // 2):
         theta = pos * base ** (-2 * i / d)  # (T,)

@@ -95,6 +95,18 @@ def best_span_loops(start_logits, end_logits, mask, max_len=None):
     return torch.tensor(starts, **kw), torch.tensor(ends, **kw)
 
 
+@mistake("best_span", id="wrong_device")
+def best_span_band_on_cpu(start_logits, end_logits, mask, max_len=None):
+    """The valid spans' band built without device=: on the CPU whatever the logits' device."""
+    B, T = start_logits.shape
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    band = (j >= i) & ((j - i < max_len) if max_len is not None else True)  # (T, T)
+    pair = mask[:, :, None] & mask[:, None, :] & band  # (B, T, T)
+    score = start_logits[:, :, None] + end_logits[:, None, :]
+    flat = score.masked_fill(~pair, NEG).flatten(1).argmax(1)  # (B,)
+    return flat // T, flat % T
+
+
 @alternative("best_span")
 def best_span_running_max(start_logits, end_logits, mask, max_len=None):
     # For each end, the best start at or before it (a running maximum), when there is no
@@ -102,9 +114,9 @@ def best_span_running_max(start_logits, end_logits, mask, max_len=None):
     B, T = start_logits.shape
     s = start_logits.double().masked_fill(~mask, NEG)
     e = end_logits.double().masked_fill(~mask, NEG)
-    best = torch.full((B,), NEG, dtype=torch.float64)
-    out_s = torch.zeros(B, dtype=torch.long)
-    out_e = torch.zeros(B, dtype=torch.long)
+    best = s.new_full((B,), NEG)
+    out_s = torch.zeros(B, dtype=torch.long, device=s.device)
+    out_e = torch.zeros(B, dtype=torch.long, device=s.device)
     width = T if max_len is None else min(T, max_len)
     for d in range(width):  # spans of d + 1 tokens: start i, end i + d
         score = s[:, : T - d] + e[:, d:]  # (B, T - d)

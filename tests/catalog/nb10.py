@@ -39,6 +39,14 @@ def pool_shifted(h, sentence_ids, n_sentences):
     return onehot @ h / onehot.sum(-1, keepdim=True).clamp(min=1)
 
 
+@mistake("pool_sentences", id="wrong_device")
+def pool_onehot_on_cpu(h, sentence_ids, n_sentences):
+    """The one-hot table of slots built without device=: on the CPU whatever h's device."""
+    onehot = (sentence_ids[:, None, :] == torch.arange(n_sentences)[None, :, None]).to(h.dtype)
+    sums = onehot @ h  # (B, S, D)
+    return sums / onehot.sum(-1, keepdim=True).clamp(min=1)
+
+
 @alternative("pool_sentences")
 def pool_loops(h, sentence_ids, n_sentences):
     B, T, D = h.shape

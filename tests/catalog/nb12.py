@@ -118,6 +118,7 @@ def _online_attention(
     skip_extra=0,
     full_scores=False,
     skip=True,
+    mask_on_cpu=False,
 ):
     """Blocked online attention with switchable bugs; queries in blocks of block_size."""
     n_q, n_k = q.shape[-2], k.shape[-2]
@@ -139,8 +140,9 @@ def _online_attention(
             else:
                 s = q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1)
             if causal:
-                rows = torch.arange(i0, i1, device=q.device)[:, None]
-                cols = torch.arange(j0, j1, device=q.device)[None, :]
+                on = None if mask_on_cpu else q.device
+                rows = torch.arange(i0, i1, device=on)[:, None]
+                cols = torch.arange(j0, j1, device=on)[None, :]
                 s = s.masked_fill(cols > rows, -math.inf)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -151,6 +153,12 @@ def _online_attention(
             m = m_new
         out[..., i0:i1, :] = acc / l
     return out
+
+
+@mistake("online_softmax_attention", id="wrong_device")
+def attn_causal_mask_on_cpu(q, k, v, block_size=64, causal=False):
+    """The tiles' causal mask built without device=: on the CPU whatever q's device."""
+    return _online_attention(q, k, v, block_size, causal, mask_on_cpu=True)
 
 
 @mistake("online_softmax_attention", id="flash_running_sum_l")
