@@ -41,6 +41,26 @@ def test_each_operator_makes_the_one_change_it_names():
     assert "sign dropped" not in {m.what for m in mutants.mutants(TOY)}
 
 
+ROUTER = '''def route(z, router="mixtral", *, norm=True, mask=None):
+    """The docstring's strings are not choices."""
+    if router == "gpt_oss" or (router == "qwen3" and not norm):
+        return z
+    return z + 1
+'''
+
+
+def test_a_default_flag_is_flipped_and_a_default_string_becomes_each_other_choice():
+    found = {m.what: m.source for m in mutants.mutants(ROUTER, defaults=True)}
+    assert "norm=False" in found["True->False"]
+    assert "router='gpt_oss'" in found["'mixtral'->'gpt_oss'"]
+    assert "router='qwen3'" in found["'mixtral'->'qwen3'"]
+    strings = {w for w in found if w.startswith("'mixtral'->")}
+    assert strings == {"'mixtral'->'gpt_oss'", "'mixtral'->'qwen3'"}  # not the docstring's
+    assert not any(w.startswith("None->") for w in found)  # a default None is left alone
+    plain = {m.what for m in mutants.mutants(ROUTER)}
+    assert "True->False" not in plain and "'mixtral'->'qwen3'" not in plain
+
+
 def _run_mutants(notebooks: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "mutants.py"), "--quiet", "--notebooks", *notebooks],

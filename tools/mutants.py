@@ -7,9 +7,10 @@ For each exercise of the chosen solution notebooks (default: 01-07), the answer
 cell's code (solution markers removed) is mutated one change at a time: an arithmetic or
 comparison operator swapped, ``max``/``min`` exchanged, a number changed, a sign dropped,
 ``keepdim(s)=True`` turned off, a call replaced by its first argument (a scale, a
-``transpose``, a ``detach``...), a statement deleted and a numeric default argument changed
-(``--no-defaults``: not the defaults). Each mutant is run through the
-exercise's self-check (``check(id, f)``; ``--graded``: the thorough check of the hidden
+``transpose``, a ``detach``...), a statement deleted and a default argument changed: a
+number, a flag flipped, a string replaced by each other string the function's body names
+(``--no-defaults``: not the defaults; a default None is left as it is). Each mutant is run
+through the exercise's self-check (``check(id, f)``; ``--graded``: the thorough check of the hidden
 tests too). A mutant the check rejects is *killed*; one it accepts *survives*: either it
 is equivalent to the solution (it computes the same thing on every input the spec
 allows: list it in tools/mutants_equivalent.txt with a line of reason) or it is a gap in
@@ -93,6 +94,8 @@ class _Mutator(ast.NodeTransformer):
     def __init__(self, target: int | None = None, defaults: bool = False) -> None:
         self.target = target
         self.defaults = defaults
+        self.in_defaults = False
+        self.choices: list[str] = []  # the strings a function's body names (its choices)
         self.count = 0
         self.done: tuple[int, str] | None = None
 
@@ -128,6 +131,13 @@ class _Mutator(ast.NodeTransformer):
 
     def visit_Constant(self, node: ast.Constant):
         v = node.value
+        if self.in_defaults and isinstance(v, bool | str):  # a flag, a choice of the spec's
+            # a flag flipped; a choice replaced by each other choice the function names
+            others = [not v] if isinstance(v, bool) else [w for w in self.choices if w != v]
+            for new in others:
+                if self._site(node, f"{v!r}->{new!r}"):
+                    return ast.copy_location(ast.Constant(new), node)
+            return node
         if isinstance(v, bool) or not isinstance(v, int | float):
             return node
         for new in ([v + 1, 0] if v else [1]) if isinstance(v, int) else ([v * 2, 0.0]):
@@ -187,8 +197,22 @@ class _Mutator(ast.NodeTransformer):
         return out or [ast.Pass()]
 
     def visit_FunctionDef(self, node: ast.FunctionDef):
-        if self.defaults:  # a spec's default arguments: a default axis, a model's sizes
-            node.args = self.visit(node.args)
+        if self.defaults:  # a spec's default arguments: a default axis, a model's sizes, a flag
+            self.in_defaults = True
+            self.choices = sorted(
+                {
+                    c.value
+                    for stmt in node.body
+                    for c in ast.walk(stmt)
+                    if isinstance(c, ast.Constant)
+                    and isinstance(c.value, str)
+                    and not (stmt is node.body[0] and isinstance(stmt, ast.Expr))
+                }
+            )
+            try:
+                node.args = self.visit(node.args)
+            finally:
+                self.in_defaults = False
         node.body = self._body(node.body)
         return node
 

@@ -66,7 +66,7 @@ _TABLE = """
     create tensors with dtype=x.dtype, torch.zeros_like(x) or x.new_zeros(...), and cast a
     result computed in another dtype back with .to(x.dtype), x being an input tensor (the
     logits, q, ...).
-[wrong_device]
+[wrong_device] a tensor is built on the CPU, not on the inputs' device.
   hint: build every tensor on the inputs' device: torch.arange(n, device=x.device),
     x.new_zeros(...), torch.zeros_like(x); a tensor made without device= is on the CPU, and
     on a GPU it cannot meet the inputs.

@@ -11,7 +11,7 @@ from .. import training as ref_training
 from ..apps import translation as ref
 from ._core import CheckFailure, Context, Mistake, exercise
 from .mistakes import named
-from .toolkit import dtype_name, expect_gradient, expect_spec_defaults
+from .toolkit import dtype_name, expect_follows_device, expect_gradient, expect_spec_defaults
 
 # ----------------------------------------------------------------------------- make_batch
 BOS, EOS = 1, 2
@@ -333,6 +333,19 @@ def check_masked_cross_entropy(candidate, ctx: Context) -> None:
                 hint="the padding must get zero gradient and each real token 1 / mask.sum() "
                 "of its cross-entropy gradient.",
             )
+    meta = torch.device("meta")
+    expect_follows_device(
+        ctx,
+        candidate,
+        (
+            torch.empty(2, 3, 5, device=meta),
+            torch.empty(2, 3, dtype=torch.long, device=meta),
+            torch.empty(2, 3, dtype=torch.bool, device=meta),
+        ),
+        ("the loss",),
+        "wrong_device",
+        "logits (2, 3, 5), targets (2, 3), mask (2, 3)",
+    )
 
 
 # ----------------------------------------------------------------------------- beam search

@@ -324,6 +324,17 @@ def check_span_loss(candidate, ctx: Context) -> None:
                 hint=mistakes[0].hint,
             )
     _expect_span_loss_gradient(candidate, ctx, label, s, e, start, end, mask)
+    meta = torch.device("meta")
+    logits = torch.empty(2, 9, device=meta)
+    answer = torch.empty(2, dtype=torch.long, device=meta)
+    expect_follows_device(
+        ctx,
+        candidate,
+        (logits, logits, answer, answer, torch.empty(2, 9, dtype=torch.bool, device=meta)),
+        ("the loss",),
+        "wrong_device",
+        "start_logits, end_logits (2, 9), start, end (2,), mask (2, 9)",
+    )
 
 
 def _expect_span_loss_gradient(candidate, ctx: Context, label: str, *args) -> None:

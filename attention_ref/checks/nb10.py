@@ -206,3 +206,13 @@ def check_select_sentences(candidate, ctx: Context) -> None:
         ctx.expect_close(
             got, expected, what="the selection", case=case, mistakes=mistakes, rtol=0, atol=0
         )
+    meta = torch.device("meta")
+    for k in (2, torch.empty(2, dtype=torch.long, device=meta)):
+        expect_follows_device(
+            ctx,
+            candidate,
+            (torch.empty(2, 5, device=meta), torch.empty(2, 5, dtype=torch.bool, device=meta), k),
+            ("the selection",),
+            "wrong_device",
+            f"scores (2, 5), mask (2, 5), k {'= 2' if isinstance(k, int) else '(2,)'}",
+        )

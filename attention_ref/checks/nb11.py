@@ -36,6 +36,7 @@ from .toolkit import (
     build_module,
     dtype_name,
     earlier_position_changed,
+    expect_follows_device,
     expect_spec_defaults,
     expect_sublayer_dropout,
     load_reference_weights,
@@ -417,6 +418,17 @@ def check_sample_next_token(fn, ctx: Context) -> None:
         "generator=None)",
         kwargs=lambda: {"generator": torch.Generator().manual_seed(ctx.seed + 11)},
     )
+    meta = torch.device("meta")
+    for kwargs in ({"temperature": 0.8, "top_k": 3, "top_p": 0.9}, {"temperature": 0.0}):
+        expect_follows_device(
+            ctx,
+            fn,
+            (torch.empty(2, 7, device=meta),),
+            ("the tokens",),
+            "wrong_device",
+            "logits (2, 7), " + ", ".join(f"{k}={v}" for k, v in kwargs.items()),
+            **kwargs,
+        )
 
 
 def _fits(freq: np.ndarray, dist: np.ndarray, N: int) -> bool:

@@ -31,6 +31,7 @@ from .toolkit import (
     build_module,
     dtype_name,
     earlier_position_changed,
+    expect_follows_device,
     load_linear_weights,
     load_reference_weights,
 )
@@ -449,6 +450,22 @@ def check_rotary_attention(cls, ctx: Context) -> None:
                     value, expected, what=what, case=case, mistakes=mistakes, **TOL[dtype]
                 )
     _check_rotary_causal(cls, ctx, g)
+    _check_rotary_device(cls, ctx, g)
+
+
+def _check_rotary_device(cls, ctx: Context, g) -> None:
+    """The module on PyTorch's meta device (a stand-in for a GPU): what forward builds (the
+    positions, the mask) must follow x."""
+    D, H, G, T = 8, 2, 1, 5
+    case = f"RotaryAttention({D}, {H}, {G}) and x (2, {T}, {D}) on PyTorch's meta device"
+    x = torch.randn(2, T, D, generator=g)
+    mod = build_module(ctx, cls, (D, H, G), {}, case, sample=(x,))
+    mod.to(torch.device("meta")).eval()
+    with torch.no_grad():
+        expect_follows_device(
+            ctx, mod, (torch.empty(2, T, D, device="meta"),), ("out", "weights"),
+            "wrong_device", f"RotaryAttention({D}, {H}, {G}), x (2, {T}, {D})",
+        )  # fmt: skip
 
 
 def _check_rotary_causal(cls, ctx: Context, g) -> None:

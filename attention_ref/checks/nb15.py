@@ -24,7 +24,7 @@ from .. import latent_attention as ref_latent
 from .. import sliding_window as ref_window
 from ._core import Context, Mistake, exercise, warm_autograd
 from .remote import autograd_grad
-from .toolkit import TOL, dtype_name, expect_follows_device, normal
+from .toolkit import TOL, dtype_name, expect_follows_device, expect_spec_defaults, normal
 
 DTYPES = (torch.float64, torch.float32)
 
@@ -530,6 +530,23 @@ def check_route(candidate, ctx: Context) -> None:
                                    model=lambda: models["softmax_tokens"][1])]  # fmt: skip
             ctx.expect_close(probs, want_probs, what="probs", case=case, mistakes=mistakes,
                              **tol)  # fmt: skip
+    z = torch.from_numpy(normal(rng, 5, 4))
+    for given, defaults in (  # norm_topk_prob=False tells "mixtral" from "qwen3"
+        ({}, {"router": "mixtral", "norm_topk_prob": True}),
+        ({"norm_topk_prob": False}, {"router": "mixtral"}),
+        ({"router": "qwen3"}, {"norm_topk_prob": True}),
+    ):
+        expect_spec_defaults(
+            ctx,
+            candidate,
+            lambda: (z.clone(), 2),
+            defaults,
+            case="logits (5, 4) float64, top_k=2"
+            + "".join(f", {k}={v!r}" for k, v in given.items())
+            + f", {' and '.join(defaults)} left out",
+            signature='route(logits, top_k, router="mixtral", *, norm_topk_prob=True)',
+            kwargs=lambda given=given: dict(given),
+        )
     logits = torch.empty(6, 4, device="meta")
     for router, kwargs in (("mixtral", {}), ("qwen3", {"norm_topk_prob": False}),
                            ("gpt_oss", {})):  # fmt: skip

@@ -167,6 +167,15 @@ def mce_log_of_softmax(logits, targets, mask):
     return -(torch.log(p) * mask).sum() / mask.sum()
 
 
+@mistake("masked_cross_entropy", id="wrong_device")
+def mce_zeros_on_cpu(logits, targets, mask):
+    """Right on the CPU; the zeros of the masked positions are built there."""
+    safe = targets.masked_fill(~mask, 0)
+    nll = -torch.log_softmax(logits, -1).gather(-1, safe[..., None])[..., 0]  # (B, T)
+    nll = torch.where(mask, nll, torch.zeros(mask.shape, dtype=nll.dtype))
+    return nll.sum() / mask.sum()
+
+
 @alternative("masked_cross_entropy")
 def mce_builtin_reduction_none(logits, targets, mask):
     B, T, V = logits.shape

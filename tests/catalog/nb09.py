@@ -172,6 +172,15 @@ def span_loss_probs(start_logits, end_logits, start, end, mask):
     return -(ps.mean() + pe.mean()) / 2
 
 
+@mistake("span_loss", id="wrong_device")
+def span_loss_fill_on_cpu(start_logits, end_logits, start, end, mask):
+    """Right on the CPU; the -inf table of the masked positions is built there."""
+    minus_inf = torch.full(mask.shape, float("-inf"), dtype=start_logits.dtype)
+    ls = F.cross_entropy(torch.where(mask, start_logits, minus_inf), start)
+    le = F.cross_entropy(torch.where(mask, end_logits, minus_inf), end)
+    return (ls + le) / 2
+
+
 @alternative("span_loss")
 def span_loss_cross_entropy(start_logits, end_logits, start, end, mask):
     ls = F.cross_entropy(start_logits.masked_fill(~mask, float("-inf")), start)

@@ -112,6 +112,15 @@ def select_indices(scores, mask, k):
     return scores.masked_fill(~mask, float("-inf")).topk(kk, dim=1).indices
 
 
+@mistake("select_sentences", id="wrong_device")
+def select_k_on_cpu(scores, mask, k):
+    """Right on the CPU; an int k is made a tensor there whatever the scores' device."""
+    x = scores.masked_fill(~mask, float("-inf"))
+    rank = x.argsort(1, descending=True).argsort(1)  # (B, S)
+    kk = k if isinstance(k, torch.Tensor) else torch.full((scores.shape[0],), k)
+    return (rank < kk[:, None]) & mask
+
+
 @alternative("select_sentences")
 def select_rank(scores, mask, k):
     x = scores.masked_fill(~mask, float("-inf"))
@@ -156,7 +165,7 @@ def select_sort_threshold(scores, mask, k):
     k = 0 selects nothing)."""
     x = scores.masked_fill(~mask, float("-inf"))
     B, S = scores.shape
-    kk = k if isinstance(k, torch.Tensor) else torch.full((B,), k)
+    kk = k if isinstance(k, torch.Tensor) else torch.full((B,), k, device=scores.device)
     kk = torch.minimum(kk, mask.sum(1))
     kth = x.sort(1, descending=True).values.gather(1, (kk - 1).clamp(min=0)[:, None])
     return (x >= kth) & mask & (kk > 0)[:, None]

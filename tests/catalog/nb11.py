@@ -369,6 +369,24 @@ def sampler_reference_style(logits, temperature=1.0, top_k=None, top_p=None, gen
     return _sampler(logits, temperature, top_k, top_p, generator)
 
 
+@mistake("sample_next_token", id="wrong_device")
+def sampler_gumbel_noise_on_cpu(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Gumbel-max whose noise is drawn on the CPU whatever the logits' device."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    scores = logits.double() / temperature
+    if top_k is not None:
+        kth = scores.topk(top_k, -1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    logp = torch.log_softmax(scores, -1)
+    if top_p is not None:
+        p = logp.exp()
+        above = (p[..., None, :] * (p[..., None, :] > p[..., :, None])).sum(-1)
+        logp = logp.masked_fill(above >= top_p, -math.inf)
+    u = torch.rand(logp.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    return (logp - torch.log(-torch.log(u))).argmax(-1)
+
+
 @alternative("sample_next_token")
 def sampler_gumbel_max(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
     """Gumbel-max: argmax(log p + Gumbel noise) is a draw from p; float64 throughout."""
@@ -383,7 +401,8 @@ def sampler_gumbel_max(logits, temperature=1.0, top_k=None, top_p=None, generato
         p = logp.exp()
         above = torch.stack([(p * (p > p[..., i : i + 1])).sum(-1) for i in range(p.shape[-1])], -1)
         logp = torch.where(above < top_p, logp, torch.full_like(logp, -math.inf))
-    u = torch.rand(logp.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    u = torch.rand(logp.shape, generator=generator, dtype=torch.float64, device=logp.device)
+    u = u.clamp_min(1e-300)
     return (logp - torch.log(-torch.log(u))).argmax(-1)
 
 

@@ -312,7 +312,7 @@ class _Rotary(nn.Module):
         else:
             q, k = split_heads(q, H), split_heads(k, G)
         v = split_heads(v, G)
-        if self.mode in ("correct", "values", "base_ignored", "repeat", "no_mask"):
+        if self.mode in ("correct", "values", "base_ignored", "repeat", "no_mask", "mask_on_cpu"):
             q, k = self.rotate(q), self.rotate(k)
         if self.mode == "values":
             v = self.rotate(v)
@@ -322,9 +322,17 @@ class _Rotary(nn.Module):
             k, v = k.repeat(1, H // G, 1, 1), v.repeat(1, H // G, 1, 1)
         else:
             k, v = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
-        mask = None if self.mode == "no_mask" else torch.ones(T, T, dtype=torch.bool).tril()
-        out, w = sdpa(q, k, v, mask)
+        on = None if self.mode == "mask_on_cpu" else x.device
+        mask = torch.ones(T, T, dtype=torch.bool, device=on).tril()
+        out, w = sdpa(q, k, v, None if self.mode == "no_mask" else mask)
         return self.w_o(merge_heads(out)), w
+
+
+@mistake("rotary_attention", id="wrong_device")
+class RotaryMaskOnCpu(_Rotary):
+    """Right on the CPU; the causal mask is built there whatever x's device."""
+
+    mode = "mask_on_cpu"
 
 
 @mistake("rotary_attention", id="rope_not_applied")
@@ -496,8 +504,9 @@ class RotaryComplexNumbers(_Rotary):
 
     def rotate(self, t):
         T, d = t.shape[-2], t.shape[-1]
-        w = self.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-        angles = torch.arange(T, dtype=torch.float64)[:, None] * w  # (T, d/2)
+        on = dict(dtype=torch.float64, device=t.device)
+        w = self.base ** (-torch.arange(0, d, 2, **on) / d)
+        angles = torch.arange(T, **on)[:, None] * w  # (T, d/2)
         turn = torch.polar(torch.ones_like(angles), angles)  # (T, d/2) complex128
         z = torch.view_as_complex(t.double().reshape(*t.shape[:-1], d // 2, 2).contiguous())
         return torch.view_as_real(z * turn).flatten(-2).to(t.dtype)

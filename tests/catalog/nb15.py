@@ -370,6 +370,17 @@ def route_softmax_in_float32_like_transformers(logits, top_k, router="mixtral", 
     return gates.to(logits.dtype), experts, routing_weights.to(logits.dtype)
 
 
+@mistake("route", id="wrong_default")
+def route_qwen3_by_default(logits, top_k, router="qwen3", *, norm_topk_prob=True):
+    """Right for every router it is given; left out, it routes as Qwen3-MoE, which differs
+    from the spec's Mixtral only when norm_topk_prob=False."""
+    top, experts = logits.topk(top_k, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    if router == "qwen3" and not norm_topk_prob:
+        return probs.gather(-1, experts), experts, probs
+    return torch.softmax(top, dim=-1), experts, probs
+
+
 @alternative("route")
 def route_softmax_of_chosen_logits(logits, top_k, router="mixtral", *, norm_topk_prob=True):
     # renormalising the top-k probabilities = softmax over the top-k logits
