@@ -871,7 +871,10 @@ def expect_sublayer_dropout(
 
 
 def _dropped_and_rescaled(train, evaluated, x, p: float) -> bool:
-    """Pre-norm: ``train - x`` is ``(evaluated - x) / (1 - p)`` where it is not zero."""
+    """Pre-norm: ``train - x`` is ``(evaluated - x) / (1 - p)`` where it is not zero (an
+    output of another shape than x was judged by the value cases already)."""
+    if not (train.shape == evaluated.shape == x.shape):
+        return True
     d, e = train - x, (evaluated - x) / (1 - p)
     kept = torch.isclose(d, e, rtol=1e-9, atol=1e-12)
     return bool((kept | (d.abs() <= 1e-12)).all())
