@@ -785,6 +785,10 @@ class DropoutMistakes:
     misplaced: str | None = None
 
 
+#: The encoder's and decoder's ids (a default argument must not be a call: ruff's B008).
+LAYER_DROPOUT_MISTAKES = DropoutMistakes()
+
+
 @contextmanager
 def _hooked_to_zero(mod: nn.Module, names: list[str]):
     """The default way to silence sub-layers: a forward hook returns zeros for each output."""
@@ -804,7 +808,7 @@ def expect_sublayer_dropout(
     *,
     p: float,
     case: str,
-    mistakes: DropoutMistakes = DropoutMistakes(),
+    mistakes: DropoutMistakes = LAYER_DROPOUT_MISTAKES,
     silence=None,
     residual: torch.Tensor | None = None,
 ) -> None:
