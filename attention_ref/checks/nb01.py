@@ -177,8 +177,8 @@ def attention_cases(ctx: Context) -> list[AttnCase]:
         ),
     ]
     extreme = scores_case(
-        "scores at the edges of exp's range (query 0's span more than 709.8, query 1's are "
-        "all around -1000)",
+        "scores at the edges of exp's range (query 0's scores span more than 709.8, query 1's "
+        "are all around -1000)",
         extreme_score_rows(rng, 5),
         normal(rng, 5, 3),
     )
