@@ -7,14 +7,16 @@ import re
 
 import pytest
 
-from attention_ref.checks import check, exercise_ids
+from attention_ref.checks import _core, check, exercise_ids
 from attention_ref.checks.mistakes import MISTAKES as NAMED
 from attention_ref.checks.mistakes import mistake_id
 from attention_ref.course.secret import graded_seed
+from attention_ref.course.trusted import META_DEVICE_EXERCISES
 
 from catalog import ALTERNATIVES, MISTAKES, Entry
 
 HIDDEN = dict(seed=2024, thorough=True)
+real_on_meta = _core.on_meta
 #: Exercises whose entries run Triton's interpreter (1 to 10 s each on a quiet core, 5 to
 #: 15 s in make test's four lanes): make test runs the first catalogued mistake of each,
 #: make test-later (marked later) the other mistakes and every alternative (an alternative
@@ -48,9 +50,21 @@ def test_mistake_is_caught_and_named(entry: Entry) -> None:
 
 
 @pytest.mark.parametrize("entry", _params(ALTERNATIVES, first_in_make_test=False))
-def test_correct_alternative_passes(entry: Entry) -> None:
+def test_correct_alternative_passes(entry: Entry, monkeypatch) -> None:
+    on_meta: list[bool] = []
+
+    def spy(*values):
+        on_meta.append(real_on_meta(*values))
+        return on_meta[-1]
+
+    monkeypatch.setattr(_core, "on_meta", spy)
     check(entry.exercise, entry.impl)
     check(entry.exercise, entry.impl, **HIDDEN)
+    # A graded kernel is warmed for the meta device exactly when its checks use it.
+    assert any(on_meta) == (entry.exercise in META_DEVICE_EXERCISES), (
+        f"{entry.exercise}: its check {'uses' if any(on_meta) else 'does not use'} the meta "
+        "device; attention_ref/course/trusted.py's META_DEVICE_EXERCISES says otherwise"
+    )
 
 
 #: Two grading secrets of two courses (attention_ref/course/secret.py).

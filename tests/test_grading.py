@@ -239,6 +239,43 @@ def test_a_loop_costs_one_cell_limit_then_a_reduced_one(monkeypatch):
     assert seconds < 60, seconds
 
 
+#: A learner's cell that prints whether its kernel has used the meta device already.
+META_WARM_SEEN = (
+    "import sys\n"
+    "core = sys.modules.get('attention_ref.checks._core')\n"
+    "print('meta warm:', bool(core and core._META_WARM))"
+)
+
+
+@pytest.mark.parametrize(("exercise", "warmed"), [("masked_softmax", True), ("causal_mask", False)])
+def test_a_graded_kernel_pays_the_meta_devices_first_use_before_its_first_cell(exercise, warmed):
+    """A notebook whose checks hand the learner's code meta tensors (masked_softmax's do,
+    causal_mask's do not): its fresh kernel imports the meta device's kernels (seconds on a
+    busy machine) before the first cell, outside every cell's time limit; the others' do not
+    pay for it."""
+    from attention_ref.course import trusted
+    from attention_ref.course.cell_limits import execute_preprocessor
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    test = nbformat.v4.new_code_cell(
+        f"from attention_ref.checks import check\ncheck({exercise!r}, lambda *a: None)"
+    )
+    test.metadata["nbgrader"] = {
+        "grade": True,
+        "solution": False,
+        "locked": True,
+        "grade_id": f"test_{exercise}",
+        "points": 1,
+        "schema_version": 3,
+    }
+    nb.cells = [nbformat.v4.new_code_cell(META_WARM_SEEN), test]
+    execute = execute_preprocessor(trusted=trusted)(kernel_name="python3")
+    execute.preprocess(nb, {"metadata": {"path": "."}})
+    assert nb.cells[0].outputs[0]["text"] == f"meta warm: {warmed}\n", nb.cells[0].outputs
+    assert not nb.cells[1].metadata.get("nbgrader", {}).get("passed")  # a stub: no points
+
+
 def test_a_notebook_keeps_one_budget_of_output_bytes(monkeypatch):
     """Five 1 MB outputs under a 2 MB budget: the graded notebook keeps 2 MB at most, says
     that later outputs were dropped, and its later cells still run."""

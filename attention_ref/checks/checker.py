@@ -40,7 +40,7 @@ from typing import Any
 from ..course.secret import SECRET_ENV, graded_seed
 from ..course.trusted import Expected, expected_checks  # noqa: F401 - re-exported
 from . import wire
-from ._core import REGISTRY, CheckFailure, resolve_time_limit, run_check
+from ._core import REGISTRY, CheckFailure, resolve_time_limit, run_check, warm_meta
 from .cell import run_test_cell
 from .mistakes import tag
 from .remote import Link
@@ -273,6 +273,9 @@ def _serve(path: str) -> int:
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()
+    # The meta device's first use (seconds of imports), paid now, before any kernel can have
+    # reached a test cell (it is still starting): never inside a cell's time.
+    warm_meta()
     sel = selectors.DefaultSelector()
     sel.register(server, selectors.EVENT_READ, "kernel")
     stdin = sys.stdin.fileno()

@@ -14,6 +14,7 @@ from .toolkit import (
     additive_softmax,
     causal_mask,
     dtype_name,
+    expect_follows_device,
     expect_masked_weights_zero,
     expect_spec_defaults,
     extreme_score_rows,
@@ -81,6 +82,15 @@ def check_padding_mask(candidate, ctx: Context) -> None:
         ctx.expect_close(
             got, expected, what="the mask", case=case, mistakes=mistakes, rtol=0, atol=0
         )
+    meta = torch.device("meta")
+    expect_follows_device(
+        ctx,
+        candidate,
+        (torch.empty(3, dtype=torch.long, device=meta), 5),
+        ("the mask",),
+        "wrong_device",
+        "lengths (3,), max_len=5",
+    )
 
 
 # ----------------------------------------------------------------------------- causal_mask
@@ -237,4 +247,13 @@ def check_masked_softmax(candidate, ctx: Context) -> None:
         {"dim": -1},
         case="scores (2, 4, 6) float32, a random mask (4, 6), dim left out",
         signature="masked_softmax(scores, mask, dim=-1)",
+    )
+    meta = torch.device("meta")
+    expect_follows_device(
+        ctx,
+        candidate,
+        (torch.empty(4, 6, device=meta), torch.empty(4, 6, dtype=torch.bool, device=meta)),
+        ("the weights",),
+        "wrong_device",
+        "scores (4, 6), mask (4, 6)",
     )

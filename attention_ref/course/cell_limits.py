@@ -191,6 +191,7 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
         that dies before its first cell is replaced (:func:`kernel_failed_to_start`)."""
 
         checker = None
+        warm_meta = False  # the fresh kernel warms the meta device (trusted.WARM_META)
         monitors: list = []
         # With the kernel's messages bounded, IOPub can go silent (a peer over the bound
         # is dropped): its cells then end when their reply comes, and the note says why.
@@ -214,6 +215,13 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             self.instructor_imports = (
                 trusted.instructor_imports(source_nb) if source_nb is not None else ""
             )
+            checked = getattr(self.instructor_imports, "exercises", None) or [
+                e.exercise
+                for c in nb.cells
+                if trusted.is_graded_test(c)
+                for e in trusted.expected_checks(c.source)
+            ]
+            self.warm_meta = trusted.needs_meta_device(checked)
             # Records are keyed by this run's secret and the cell: a late record of another
             # run can never be taken for this one's (the kernel never sees the key).
             self.run_key = secrets.token_hex(8)
@@ -255,7 +263,29 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                 ch.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
                 for ch in (kc.iopub_channel, kc.shell_channel)
             ]
+            if self.checker is not None and self.warm_meta:
+                await self._warm_meta(kc)
             return kc
+
+        async def _warm_meta(self, kc):
+            """The meta device's first use, paid by the fresh kernel before any cell of the
+            learner's runs (trusted.META_DEVICE_EXERCISES): silent, under the kernel's
+            start-up limit. A kernel that does not manage it is graded all the same (each
+            check warms it again, outside the call's limit, inside the cell's)."""
+            try:
+                reply = await kc.execute_interactive(
+                    trusted.WARM_META,
+                    silent=True,
+                    store_history=False,
+                    allow_stdin=False,
+                    timeout=self.startup_timeout,
+                    output_hook=lambda msg: None,
+                )
+                status = reply.get("content", {}).get("status")
+            except Exception as err:  # a timeout, a kernel gone: its first cell will say
+                status = f"{type(err).__name__}: {err}"
+            if status != "ok":
+                self.log.warning("the meta device was not warmed in the kernel (%s)", status)
 
         def start_new_kernel_client(self):
             # nbclient binds start_new_kernel_client to its own async one: go through ours.

@@ -173,6 +173,40 @@ def mixed_test_cells(nb: Any) -> list[str]:
 #: What the graded kernel runs in place of a test cell that makes no check.
 SERVE_CELL = "__import__('attention_ref.checks.agent').checks.agent.serve_test_cell()"
 
+#: The exercises whose checks hand the learner's code tensors on PyTorch's meta device (the
+#: device property in docs/MAINTAINING.md). The meta device's first use imports about 900
+#: modules (2 s of CPU, 6 to 8 s on a busy machine): a graded kernel of a notebook that checks
+#: one of these pays it before its first cell (:data:`WARM_META`), under the kernel's start-up
+#: limit, not in a test cell's time. tests/test_checks.py keeps this list true.
+META_DEVICE_EXERCISES = frozenset(
+    {
+        "padding_mask",  # 02
+        "masked_softmax",
+        "rope",  # 05
+        "masked_cross_entropy",  # 08
+        "best_span",  # 09
+        "span_loss",
+        "pool_sentences",  # 10
+        "select_sentences",
+        "sample_next_token",  # 11
+        "online_softmax_attention",  # 12
+        "cached_self_attention",
+        "rotary_attention",  # 13
+        "sliding_window_mask",  # 15
+        "rolling_append",
+        "absorbed_scores",
+        "route",
+        "load_balancing_loss",
+    }
+)
+#: What a fresh graded kernel runs, silently, before a notebook that needs it.
+WARM_META = "__import__('attention_ref.checks._core').checks._core.warm_meta()"
+
+
+def needs_meta_device(exercises: Any) -> bool:
+    """Whether a notebook that checks ``exercises`` hands its kernel meta tensors."""
+    return any(e in META_DEVICE_EXERCISES for e in exercises)
+
 
 def import_lines(sources: list[str]) -> str:
     """The top-level ``import`` statements of the given cells, in order, as source

@@ -22,6 +22,12 @@ def padding_float(lengths, max_len):
     return (torch.arange(max_len)[None, :] < lengths[:, None]).float()
 
 
+@mistake("padding_mask", id="wrong_device")
+def padding_on_cpu(lengths, max_len):
+    """The positions built without device=: on the CPU whatever lengths' device."""
+    return torch.arange(max_len)[None, :] < lengths[:, None]
+
+
 @mistake("padding_mask", id="mask_transposed")
 def padding_transposed(lengths, max_len):
     return torch.arange(max_len)[:, None] < lengths[None, :]
@@ -86,6 +92,13 @@ def causal_not_triu(n):
 @mistake("masked_softmax", id="fully_masked_row_nan")
 def masked_softmax_nan(scores, mask, dim=-1):
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
+
+
+@mistake("masked_softmax", id="wrong_device")
+def masked_softmax_zeros_on_cpu(scores, mask, dim=-1):
+    """Right on the CPU; the zeros of the dead rows are built there whatever scores' device."""
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
+    return torch.where(torch.isnan(w), torch.zeros(w.shape, dtype=w.dtype), w)
 
 
 @mistake("masked_softmax", id="fully_masked_row_uniform")
