@@ -137,3 +137,95 @@ def test_the_check_refuses_a_scale_wrong_only_where_d_nope_equals_r():
 
     with pytest.raises(CheckFailure, match="where d_nope = r, yet right on every other input"):
         check("absorbed_scores", wrong_only_where_square)
+
+
+# ----------------------------------------------------------------------------- serving
+def _attend_inputs(t: int, n: int, r: int = 12, device: str = "cpu"):
+    g = torch.Generator().manual_seed(t * 100 + n)
+    H, d_nope, d_rope, d_v = 3, 6, 4, 5
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.float64, generator=g).to(device)
+
+    return (rand(2, H, t, d_nope), rand(2, H, t, d_rope), rand(2, n, r), rand(2, n, d_rope),
+            rand(H, d_nope, r), rand(H, d_v, r))  # fmt: skip
+
+
+@pytest.mark.parametrize(("t", "n"), [(1, 7), (7, 7), (3, 11)])
+def test_the_explicit_and_absorbed_forms_agree_with_and_without_a_mask(t, n):
+    from attention_ref.latent_serving import attend_latent
+
+    args = _attend_inputs(t, n)
+    mask = torch.rand(t, n, generator=torch.Generator().manual_seed(0)) < 0.6
+    mask[0] = False  # a query that sees nothing: zeros in both forms
+    for m in (None, mask):
+        explicit = attend_latent(*args, form="explicit", mask=m)
+        absorbed = attend_latent(*args, form="absorbed", mask=m)
+        assert explicit.shape == (2, 3, t, 5)
+        torch.testing.assert_close(explicit, absorbed, rtol=0, atol=1e-12)
+    assert (attend_latent(*args, form="absorbed", mask=mask)[:, :, 0] == 0).all()
+
+
+def test_the_explicit_form_is_ordinary_attention_over_the_decompressed_keys():
+    from attention_ref.attention import sdpa
+    from attention_ref.latent_serving import attend_latent
+
+    q_nope, q_rope, c_kv, k_rope, w_uk, w_uv = _attend_inputs(4, 9)
+    k = torch.cat([torch.einsum("hdr,bnr->bhnd", w_uk, c_kv),
+                   k_rope[:, None].expand(-1, 3, -1, -1)], dim=-1)  # fmt: skip
+    v = torch.einsum("hvr,bnr->bhnv", w_uv, c_kv)
+    expected, _ = sdpa(torch.cat([q_nope, q_rope], -1), k, v)
+    got = attend_latent(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, form="explicit")
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("t", "n", "r"), [(1, 7, 12), (7, 7, 12), (3, 11, 4)])
+def test_the_flop_formulas_are_what_pytorch_counts(t, n, r):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attention_ref.latent_serving import attend_latent, latent_attention_flops
+
+    args = _attend_inputs(t, n, r)
+    shape = dict(n_heads=3, kv_lora_rank=r, d_nope=6, d_rope=4, d_v=5)
+    for form in ("explicit", "absorbed"):
+        with FlopCounterMode(display=False) as counter:
+            attend_latent(*args, form=form)
+        # a batch of two sequences: twice one sequence's products
+        assert counter.get_total_flops() == 2 * latent_attention_flops(t, n, form=form, **shape)
+
+
+def test_prefill_favours_the_explicit_form_and_decoding_the_absorbed_one():
+    from attention_ref.latent_serving import latent_attention_flops
+
+    deepseek = dict(n_heads=128, kv_lora_rank=512, d_nope=128, d_rope=64, d_v=128)
+    for n in (16, 1024, 131072):
+        prefill = {
+            f: latent_attention_flops(n, n, form=f, **deepseek) for f in ("explicit", "absorbed")
+        }
+        decode = {
+            f: latent_attention_flops(1, n, form=f, **deepseek) for f in ("explicit", "absorbed")
+        }
+        assert prefill["explicit"] < prefill["absorbed"] < prefill["explicit"] * 1088 / 320
+        assert decode["absorbed"] < decode["explicit"]
+
+
+def test_yarn_mscale_and_bad_arguments_are_named():
+    import math
+
+    from attention_ref.latent_serving import attend_latent, latent_attention_flops, yarn_mscale
+
+    assert yarn_mscale(1.0) == 1.0 and yarn_mscale(0.5) == 1.0
+    assert yarn_mscale(40.0) == pytest.approx(1 + 0.1 * math.log(40))
+    assert round(yarn_mscale(40.0) ** 2, 3) == 1.874
+    with pytest.raises(ValueError, match="factor must be positive"):
+        yarn_mscale(0.0)
+    with pytest.raises(ValueError, match="form must be one of"):
+        latent_attention_flops(1, 2, n_heads=1, kv_lora_rank=1, d_nope=1, d_rope=1, d_v=1, form="x")
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        latent_attention_flops(1, 0, n_heads=1, kv_lora_rank=1, d_nope=1, d_rope=1, d_v=1,
+                               form="explicit")  # fmt: skip
+    with pytest.raises(ValueError, match="form must be one of"):
+        attend_latent(*_attend_inputs(1, 2), form="mha")
+    with pytest.raises(TypeError, match="c_kv"):
+        q_nope, q_rope, _, k_rope, w_uk, w_uv = _attend_inputs(1, 2)
+        attend_latent(q_nope, q_rope, [[0.0]], k_rope, w_uk, w_uv, form="explicit")
