@@ -242,4 +242,22 @@ class MoEFeedForward(nn.Module):
         return out.view(x.shape)
 
 
-__all__ = ["route", "load_balancing_loss", "ClampedSwiGLU", "MoEFeedForward", "ROUTERS"]
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE's router z-loss (Zoph et al., 2022): the square of each token's log-sum-exp of
+    its router logits, averaged over the tokens. ``logits (N, E)``. It keeps the logits small,
+    where exp's rounding in low precision cannot destabilise training; ST-MoE weighted it
+    1e-3. As transformers' Switch Transformer computes it."""
+    require_tensor("logits", logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (tokens, experts); got shape {tuple(logits.shape)}")
+    return torch.logsumexp(logits, dim=-1).square().mean()  # (N,) -> a scalar
+
+
+__all__ = [
+    "route",
+    "load_balancing_loss",
+    "router_z_loss",
+    "ClampedSwiGLU",
+    "MoEFeedForward",
+    "ROUTERS",
+]

@@ -1,12 +1,15 @@
 """Notebook 15's expert-load experiment (attention_ref.apps.expert_load) and its bench line."""
 
+import math
+
+import pytest
 import torch
 
 from attention_ref.apps import expert_load as expert_load_module
-from attention_ref.apps.expert_load import coefficient_of_variation, expert_load
+from attention_ref.apps.expert_load import coefficient_of_variation, dropped_share, expert_load
 from attention_ref.apps.variants import VariantsResult
 from attention_ref.data.vocab import pad_batch
-from attention_ref.experts import load_balancing_loss
+from attention_ref.experts import load_balancing_loss, router_z_loss
 
 
 def test_expert_load_gives_each_experts_share_and_trains_with_the_given_loss():
@@ -62,3 +65,29 @@ def test_variants_line_reports_the_expert_load_and_whether_the_loss_balanced_eac
     # Seed 1 got worse with the loss: the line says so, and the targets are not met.
     line = _result({(0.0, 0): skewed, (0.1, 0): even, (0.0, 1): even, (0.1, 1): skewed}).extras()
     assert line.endswith("loss_balances_each_seed=False targets_met=False")
+
+
+def test_dropped_share_counts_what_exceeds_each_experts_capacity():
+    balanced = torch.full((8,), 1 / 8, dtype=torch.float64)
+    assert dropped_share(balanced, 1.0) == 0.0
+    one_busy = torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64)
+    assert abs(dropped_share(one_busy, 1.0) - 0.5) < 1e-12  # each takes 1/4: half dropped
+    assert abs(dropped_share(one_busy, 1.5) - 0.25) < 1e-12  # each takes 3/8
+    assert dropped_share(one_busy, 2.0) == 0.0
+    with pytest.raises(ValueError, match="capacity_factor must be positive"):
+        dropped_share(balanced, 0.0)
+    with pytest.raises(ValueError, match="summing to 1"):
+        dropped_share(2 * balanced, 1.0)
+
+
+def test_router_z_loss_is_the_mean_squared_log_sum_exp_and_grows_when_all_logits_shift():
+    logits = torch.tensor([[0.0, 0.0], [1.0, -1.0]], dtype=torch.float64)
+    expected = (math.log(2.0) ** 2 + math.log(math.e + 1 / math.e) ** 2) / 2
+    assert abs(router_z_loss(logits).item() - expected) < 1e-12
+    # a shift that leaves the routing alone still raises the loss: what it is there for
+    assert router_z_loss(logits + 5) > router_z_loss(logits)
+    logits.requires_grad_(True)
+    router_z_loss(logits).backward()
+    assert logits.grad is not None and (logits.grad.sum(-1) > 0).all()
+    with pytest.raises(ValueError, match="tokens, experts"):
+        router_z_loss(torch.zeros(3))

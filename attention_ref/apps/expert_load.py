@@ -117,6 +117,19 @@ def coefficient_of_variation(load: torch.Tensor) -> float:
     return (load.std(correction=0) / load.mean()).item()
 
 
+def dropped_share(load: torch.Tensor, capacity_factor: float) -> float:
+    """The share of the assignments that experts of limited capacity drop, if the assignments
+    ``load`` describes came in one batch: each expert takes at most ``capacity_factor / E`` of
+    them (``capacity_factor`` times an equal share; the Switch Transformer's capacity), and
+    the rest pass it by (the token keeps its residual stream for that expert).
+    ``load (E,)``: each expert's share, summing to 1."""
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor must be positive; got {capacity_factor!r}")
+    if load.dim() != 1 or abs(load.sum().item() - 1) > 1e-6:
+        raise ValueError(f"load must be (E,) shares summing to 1; got {load.tolist()!r}")
+    return (load - capacity_factor / load.numel()).clamp(min=0).sum().item()
+
+
 @contextmanager
 def single_threaded_on_cpu(device: torch.device | str) -> Iterator[None]:
     """Run torch on one thread on a CPU while the block runs (these matrices are tiny, and
@@ -130,4 +143,10 @@ def single_threaded_on_cpu(device: torch.device | str) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-__all__ = ["TinyMoELM", "expert_load", "coefficient_of_variation", "single_threaded_on_cpu"]
+__all__ = [
+    "TinyMoELM",
+    "expert_load",
+    "coefficient_of_variation",
+    "dropped_share",
+    "single_threaded_on_cpu",
+]
