@@ -22,7 +22,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "decoder": ("Decoder", "DecoderLayer"),
     "efficient": ("naive_attention", "online_softmax", "online_softmax_attention"),
     "encoder": ("Encoder", "EncoderLayer", "FeedForward"),
-    "experts": ("MoEFeedForward", "load_balancing_loss", "route"),
+    "experts": ("MoEFeedForward", "deepseek_route", "load_balancing_loss", "route"),
     "flash": ("FlashAttention", "flash_attention"),
     "gpt": ("GPT", "GPTBlock", "GroupedQueryAttention"),
     "kv_cache": ("KVCache", "cached_self_attention"),

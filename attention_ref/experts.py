@@ -119,6 +119,79 @@ def route(
     return gates * routed_scaling_factor, experts, scores
 
 
+def deepseek_route(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    top_k: int,
+    *,
+    n_group: int = 1,
+    topk_group: int = 1,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's router, as DeepSeek's own gate computes it (``inference/model.py``).
+
+    Args:
+        logits: ``(N, E)``, one row per token.
+        bias: ``(E,)``, the selection bias (load balancing without an auxiliary loss).
+        top_k: experts per token.
+        n_group: the experts form ``n_group`` groups of ``E / n_group`` (by index);
+            a group scores the sum of its two best ``sigmoid(logits) + bias`` (its best, if it
+            has one expert), and only the experts of the ``topk_group`` best groups may be
+            chosen (the others are masked with ``-inf``; ``transformers``' port masks them with
+            0, which lets an expert outside the groups win where an eligible one's
+            ``s + b < 0``).
+        routed_scaling_factor: multiplies the gates (2.5 in DeepSeek-V3).
+
+    Returns:
+        ``(gates (N, top_k), experts (N, top_k) long, scores (N, E))``: ``scores`` is
+        ``sigmoid(logits)``; the experts are the ``top_k`` of ``scores + bias`` among the
+        eligible; the gates are their ``scores`` (without the bias), divided by their sum,
+        times ``routed_scaling_factor``. In the logits' dtype and on their device.
+    """
+    require_tensor("logits", logits)
+    require_tensor("bias", bias)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (tokens, experts); got shape {tuple(logits.shape)}")
+    E = logits.shape[1]
+    if tuple(bias.shape) != (E,):
+        raise ValueError(f"bias must be ({E},), one per expert; got shape {tuple(bias.shape)}")
+    _positive("top_k", top_k)
+    if E % _positive("n_group", n_group) or not 1 <= _positive("topk_group", topk_group) <= n_group:
+        raise ValueError(
+            f"n_group={n_group} must divide the {E} experts and topk_group={topk_group} be "
+            "between 1 and n_group"
+        )
+    if top_k > topk_group * (E // n_group):
+        raise ValueError(
+            f"top_k={top_k} is more than the {topk_group * (E // n_group)} experts of the "
+            f"topk_group={topk_group} groups"
+        )
+    scores = logits.sigmoid()  # (N, E)
+    choice = scores + bias  # (N, E): the bias steers the selection only
+    grouped = choice.unflatten(-1, (n_group, E // n_group))  # (N, groups, E / groups)
+    group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # (N, groups)
+    best = group_score.topk(topk_group, dim=-1).indices  # (N, topk_group)
+    eligible = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
+    eligible = eligible[:, :, None].expand_as(grouped).flatten(1)  # (N, E)
+    experts = choice.masked_fill(~eligible, float("-inf")).topk(top_k, dim=-1).indices
+    gates = scores.gather(1, experts)  # (N, k): the scores, not the biased choice
+    gates = gates / gates.sum(-1, keepdim=True)
+    return gates * routed_scaling_factor, experts, scores
+
+
+def update_bias(bias: torch.Tensor, load: torch.Tensor, gamma: float) -> torch.Tensor:
+    """DeepSeek-V3's balancing step, after each training step: ``bias_i`` goes up by
+    ``gamma`` for an expert that got fewer than the mean number of assignments ``load``
+    ``(E,)``, down by ``gamma`` for one that got more (the sign of the error, not its size;
+    no gradient). Returns the new bias."""
+    require_tensor("bias", bias)
+    require_tensor("load", load)
+    if load.shape != bias.shape:
+        raise ValueError(f"load {tuple(load.shape)} and bias {tuple(bias.shape)} must match")
+    load = load.to(bias.dtype)
+    return bias + gamma * torch.sign(load.mean() - load)
+
+
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     """The Switch Transformer's auxiliary loss ``E * sum_i f_i * P_i``.
 
@@ -255,6 +328,8 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "route",
+    "deepseek_route",
+    "update_bias",
     "load_balancing_loss",
     "router_z_loss",
     "ClampedSwiGLU",

@@ -1336,6 +1336,34 @@ _TABLE = """
 [route_experts_not_indices] experts must be each token's top_k distinct expert indices, an
     integer tensor (N, top_k).
   hint: gates, experts = probs.topk(top_k, dim=-1) gives the indices as torch.long.
+[deepseek_gates_include_bias] the gates are taken from the biased scores s + b: the bias
+    only chooses the experts, the gates are their plain sigmoid scores s.
+  hint: choose on scores + bias, then gates = scores.gather(1, experts) (not the biased
+    values), normalised, times routed_scaling_factor.
+[deepseek_softmax_scores] the scores are a softmax over the experts, not a sigmoid of each
+    logit: DeepSeek-V3 scores every expert independently.
+  hint: scores = logits.sigmoid(); the gates are normalised to sum to 1 only among the chosen.
+[deepseek_bias_ignored] the experts are chosen on the scores s alone: the bias b, which
+    DeepSeek-V3 adjusts to balance the load, must steer the choice.
+  hint: rank the experts (and the groups) by scores + bias.
+[deepseek_group_score_max] each group is scored by its best expert alone, as DeepSeek's gate
+    does without a bias (and DeepSeek-V2): DeepSeek-V3 sums the two best s + b of each group.
+  hint: group_score = grouped.topk(2, dim=-1).values.sum(-1), grouped being (N, n_group,
+    E / n_group) of scores + bias.
+[deepseek_groups_masked_with_zero] the experts outside the chosen groups are given 0 (as
+    transformers' port does), not -inf: where an eligible expert's s + b is negative, an
+    expert outside the groups wins, which DeepSeek's gate never allows.
+  hint: masked_fill(~eligible, float("-inf")) before the top k.
+[deepseek_no_group_limit] the experts are chosen among all E, not only among the topk_group
+    best groups.
+  hint: score the groups, keep the topk_group best, and mask the other groups' experts out
+    before the top k.
+[deepseek_gates_not_normalised] the chosen scores are not divided by their sum: DeepSeek-V3's
+    gates sum to routed_scaling_factor.
+  hint: gates = gates / gates.sum(-1, keepdim=True), then times routed_scaling_factor.
+[deepseek_scaling_factor_missing] the gates are not multiplied by routed_scaling_factor (2.5
+    in DeepSeek-V3), or it is applied before the normalisation, which undoes it.
+  hint: normalise first, then multiply by routed_scaling_factor.
 [aux_loss_wrong_axis] the mean router probability is taken over the wrong axis: over each
     token's experts (a constant 1/E, or 1/top_k over its gates) instead of over the tokens, so
     the loss no longer depends on the router: N * top_k summed, or E / top_k with a mean (as

@@ -555,6 +555,131 @@ def check_route(candidate, ctx: Context) -> None:
                       **kwargs)  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- deepseek_route
+def deepseek_model(logits, bias, top_k, n_group=1, topk_group=1, scale=1.0, mode="correct"):
+    """``(dense gates (N, E), scores (N, E))`` of DeepSeek-V3's router, or of a mistaken
+    version of it, in float64."""
+    z, b = logits.double().cpu(), bias.double().cpu()
+    N, E = z.shape
+    scores = z.softmax(-1) if mode == "softmax" else z.sigmoid()
+    choice = scores if mode == "bias_ignored" else scores + b
+    grouped = choice.view(N, n_group, E // n_group)
+    if mode == "group_max":
+        group_score = grouped.max(-1).values
+    else:
+        group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)
+    best = group_score.topk(topk_group, dim=-1).indices
+    eligible = torch.zeros(N, n_group, dtype=torch.bool).scatter(1, best, True)
+    eligible = eligible[:, :, None].expand(N, n_group, E // n_group).reshape(N, E)
+    if mode == "no_group_limit":
+        eligible = torch.ones(N, E, dtype=torch.bool)
+    fill = 0.0 if mode == "masked_with_zero" else float("-inf")
+    chosen = choice.masked_fill(~eligible, fill).topk(top_k, dim=-1).indices
+    gates = (choice if mode == "gates_biased" else scores).gather(1, chosen)
+    if mode != "not_normalised":
+        gates = gates / gates.sum(-1, keepdim=True)
+    if mode != "scale_missing":
+        gates = gates * scale
+    return dense_gates(gates, chosen, E), scores
+
+
+DEEPSEEK_MISTAKES = [
+    ("deepseek_gates_include_bias", "gates_biased"),
+    ("deepseek_softmax_scores", "softmax"),
+    ("deepseek_bias_ignored", "bias_ignored"),
+    ("deepseek_group_score_max", "group_max"),
+    ("deepseek_groups_masked_with_zero", "masked_with_zero"),
+    ("deepseek_no_group_limit", "no_group_limit"),
+    ("deepseek_gates_not_normalised", "not_normalised"),
+    ("deepseek_scaling_factor_missing", "scale_missing"),
+]
+
+
+def _deepseek_cases(ctx: Context) -> list[tuple]:
+    # label, tokens N, experts E, top_k, n_group, topk_group, routed_scaling_factor, bias kind
+    cases = [
+        ("10 tokens, 8 experts, top_k=2, no groups", 10, 8, 2, 1, 1, 1.0, "random"),
+        ("9 tokens, 8 experts in 4 groups, topk_group=2, top_k=3, routed_scaling_factor=2.5",
+         9, 8, 3, 4, 2, 2.5, "random"),
+        ("12 tokens, 12 experts in 3 groups, topk_group=1, top_k=2", 12, 12, 2, 3, 1, 1.0,
+         "random"),
+        ("8 tokens, 8 experts in 4 groups, topk_group=2, top_k=3, every bias -1 (each eligible "
+         "s + b below 0)", 8, 8, 3, 4, 2, 1.0, "negative"),
+        ("6 tokens, 8 experts in 4 groups, topk_group=2, top_k=2, bias 0", 6, 8, 2, 4, 2, 1.0,
+         "zero"),
+        ("one token, 4 experts in 4 groups of one, topk_group=3, top_k=3", 1, 4, 3, 4, 3, 1.0,
+         "random"),
+    ]  # fmt: skip
+    if ctx.thorough:
+        cases += [
+            ("64 tokens, 32 experts in 8 groups, topk_group=4, top_k=8, routed_scaling_factor="
+             "2.5 (DeepSeek-V3's proportions)", 64, 32, 8, 8, 4, 2.5, "random"),
+            ("20 tokens, 16 experts in 4 groups, topk_group=2, top_k=4, a bias around -0.5",
+             20, 16, 4, 4, 2, 1.0, "negative_mixed"),
+        ]  # fmt: skip
+    return cases
+
+
+def _deepseek_bias(rng: np.random.Generator, E: int, kind: str) -> torch.Tensor:
+    if kind == "zero":
+        return torch.zeros(E, dtype=torch.float64)
+    if kind == "negative":
+        return torch.full((E,), -1.0, dtype=torch.float64)
+    scale, shift = (0.3, -0.5) if kind == "negative_mixed" else (0.3, 0.0)
+    return torch.from_numpy(normal(rng, E, scale=scale)) + shift
+
+
+@exercise(
+    "deepseek_route",
+    forbidden=lambda: [
+        (ref_experts.deepseek_route, "the reference attention_ref.deepseek_route"),
+        (ref_experts.route, "the reference attention_ref.route"),
+    ],
+    summary="DeepSeek-V3's router: sigmoid scores, a selection bias, group-limited top-k",
+)
+def check_deepseek_route(candidate, ctx: Context) -> None:
+    rng = ctx.rng(1504)
+    tol = TOL[torch.float32]  # a sigmoid in float32, cast back, is allowed (as for route)
+    for label, N, E, top_k, n_group, topk_group, scale, kind in _deepseek_cases(ctx):
+        z64 = torch.from_numpy(normal(rng, N, E, scale=1.5))
+        b64 = _deepseek_bias(rng, E, kind)
+        for dtype in DTYPES:
+            case = f"{label}, {dtype_name(dtype)}"
+            z, b = z64.to(dtype), b64.to(dtype)
+            got = ctx.call(candidate, z, b, top_k, case=case, n_group=n_group,
+                           topk_group=topk_group, routed_scaling_factor=scale)  # fmt: skip
+            gates, experts, scores = ctx.expect_tuple(got, ("gates", "experts", "scores"),
+                                                      case=case)  # fmt: skip
+            ctx.expect_array(gates, z.new_zeros(N, top_k), what="gates", case=case)
+            ctx.expect_array(scores, z.new_zeros(N, E), what="scores", case=case)
+            _expect_experts(ctx, experts, N, top_k, E, case)
+            args = (z, b, top_k, n_group, topk_group, scale)
+            dense, want_scores = deepseek_model(*args)
+            models = {m: deepseek_model(*args, mode=m) for _, m in DEEPSEEK_MISTAKES}
+            mistakes = [Mistake.of(i, model=lambda m=m: models[m][0]) for i, m in DEEPSEEK_MISTAKES]
+            ctx.expect_close(dense_gates(gates, experts, E), dense,
+                             what="the gates (each token's gate at each chosen expert)",
+                             case=case, mistakes=mistakes, **tol)  # fmt: skip
+            mistakes = [Mistake.of("deepseek_softmax_scores", model=lambda: models["softmax"][1])]
+            ctx.expect_close(scores, want_scores, what="scores", case=case, mistakes=mistakes,
+                             **tol)  # fmt: skip
+    z, b = torch.from_numpy(normal(rng, 6, 8)), torch.from_numpy(normal(rng, 8, scale=0.3))
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (z.clone(), b.clone(), 2),
+        {"n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0},
+        case="logits (6, 8) float64, bias (8,), top_k=2, the keywords left out",
+        signature="deepseek_route(logits, bias, top_k, *, n_group=1, topk_group=1, "
+        "routed_scaling_factor=1.0)",
+    )
+    meta = torch.device("meta")
+    expect_follows_device(ctx, candidate, (torch.empty(6, 8, device=meta),
+                          torch.empty(8, device=meta), 3), ("gates", "experts", "scores"),
+                          "route_wrong_device", "6 tokens, 8 experts in 4 groups, top_k=3",
+                          n_group=4, topk_group=2)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- load_balancing_loss
 def balance_model(probs, experts, mode: str = "correct") -> torch.Tensor:
     """E * sum_i f_i * P_i (or what a mistaken version computes), in float64."""

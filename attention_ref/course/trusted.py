@@ -196,6 +196,7 @@ META_DEVICE_EXERCISES = frozenset(
         "rolling_append",
         "absorbed_scores",
         "route",
+        "deepseek_route",
         "load_balancing_loss",
     }
 )

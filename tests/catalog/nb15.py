@@ -1,5 +1,5 @@
 """Catalog for notebook 15: sliding_window_mask, rolling_append, absorbed_scores, route,
-load_balancing_loss."""
+deepseek_route, load_balancing_loss."""
 
 import math
 
@@ -402,6 +402,124 @@ def route_sorted_by_expert_float64(logits, top_k, router="mixtral", *, norm_topk
     if router != "qwen3" or norm_topk_prob:
         gates = gates / gates.sum(-1, keepdim=True)
     return gates.to(logits.dtype), experts, probs.to(logits.dtype)
+
+
+# ----------------------------------------------------------------------------- deepseek_route
+def _deepseek(logits, bias, top_k, n_group, topk_group, scale, *, fill=float("-inf"),
+              group="top2", gates_from="scores", score="sigmoid", normalise=True,
+              groups=True, use_bias=True):  # fmt: skip
+    """DeepSeek's gate, with one of its parts changed by the keywords."""
+    N, E = logits.shape
+    scores = logits.softmax(-1) if score == "softmax" else logits.sigmoid()
+    choice = scores + bias if use_bias else scores
+    grouped = choice.view(N, n_group, -1)
+    if group == "max":
+        group_scores = grouped.amax(-1)
+    else:
+        group_scores = grouped.topk(min(2, E // n_group), -1)[0].sum(-1)
+    keep = group_scores.topk(topk_group, -1)[1]
+    mask = torch.ones(N, n_group, dtype=torch.bool, device=logits.device).scatter_(1, keep, False)
+    if not groups:
+        mask = torch.zeros_like(mask)
+    picked = choice.masked_fill(mask.repeat_interleave(E // n_group, 1), fill).topk(top_k, -1)[1]
+    gates = (choice if gates_from == "choice" else scores).gather(1, picked)
+    if normalise:
+        gates = gates / gates.sum(-1, keepdim=True)
+    return gates * scale, picked, scores
+
+
+@mistake("deepseek_route", id="deepseek_groups_masked_with_zero")
+def deepseek_like_transformers(logits, bias, top_k, *, n_group=1, topk_group=1,
+                               routed_scaling_factor=1.0):  # fmt: skip
+    """transformers' DeepseekV3TopkRouter: the other groups' experts score 0.0."""
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor, fill=0.0)
+
+
+@mistake("deepseek_route", id="deepseek_group_score_max")
+def deepseek_group_by_best(logits, bias, top_k, *, n_group=1, topk_group=1,
+                           routed_scaling_factor=1.0):  # fmt: skip
+    """DeepSeek's gate without a bias (and DeepSeek-V2's): a group scores its best expert."""
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                     group="max")  # fmt: skip
+
+
+@mistake("deepseek_route", id="deepseek_gates_include_bias")
+def deepseek_biased_gates(logits, bias, top_k, *, n_group=1, topk_group=1,
+                          routed_scaling_factor=1.0):  # fmt: skip
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                     gates_from="choice")  # fmt: skip
+
+
+@mistake("deepseek_route", id="deepseek_softmax_scores")
+def deepseek_softmax(logits, bias, top_k, *, n_group=1, topk_group=1, routed_scaling_factor=1.0):
+    """DeepSeek-V2's softmax scores."""
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                     score="softmax")  # fmt: skip
+
+
+@mistake("deepseek_route", id="deepseek_bias_ignored")
+def deepseek_unbiased_choice(logits, bias, top_k, *, n_group=1, topk_group=1,
+                             routed_scaling_factor=1.0):  # fmt: skip
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                     use_bias=False)  # fmt: skip
+
+
+@mistake("deepseek_route", id="deepseek_no_group_limit")
+def deepseek_every_group(logits, bias, top_k, *, n_group=1, topk_group=1,
+                         routed_scaling_factor=1.0):  # fmt: skip
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                     groups=False)  # fmt: skip
+
+
+@mistake("deepseek_route", id="deepseek_gates_not_normalised")
+def deepseek_raw_gates(logits, bias, top_k, *, n_group=1, topk_group=1,
+                       routed_scaling_factor=1.0):  # fmt: skip
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                     normalise=False)  # fmt: skip
+
+
+@mistake("deepseek_route", id="deepseek_scaling_factor_missing")
+def deepseek_unscaled(logits, bias, top_k, *, n_group=1, topk_group=1,
+                      routed_scaling_factor=1.0):  # fmt: skip
+    return _deepseek(logits, bias, top_k, n_group, topk_group, 1.0)
+
+
+@mistake("deepseek_route", id="deepseek_scaling_factor_missing")
+def deepseek_scaled_then_normalised(logits, bias, top_k, *, n_group=1, topk_group=1,
+                                    routed_scaling_factor=1.0):  # fmt: skip
+    gates, experts, scores = _deepseek(logits, bias, top_k, n_group, topk_group, 1.0,
+                                       normalise=False)  # fmt: skip
+    gates = gates * routed_scaling_factor
+    return gates / gates.sum(-1, keepdim=True), experts, scores
+
+
+@alternative("deepseek_route")
+def deepseek_gate_as_deepseek_writes_it(logits, bias, top_k, *, n_group=1, topk_group=1,
+                                        routed_scaling_factor=1.0):  # fmt: skip
+    """DeepSeek's inference/model.py Gate: unflatten, a boolean mask of the groups, -inf."""
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor)
+
+
+@alternative("deepseek_route")
+def deepseek_route_per_token(logits, bias, top_k, *, n_group=1, topk_group=1,
+                             routed_scaling_factor=1.0):  # fmt: skip
+    """A loop over the tokens, in float32 (cast back), with sorted lists of groups."""
+    N, E = logits.shape
+    size = E // n_group
+    scores = logits.float().sigmoid()
+    gates = torch.empty(N, top_k, dtype=logits.dtype, device=logits.device)
+    experts = torch.empty(N, top_k, dtype=torch.long, device=logits.device)
+    for t in range(N):
+        choice = scores[t] + bias.float()
+        group_score = [choice[g * size : (g + 1) * size].sort(descending=True).values[:2].sum()
+                       for g in range(n_group)]  # fmt: skip
+        best = sorted(range(n_group), key=lambda g: -float(group_score[g]))[:topk_group]
+        allowed = [e for g in best for e in range(g * size, (g + 1) * size)]
+        ranked = sorted(allowed, key=lambda e: -float(choice[e]))[:top_k]
+        picked = scores[t, ranked]
+        experts[t] = torch.tensor(ranked, device=logits.device)
+        gates[t] = (picked / picked.sum() * routed_scaling_factor).to(logits.dtype)
+    return gates, experts, scores.to(logits.dtype)
 
 
 # ----------------------------------------------------------------------------- load_balancing_loss
