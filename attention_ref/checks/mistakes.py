@@ -1350,6 +1350,10 @@ _TABLE = """
     does without a bias (and DeepSeek-V2): DeepSeek-V3 sums the two best s + b of each group.
   hint: group_score = grouped.topk(2, dim=-1).values.sum(-1), grouped being (N, n_group,
     E / n_group) of scores + bias.
+[deepseek_groups_scored_without_bias] the groups are ranked on the scores s alone: the bias,
+    which chooses the experts, chooses their groups too (DeepSeek-V3 scores a group by the
+    sum of its two best s + b).
+  hint: score the groups on choice = scores + bias, viewed as (N, n_group, E / n_group).
 [deepseek_groups_masked_with_zero] the experts outside the chosen groups are given 0 (as
     transformers' port does), not -inf: where an eligible expert's s + b is negative, an
     expert outside the groups wins, which DeepSeek's gate never allows.

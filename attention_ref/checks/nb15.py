@@ -563,7 +563,7 @@ def deepseek_model(logits, bias, top_k, n_group=1, topk_group=1, scale=1.0, mode
     N, E = z.shape
     scores = z.softmax(-1) if mode == "softmax" else z.sigmoid()
     choice = scores if mode == "bias_ignored" else scores + b
-    grouped = choice.view(N, n_group, E // n_group)
+    grouped = (scores if mode == "groups_unbiased" else choice).view(N, n_group, E // n_group)
     if mode == "group_max":
         group_score = grouped.max(-1).values
     else:
@@ -588,6 +588,7 @@ DEEPSEEK_MISTAKES = [
     ("deepseek_softmax_scores", "softmax"),
     ("deepseek_bias_ignored", "bias_ignored"),
     ("deepseek_group_score_max", "group_max"),
+    ("deepseek_groups_scored_without_bias", "groups_unbiased"),
     ("deepseek_groups_masked_with_zero", "masked_with_zero"),
     ("deepseek_no_group_limit", "no_group_limit"),
     ("deepseek_gates_not_normalised", "not_normalised"),
@@ -603,8 +604,8 @@ def _deepseek_cases(ctx: Context) -> list[tuple]:
          9, 8, 3, 4, 2, 2.5, "random"),
         ("12 tokens, 12 experts in 3 groups, topk_group=1, top_k=2", 12, 12, 2, 3, 1, 1.0,
          "random"),
-        ("8 tokens, 8 experts in 4 groups, topk_group=2, top_k=3, every bias -1 (each eligible "
-         "s + b below 0)", 8, 8, 3, 4, 2, 1.0, "negative"),
+        ("8 tokens, 8 experts in 4 groups, topk_group=2, top_k=4, every bias -1 (each eligible "
+         "s + b below 0)", 8, 8, 4, 4, 2, 1.0, "negative"),
         ("6 tokens, 8 experts in 4 groups, topk_group=2, top_k=2, bias 0", 6, 8, 2, 4, 2, 1.0,
          "zero"),
         ("one token, 4 experts in 4 groups of one, topk_group=3, top_k=3", 1, 4, 3, 4, 3, 1.0,

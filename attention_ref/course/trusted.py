@@ -58,8 +58,9 @@ RECORD_WAIT = 120.0
 #: one answers in milliseconds.
 PING_WAIT = 10.0
 #: Seconds a new checker may take to say it is ready on a quiet machine (it imports PyTorch
-#: and the checks: about 1.5 s of CPU); one still using CPU is waited for longer, up to
-#: START_HARD_WAIT, since on a busy machine it only gets a share of a core.
+#: and the checks, about 1.5 s of CPU, and uses the meta device once, about 2 s more); one
+#: still using CPU is waited for longer, up to START_HARD_WAIT, since on a busy machine it
+#: only gets a share of a core.
 START_WAIT = 60.0
 START_HARD_WAIT = 900.0
 #: Environment variables the checker keeps (it needs no credential of any kind).
@@ -477,10 +478,11 @@ _SHARED: list[CheckerProcess] = []
 
 def shared_checker() -> CheckerProcess:
     """This grading process's checker, started once and reused for every notebook it
-    grades (one at a time): starting one costs seconds (PyTorch and the checks: 1.5 s of
-    CPU), a notebook is graded in seconds. A checker that died, or that does not answer
-    at once (still serving a request a hostile kernel left unfinished), is replaced, so
-    that no notebook is graded by a checker another student's kernel holds up."""
+    grades (one at a time): starting one costs seconds (PyTorch, the checks and the meta
+    device's first use: 3.5 s of CPU), a notebook is graded in seconds. A checker that
+    died, or that does not answer at once (still serving a request a hostile kernel left
+    unfinished), is replaced, so that no notebook is graded by a checker another student's
+    kernel holds up."""
     if _SHARED and _SHARED[0].responsive():
         return _SHARED[0]
     if _SHARED:

@@ -407,12 +407,12 @@ def route_sorted_by_expert_float64(logits, top_k, router="mixtral", *, norm_topk
 # ----------------------------------------------------------------------------- deepseek_route
 def _deepseek(logits, bias, top_k, n_group, topk_group, scale, *, fill=float("-inf"),
               group="top2", gates_from="scores", score="sigmoid", normalise=True,
-              groups=True, use_bias=True):  # fmt: skip
+              groups=True, use_bias=True, group_bias=True):  # fmt: skip
     """DeepSeek's gate, with one of its parts changed by the keywords."""
     N, E = logits.shape
     scores = logits.softmax(-1) if score == "softmax" else logits.sigmoid()
     choice = scores + bias if use_bias else scores
-    grouped = choice.view(N, n_group, -1)
+    grouped = (choice if group_bias else scores).view(N, n_group, -1)
     if group == "max":
         group_scores = grouped.amax(-1)
     else:
@@ -441,6 +441,13 @@ def deepseek_group_by_best(logits, bias, top_k, *, n_group=1, topk_group=1,
     """DeepSeek's gate without a bias (and DeepSeek-V2's): a group scores its best expert."""
     return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
                      group="max")  # fmt: skip
+
+
+@mistake("deepseek_route", id="deepseek_groups_scored_without_bias")
+def deepseek_groups_on_scores(logits, bias, top_k, *, n_group=1, topk_group=1,
+                              routed_scaling_factor=1.0):  # fmt: skip
+    return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor,
+                     group_bias=False)  # fmt: skip
 
 
 @mistake("deepseek_route", id="deepseek_gates_include_bias")
@@ -496,7 +503,8 @@ def deepseek_scaled_then_normalised(logits, bias, top_k, *, n_group=1, topk_grou
 @alternative("deepseek_route")
 def deepseek_gate_as_deepseek_writes_it(logits, bias, top_k, *, n_group=1, topk_group=1,
                                         routed_scaling_factor=1.0):  # fmt: skip
-    """DeepSeek's inference/model.py Gate: unflatten, a boolean mask of the groups, -inf."""
+    """DeepSeek's inference/model.py Gate (a boolean mask of the groups, -inf), extended to
+    groups of one expert."""
     return _deepseek(logits, bias, top_k, n_group, topk_group, routed_scaling_factor)
 
 
