@@ -200,10 +200,13 @@ def subject_attention(
     return to_subj.cpu(), to_attr.cpu()
 
 
-def time_generation(model: GPT, prompt: torch.Tensor, n_tokens: int, use_cache: bool):
+def time_generation(
+    model: GPT, prompt: torch.Tensor, n_tokens: int, use_cache: bool, repeats: int = 1
+):
     """``(seconds, tokens)`` of greedy generation of ``n_tokens`` after ``prompt``, timed
-    by the benchmark's timer (:func:`attention_ref.bench.best_time`, one run), which waits
-    for the GPU to finish before it reads the clock."""
+    by the benchmark's timer (:func:`attention_ref.bench.best_time`: the fastest of
+    ``repeats`` runs, after a warm-up run when there are several), which waits for the GPU
+    to finish before it reads the clock."""
     from ..bench import best_time
 
     out = []
@@ -213,7 +216,7 @@ def time_generation(model: GPT, prompt: torch.Tensor, n_tokens: int, use_cache: 
                 generate(model, prompt, n_tokens, temperature=0, use_cache=use_cache)
             ),
             prompt.device,
-            repeats=1,
+            repeats=repeats,
         )
     return seconds, out[-1]
 
