@@ -55,6 +55,31 @@ def _positive(name: str, n) -> int:
     return n
 
 
+def _check_groups(E: int, n_group: int, topk_group: int) -> None:
+    if E % _positive("n_group", n_group) or not 1 <= _positive("topk_group", topk_group) <= n_group:
+        raise ValueError(
+            f"n_group={n_group} must divide the {E} experts and topk_group={topk_group} be "
+            "between 1 and n_group"
+        )
+
+
+def _group_limited_top_k(
+    choice: torch.Tensor, top_k: int, n_group: int, topk_group: int, *, outside: float
+) -> torch.Tensor:
+    """DeepSeek-V3's group-limited selection: the ``top_k`` experts ``(N, top_k)`` of
+    ``choice (N, E)`` (the biased scores) among the ``topk_group`` best of ``n_group`` groups
+    of consecutive experts, a group scored by the sum of its two best choices (its best, if it
+    has one expert). The experts of the other groups score ``outside`` (``-inf`` in DeepSeek's
+    gate, ``0`` in transformers' port)."""
+    E = choice.shape[1]
+    grouped = choice.unflatten(-1, (n_group, E // n_group))  # (N, groups, E / groups)
+    group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # (N, groups)
+    best = group_score.topk(topk_group, dim=-1).indices  # (N, topk_group)
+    eligible = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
+    eligible = eligible[:, :, None].expand_as(grouped).flatten(1)  # (N, E)
+    return choice.masked_fill(~eligible, outside).topk(top_k, dim=-1).indices
+
+
 def route(
     logits: torch.Tensor,
     top_k: int,
@@ -96,23 +121,15 @@ def route(
         return gates, experts, probs
     if router != "deepseek_v3":
         raise ValueError(f"router must be one of {ROUTERS}; got {router!r}")
-    if E % n_group or not 1 <= topk_group <= n_group:
-        raise ValueError(
-            f"n_group={n_group} must divide the {E} experts and topk_group={topk_group} be "
-            f"between 1 and n_group"
-        )
+    _check_groups(E, n_group, topk_group)
     scores = logits.sigmoid()  # (N, E)
     choice = scores if correction_bias is None else scores + correction_bias  # selection only
-    grouped = choice.view(-1, n_group, E // n_group)  # (N, groups, E / groups)
-    group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # (N, groups)
-    best_groups = group_score.topk(topk_group, dim=-1).indices  # (N, topk_group)
-    in_best = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, best_groups, True)
-    in_best = in_best[:, :, None].expand_as(grouped).reshape(-1, E)  # (N, E)
     # Experts outside the best groups score 0, as transformers' DeepseekV3TopkRouter does, so
-    # that the course's model matches it. DeepSeek's own gate (inference/model.py) masks them
-    # with -inf: the two pick different experts where an in-group expert's s + b < 0, since
-    # an expert outside the best groups then still beats it here.
-    experts = choice.masked_fill(~in_best, 0.0).topk(top_k, dim=-1).indices  # (N, k)
+    # that the course's model matches it. DeepSeek's own gate (inference/model.py, and
+    # deepseek_route below) masks them with -inf: the two pick different experts where an
+    # in-group expert's s + b < 0, since an expert outside the best groups then still beats it
+    # here.
+    experts = _group_limited_top_k(choice, top_k, n_group, topk_group, outside=0.0)  # (N, k)
     gates = scores.gather(1, experts)  # (N, k): the scores, not the biased choice
     if norm_topk_prob:
         gates = gates / (gates.sum(-1, keepdim=True) + 1e-20)
@@ -156,11 +173,7 @@ def deepseek_route(
     if tuple(bias.shape) != (E,):
         raise ValueError(f"bias must be ({E},), one per expert; got shape {tuple(bias.shape)}")
     _positive("top_k", top_k)
-    if E % _positive("n_group", n_group) or not 1 <= _positive("topk_group", topk_group) <= n_group:
-        raise ValueError(
-            f"n_group={n_group} must divide the {E} experts and topk_group={topk_group} be "
-            "between 1 and n_group"
-        )
+    _check_groups(E, n_group, topk_group)
     if top_k > topk_group * (E // n_group):
         raise ValueError(
             f"top_k={top_k} is more than the {topk_group * (E // n_group)} experts of the "
@@ -168,12 +181,7 @@ def deepseek_route(
         )
     scores = logits.sigmoid()  # (N, E)
     choice = scores + bias  # (N, E): the bias steers the selection only
-    grouped = choice.unflatten(-1, (n_group, E // n_group))  # (N, groups, E / groups)
-    group_score = grouped.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # (N, groups)
-    best = group_score.topk(topk_group, dim=-1).indices  # (N, topk_group)
-    eligible = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
-    eligible = eligible[:, :, None].expand_as(grouped).flatten(1)  # (N, E)
-    experts = choice.masked_fill(~eligible, float("-inf")).topk(top_k, dim=-1).indices
+    experts = _group_limited_top_k(choice, top_k, n_group, topk_group, outside=float("-inf"))
     gates = scores.gather(1, experts)  # (N, k): the scores, not the biased choice
     gates = gates / gates.sum(-1, keepdim=True)
     return gates * routed_scaling_factor, experts, scores
