@@ -229,11 +229,11 @@ GPT_CONFIG = dict(
     n_layers=2,
     d_ff=256,
     dropout=0.0,
-    steps=1500,
-    batch_size=256,
+    steps=1200,
+    batch_size=160,
     lr=1.2e-2,
     warmup=50,
-    # No weight decay: with each of 100,000 sentences drawn three or four times there is no
+    # No weight decay: with each of 100,000 sentences drawn once or twice there is no
     # overfitting to hold back, and decay would pull the tied embeddings, so the logits,
     # towards zero, keeping probability on words that cannot come next.
     weight_decay=0.0,
