@@ -180,6 +180,17 @@ class TrainResult:
         cut = " (stopped by the time limit)" if self.timed_out else ""
         return f"TrainResult({self.steps} steps in {self.seconds:.1f} s{tail}{cut})"
 
+    def running_mean(self, window: int = 20) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, means)`` to plot: the mean loss of each ``window`` consecutive steps
+        (of all of them when fewer were taken, as while autograding), drawn at the last step
+        of its window, steps counted from 1. ``ax.plot(*history.running_mean(20))``."""
+        losses = np.asarray(self.losses, dtype=float)
+        if len(losses) == 0:
+            return np.arange(0), losses
+        w = max(1, min(window, len(losses)))
+        means = np.convolve(losses, np.ones(w) / w, mode="valid")  # (len - w + 1,)
+        return np.arange(w, len(losses) + 1), means
+
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     """Linear warm-up for ``warmup`` steps, then cosine decay to 5% of ``lr``."""

@@ -44,3 +44,15 @@ def test_a_bad_grading_steps_setting_names_the_variable(monkeypatch, bad):
     monkeypatch.setenv(GRADING_STEPS_ENV, bad)
     with pytest.raises(ValueError, match=rf"{GRADING_STEPS_ENV} must be .* got '{bad}'"):
         steps_trained(7)
+
+
+def test_a_running_mean_is_drawn_at_the_last_step_of_each_window():
+    from attention_ref.training import TrainResult
+
+    steps, means = TrainResult(losses=[1.0, 2.0, 3.0, 4.0, 5.0]).running_mean(2)
+    assert steps.tolist() == [2, 3, 4, 5] and means.tolist() == [1.5, 2.5, 3.5, 4.5]
+    # fewer steps than the window (autograding): one mean of them all, at the last step
+    steps, means = TrainResult(losses=[1.0, 2.0, 3.0]).running_mean(20)
+    assert steps.tolist() == [3] and means.tolist() == [2.0]
+    steps, means = TrainResult().running_mean()
+    assert len(steps) == len(means) == 0
