@@ -41,7 +41,12 @@
   ``dask scheduler`` and two ``dask worker`` processes on 127.0.0.1), the seconds, their
   ratio and each one's overhead per job (its wall time times two workers, less the seconds
   the jobs graded, per job) as a share of a job's time: the target is 10% on a class of 20
-  (``--cluster-only`` runs this part alone). Takes minutes.
+  (``--cluster-only`` runs this part alone). With ``--semester`` (``--semester-only``: alone),
+  the semester's class of tests/test_busy_class.py (30 submissions of notebook 01 as students
+  save them) graded two at a time by the code of ``--semester-before`` (default: the last
+  commit before issue 39, taken with ``git archive``) and by this code, one after the other:
+  the seconds each spent on the students both graded exactly, and their ratio (target 1.10).
+  Takes minutes.
 
 Benchmarks are registered in :data:`BENCHMARKS` with :func:`benchmark`; each takes the
 parsed command-line options, prints its lines and returns True when it ran without error
@@ -488,13 +493,14 @@ OLD_STUDENT_S = 212.0
 LOOP_TARGET_S = 60.0
 
 
-def _grading_course(dest, aids: list[str]):
-    """A throwaway course: nbgrader_config.py and solutions/ of this course."""
+def _grading_course(dest, aids: list[str], root=None):
+    """A throwaway course: nbgrader_config.py and solutions/ of this course (or of the
+    course's files in ``root``)."""
     import shutil
 
     from .course.plumbing import course_root
 
-    root = course_root()
+    root = root or course_root()
     dest.mkdir(parents=True)
     shutil.copy(root / "nbgrader_config.py", dest / "nbgrader_config.py")
     for aid in aids:
@@ -538,8 +544,11 @@ def _submit(course, student: str, aid: str, nb) -> None:
     nbformat.write(nb, folder / f"{aid}.ipynb")
 
 
-def _make_grade(course, jobs: int, env: dict | None = None) -> tuple[float, str]:
-    """Seconds of `make grade --jobs JOBS` in ``course`` (its code path), and its output."""
+def _make_grade(
+    course, jobs: int, env: dict | None = None, check: bool = True
+) -> tuple[float, str]:
+    """Seconds of `make grade --jobs JOBS` in ``course`` (its code path), and its output
+    (with ``check``, a failed command is an error)."""
     import os
     import subprocess
 
@@ -555,7 +564,7 @@ def _make_grade(course, jobs: int, env: dict | None = None) -> tuple[float, str]
         env=full_env,
     )
     seconds = time.perf_counter() - start
-    if proc.returncode != 0:
+    if check and proc.returncode != 0:
         raise RuntimeError(f"make grade failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     return seconds, proc.stdout
 
@@ -712,6 +721,147 @@ def _bench_cluster(opts: argparse.Namespace, tmp) -> bool:
     )
 
 
+#: The last commit before issue 39 (every wait of grading stretched with the load, a
+#: grader's own failure graded again, notebooks as JupyterLab saves them repaired):
+#: ``--semester`` grades the semester's class with it too, in the same run.
+BEFORE_ISSUE_39 = "eb4e98f"
+#: Issue 39's budget: the semester's class, graded two at a time on a quiet machine, at most
+#: this many times the time the code before the issue takes on the same class.
+SEMESTER_TARGET = 1.10
+
+
+def _tree_at(rev: str, dest) -> None:
+    """The repository's files at commit ``rev`` (``git archive``), extracted into ``dest``."""
+    import subprocess
+
+    from .course.plumbing import course_root
+
+    dest.mkdir(parents=True)
+    tar = dest.parent / f"{dest.name}.tar"
+    try:
+        subprocess.run(
+            ["git", "-C", str(course_root()), "archive", "--format=tar", "-o", str(tar), rev],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        subprocess.run(["tar", "-xf", str(tar), "-C", str(dest)], check=True, capture_output=True)
+    except FileNotFoundError as err:
+        raise SystemExit(f"error: bench grading --semester needs git and tar: {err}") from None
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(
+            f"error: bench grading --semester: the course's files at commit {rev!r} could not "
+            f"be read ({(err.stderr or '').strip() or err}); run it in a clone of the "
+            "repository that has that commit, or name another with --semester-before"
+        ) from None
+
+
+def _report_rows(out: str) -> dict[str, tuple[str, str]]:
+    """From `make grade`'s report: {student: (score, status)} of its one assignment."""
+    rows = {}
+    for line in out.split("\nGrading report", 1)[-1].splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[3] == "/":
+            rows[parts[1]] = (parts[2], " ".join(parts[5:]))
+    return rows
+
+
+def semester_comparison(before: str, after: str, expected: dict[str, float]) -> dict[str, object]:
+    """Compare two `make grade` outputs on the same class: the students both graded to the
+    score they must get (``expected``), each grading's seconds on those students (the sum
+    of their per-submission seconds), and the ratio after / before."""
+    rows = {"before": _report_rows(before), "after": _report_rows(after)}
+
+    def exact(which: str) -> set[str]:
+        def right(student: str, score: str) -> bool:
+            try:
+                return float(score) == expected.get(student)
+            except ValueError:  # "?": no score exported
+                return False
+
+        graded = rows[which].items()
+        return {s for s, (score, status) in graded if status == "graded" and right(s, score)}
+
+    both = sorted(exact("before") & exact("after"))
+    seconds = {
+        which: sum(_seconds_of(out, s) for s in both)
+        for which, out in (("before", before), ("after", after))
+    }
+    return {
+        "students": len(expected),
+        "exact_before": len(exact("before")),
+        "exact_after": len(exact("after")),
+        "both": both,
+        "before_s": seconds["before"],
+        "after_s": seconds["after"],
+        "ratio": seconds["after"] / seconds["before"] if seconds["before"] else float("nan"),
+    }
+
+
+def _bench_semester(opts: argparse.Namespace, tmp) -> bool:
+    """Issue 39's budget: the semester's class of tests/test_busy_class.py graded two at a
+    time by the code before the issue (``--semester-before``) and by this code, in one run,
+    on whatever load the machine has (run it quiet)."""
+    import os
+    import shutil
+
+    from .course.plumbing import course_root
+
+    root = course_root()
+    tests = root / "tests"
+    if not (tests / "test_busy_class.py").is_file():
+        raise SystemExit(
+            "error: bench grading --semester builds the class with tests/test_busy_class.py; "
+            f"run it in a clone of the repository (no {tests / 'test_busy_class.py'})"
+        )
+    sys.path.insert(0, str(tests))
+    try:
+        from test_busy_class import AID, semester_class
+    finally:
+        sys.path.remove(str(tests))
+    old_tree = tmp / "before-tree"
+    _tree_at(opts.semester_before, old_tree)
+    after = _grading_course(tmp / "semester-after", [AID])
+    expected = semester_class(after)
+    before = _grading_course(tmp / "semester-before", [AID], root=old_tree)
+    shutil.copytree(after / "submitted", before / "submitted", symlinks=True)
+    # The old code from its own tree (PYTHONPATH comes before the editable install's finder);
+    # both measure the machine's load, as `make grade` does outside the tests.
+    old_env = {"PYTHONPATH": str(old_tree), "ATTENTION_REF_LOAD_FACTOR": ""}
+    new_env = {"ATTENTION_REF_LOAD_FACTOR": ""}
+    # Each code's once-only costs (its student edition, its caches) before either is timed.
+    for which, env, tree in (("before", old_env, old_tree), ("after", new_env, None)):
+        warm = _grading_course(tmp / f"warm-{which}", [AID], root=tree)
+        _submit(warm, "warm", AID, _solved(AID))
+        _make_grade(warm, 2, env, check=False)
+    outs, seconds = {}, {}
+    code = {"before": opts.semester_before, "after": "this"}
+    for which, course, env in (("before", before, old_env), ("after", after, new_env)):
+        seconds[which], outs[which] = _make_grade(course, 2, env, check=False)
+        print(
+            f"grading semester code={code[which]} "
+            f"students={len(expected)} jobs=2 seconds={seconds[which]:.1f} "
+            f"load_average={os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    c = semester_comparison(outs["before"], outs["after"], expected)
+    print(
+        f"grading semester students={c['students']} exact_before={c['exact_before']} "
+        f"exact_after={c['exact_after']} both_exact={len(c['both'])} "
+        f"before_s={c['before_s']:.1f} after_s={c['after_s']:.1f} ratio={c['ratio']:.3f} "
+        f"(per-submission seconds summed over the students both graded exactly; whole class: "
+        f"before {seconds['before']:.1f} s, after {seconds['after']:.1f} s)",
+        flush=True,
+    )
+    ok = c["exact_after"] == c["students"]
+    exact = _target("semester_graded_exactly", ok, f"{c['exact_after']}/{c['students']}")
+    return exact & _target(
+        f"semester<={SEMESTER_TARGET:.2f}x_before",
+        c["ratio"] <= SEMESTER_TARGET,
+        f"{c['ratio']:.3f}x",
+    )
+
+
 @benchmark(
     "grading",
     "cost of a looping submission; a class graded with 1 vs 2 workers, with and without sandbox",
@@ -738,6 +888,12 @@ def bench_grading(opts: argparse.Namespace) -> bool:
         if opts.cluster_students > 0:
             met.append(_bench_cluster(opts, tmp))
         if opts.cluster_only:
+            return all(met) or not opts.strict
+        # 7. Issue 39's budget: the semester's class graded by the code before the issue and
+        #    by this code, two at a time (``--semester``; ``--semester-only`` runs it alone).
+        if opts.semester or opts.semester_only:
+            met.append(_bench_semester(opts, tmp))
+        if opts.semester_only:
             return all(met) or not opts.strict
         # 1. One submission of notebook 01 whose sdpa loops forever, next to a solution:
         #    both graded one at a time, so the difference is what the loop costs.
@@ -1056,6 +1212,23 @@ def _parser() -> argparse.ArgumentParser:
         "--cluster-only",
         action="store_true",
         help="grading: only the local against the two-worker cluster",
+    )
+    p.add_argument(
+        "--semester",
+        action="store_true",
+        help="grading: also grade the semester's class of tests/test_busy_class.py (30 "
+        "notebooks as students save them) with the code of --semester-before and with this "
+        "code, two at a time, and compare their times (issue 39's budget: 1.10x)",
+    )
+    p.add_argument(
+        "--semester-only", action="store_true", help="grading: only the semester's comparison"
+    )
+    p.add_argument(
+        "--semester-before",
+        default=BEFORE_ISSUE_39,
+        metavar="COMMIT",
+        help=f"grading: the commit whose code --semester compares with (default "
+        f"{BEFORE_ISSUE_39}, the last before issue 39)",
     )
     p.add_argument(
         "--notebooks",

@@ -321,3 +321,51 @@ def test_notebook_budgets_are_the_design_s():
     assert bench.notebook_budget("01_dot_product_attention") == 60
     assert bench.notebook_budget("11_gpt") == 90
     assert bench.notebook_budget("14_triton_attention") == 60
+
+
+def _grade_output(rows: list[tuple[str, float, str, str]]) -> str:
+    """make grade's progress lines and report for rows of (student, seconds, score, status)."""
+    aid = "01_dot_product_attention"
+    progress = "".join(
+        f"   [{i + 1}/{len(rows)}] {aid} {s}: {status} ({sec:.1f} s)\n"
+        for i, (s, sec, _, status) in enumerate(rows)
+    )
+    report = "".join(
+        f"  {aid:32s} {s:20s} {score:>6s} / {'7.0':<6s} {status}\n" for s, _, score, status in rows
+    )
+    return f"{progress}\nGrading report\n{report}{len(rows)} submission(s) graded\n"
+
+
+def test_the_semester_comparison_times_only_the_students_both_codes_graded_exactly():
+    """Issue 39's budget compares two gradings of one class on the students both graded to
+    the score they must get: a notebook the old code could not grade (a pasted image, a
+    copied test cell) or graded wrong is left out of both sums, not counted as a fast one."""
+    expected = {"ana": 7.0, "bo": 7.0, "cy": 5.0, "di": 0.0, "ed": 7.0}
+    before = _grade_output(
+        [
+            ("ana", 20.0, "7.0", "graded"),
+            ("bo", 2.0, "?", "failed"),
+            ("cy", 18.0, "5.0", "graded"),
+            ("di", 10.0, "7.0", "graded"),
+            ("ed", 3.0, "", "not graded"),  # no score: the column is blank
+        ]
+    )
+    after = _grade_output(
+        [
+            ("ana", 21.0, "7.0", "graded"),
+            ("bo", 22.0, "7.0", "graded"),
+            ("cy", 19.8, "5.0", "graded"),
+            ("di", 9.0, "0.0", "graded"),
+            ("ed", 20.0, "7.0", "graded"),
+        ]
+    )
+    c = bench.semester_comparison(before, after, expected)
+    assert c["both"] == ["ana", "cy"]
+    assert (c["students"], c["exact_before"], c["exact_after"]) == (5, 2, 5)
+    assert (c["before_s"], c["after_s"]) == pytest.approx((38.0, 40.8))
+    assert c["ratio"] == pytest.approx(40.8 / 38.0)
+
+
+def test_the_semester_comparison_names_a_commit_it_cannot_read(tmp_path):
+    with pytest.raises(SystemExit, match="could not be read"):
+        bench._tree_at("0" * 40, tmp_path / "tree")
