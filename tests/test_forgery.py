@@ -44,6 +44,20 @@ print("row sums:", softmax_np(x).sum(axis=-1))
 assert np.allclose(softmax_np(x).sum(axis=-1), 1.0), "each row must sum to one"
 """
 
+#: softmax along ``axis`` from PyTorch's fused attention: each row is the scores of one
+#: query of size 1 against keys of size 1, and the values are the identity.
+FUSED_SOFTMAX = (
+    "def _fused_softmax(x, axis=-1):\n"
+    "    x = np.asarray(x)\n"
+    "    t = torch.from_numpy(np.moveaxis(x.astype(np.float64), axis, -1).copy())\n"
+    "    n = t.shape[-1]\n"
+    "    q = torch.ones(*t.shape[:-1], 1, 1, dtype=t.dtype)  # one query of size 1\n"
+    "    k = t[..., None]  # (..., n, 1): the scores are the row itself\n"
+    "    v = torch.eye(n, dtype=t.dtype).expand(*t.shape[:-1], n, n)\n"
+    "    w = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)[..., 0, :]\n"
+    "    return np.moveaxis(w.numpy(), -1, axis).astype(x.dtype)\n"
+)
+
 #: Each trick is (cells before the test cell, code appended to the answer cell).
 TRICKS: dict[str, tuple[list[str], str]] = {
     # Later cells emptied or rewritten before IPython runs them.
@@ -250,6 +264,45 @@ TRICKS: dict[str, tuple[list[str], str]] = {
         "    _asks.put((np.asarray(x, dtype=float), axis))\n"
         "    out = _answers.get()\n"
         "    return _wrong5(x, axis) if isinstance(out, Exception) else out\n",
+    ),
+    # A softmax from PyTorch's fused attention (one query of size 1 whose scores are the
+    # row, the identity as values): not on softmax_np's forbidden list, and a built-in's own
+    # softmax fires no watch. Graded, the kernel has no fused attention at all
+    # (checks/fused_removal.py), so the answer falls back to the wrong one.
+    "fused-attention-softmax": (
+        [],
+        "\nimport torch\n"
+        + "_wrong7 = softmax_np\n"
+        + FUSED_SOFTMAX
+        + "def softmax_np(x, axis=-1):\n"
+        "    try:\n"
+        "        return _fused_softmax(x, axis)\n"
+        "    except Exception:\n"
+        "        return _wrong7(x, axis)\n",
+    ),
+    # ... and from a thread an earlier cell started, through the dispatcher's name for it.
+    "fused-attention-thread-started-earlier": (
+        [
+            "import queue, threading, torch\n"
+            + FUSED_SOFTMAX.replace(
+                "torch.nn.functional.scaled_dot_product_attention",
+                "torch.ops.aten.scaled_dot_product_attention",
+            )
+            + "_asks2, _answers2 = queue.Queue(), queue.Queue()\n"
+            "def _serve2():\n"
+            "    while True:\n"
+            "        x, axis = _asks2.get()\n"
+            "        try:\n"
+            "            _answers2.put(_fused_softmax(x, axis))\n"
+            "        except Exception as err:\n"
+            "            _answers2.put(err)\n"
+            "threading.Thread(target=_serve2, daemon=True).start()"
+        ],
+        "\n_wrong8 = softmax_np\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    _asks2.put((x, axis))\n"
+        "    out = _answers2.get()\n"
+        "    return _wrong8(x, axis) if isinstance(out, Exception) else out\n",
     ),
     # The reference's code object under another name (the tripwire watches code objects).
     "reference-code-copied": (

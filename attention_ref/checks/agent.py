@@ -405,8 +405,9 @@ _STOP = object()
 
 
 #: The files of the checks whose functions the learner's code may reach while graded: the
-#: wire and this agent (a check's objects used by reference), the time limit's handler.
-_ALLOWED_CHECK_FILES = ("agent", "wire", "remote", "_core", "__init__")
+#: wire and this agent (a check's objects used by reference), the time limit's handler, and
+#: the kernels that raise in place of PyTorch's fused attention (fused_removal).
+_ALLOWED_CHECK_FILES = ("agent", "wire", "remote", "_core", "__init__", "fused_removal")
 
 
 def graded_tripwire(forbidden: list):

@@ -47,6 +47,7 @@ def _forbidden_softmax():
         (ref.softmax_np, "the reference attention_ref.softmax_np"),
         (torch.softmax, "torch.softmax"),
         (torch.nn.functional.softmax, "torch.nn.functional.softmax"),
+        *BUILTIN_ATTENTION,  # a softmax is one query's weights: PyTorch's attention computes it
     ]
     special = sys.modules.get("scipy.special")
     if special is not None:

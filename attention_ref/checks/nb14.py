@@ -60,7 +60,13 @@ from .nb12 import (
     _leaves,
 )
 from .remote import watching
-from .toolkit import dtype_name, expect_spec_defaults, expect_tensor, reference_functions
+from .toolkit import (
+    BUILTIN_ATTENTION,
+    dtype_name,
+    expect_spec_defaults,
+    expect_tensor,
+    reference_functions,
+)
 
 F16, F32, F64 = torch.float16, torch.float32, torch.float64
 
@@ -197,6 +203,7 @@ def _name_overflow(ctx, got, x, case: str) -> None:
     forbidden=lambda: [
         (_ref().triton_softmax, "the reference attention_ref.triton_softmax"),
         *_SOFTMAXES,
+        *BUILTIN_ATTENTION,  # a softmax is one query's weights: PyTorch's attention computes it
     ],
     summary="a Triton kernel: softmax of each row, any width, any strides",
 )

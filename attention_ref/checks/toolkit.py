@@ -1036,6 +1036,19 @@ BUILTIN_ATTENTION = [
 ]
 
 
+def _flex_attention() -> list[tuple[object, str]]:
+    """PyTorch's flex attention (2.5 and later): in eager mode on a CPU it computes with
+    plain PyTorch operations, no fused kernel, but it is PyTorch's attention all the same."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:  # pragma: no cover - an older PyTorch
+        return []
+    return [(flex_attention, "torch.nn.attention.flex_attention.flex_attention")]
+
+
+BUILTIN_ATTENTION += _flex_attention()
+
+
 @dataclass
 class AttnCase:
     """One case of an attention exercise: its label and float64 inputs ``q (..., n_q,

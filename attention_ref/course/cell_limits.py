@@ -192,6 +192,7 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
 
         checker = None
         warm_meta = False  # the fresh kernel warms the meta device (trusted.WARM_META)
+        remove_fused = False  # ... and loses PyTorch's fused attention (REMOVE_FUSED_ATTENTION)
         monitors: list = []
         # With the kernel's messages bounded, IOPub can go silent (a peer over the bound
         # is dropped): its cells then end when their reply comes, and the note says why.
@@ -222,6 +223,7 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                 for e in trusted.expected_checks(c.source)
             ]
             self.warm_meta = trusted.needs_meta_device(checked)
+            self.remove_fused = trusted.removes_fused_attention(checked)
             # Records are keyed by this run's secret and the cell: a late record of another
             # run can never be taken for this one's (the kernel never sees the key).
             self.run_key = secrets.token_hex(8)
@@ -263,18 +265,23 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                 ch.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
                 for ch in (kc.iopub_channel, kc.shell_channel)
             ]
-            if self.checker is not None and self.warm_meta:
-                await self._warm_meta(kc)
+            if self.checker is not None:
+                if self.remove_fused:
+                    await self._prelude(kc, trusted.REMOVE_FUSED_ATTENTION, "fused attention")
+                if self.warm_meta:
+                    await self._prelude(kc, trusted.WARM_META, "meta device")
             return kc
 
-        async def _warm_meta(self, kc):
-            """The meta device's first use, paid by the fresh kernel before any cell of the
-            learner's runs (trusted.META_DEVICE_EXERCISES): silent, under the kernel's
-            start-up limit. A kernel that does not manage it is graded all the same (each
-            check warms it again, outside the call's limit, inside the cell's)."""
+        async def _prelude(self, kc, code: str, what: str):
+            """What the fresh kernel runs, silently, before any cell of the learner's,
+            under the kernel's start-up limit: PyTorch's fused attention removed
+            (trusted.FUSED_ATTENTION_REMOVED_EXERCISES), the meta device's first use paid
+            (trusted.META_DEVICE_EXERCISES). A kernel that does not manage it is graded all
+            the same: the fused attention stays watched by each check's tripwire, and each
+            check warms the meta device again, outside the call's limit, inside the cell's."""
             try:
                 reply = await kc.execute_interactive(
-                    trusted.WARM_META,
+                    code,
                     silent=True,
                     store_history=False,
                     allow_stdin=False,
@@ -285,7 +292,7 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             except Exception as err:  # a timeout, a kernel gone: its first cell will say
                 status = f"{type(err).__name__}: {err}"
             if status != "ok":
-                self.log.warning("the meta device was not warmed in the kernel (%s)", status)
+                self.log.warning("the kernel's prelude (%s) did not run: %s", what, status)
 
         def start_new_kernel_client(self):
             # nbclient binds start_new_kernel_client to its own async one: go through ours.

@@ -210,6 +210,46 @@ def needs_meta_device(exercises: Any) -> bool:
     return any(e in META_DEVICE_EXERCISES for e in exercises)
 
 
+#: The exercises whose notebooks are graded without PyTorch's fused attention
+#: (checks/fused_removal.py): each forbids it, or has no attention in it. A notebook is
+#: graded without it when every exercise it checks is here. Left out, though they forbid it
+#: too: notebook 12's (a correct ``cached_self_attention`` may call it) and notebook 13's
+#: (its ``transformers`` models attend with it). tests/test_fused_removal.py keeps this
+#: list true.
+FUSED_ATTENTION_REMOVED_EXERCISES = frozenset(
+    {
+        "softmax_np",  # 01
+        "sdpa_np",
+        "sdpa",
+        "self_attention",  # 03
+        "split_heads",  # 04
+        "merge_heads",
+        "multi_head_attention",
+        "feed_forward",  # 06
+        "encoder_layer",
+        "decoder_layer",  # 07
+        "transformer",
+        "gpt_block",  # 11
+        "sample_next_token",
+        "grouped_query_attention",
+        "triton_softmax",  # 14
+        "triton_attention",
+        "triton_flash_attention",
+    }
+)
+#: What a fresh graded kernel runs, silently, before such a notebook's first cell.
+REMOVE_FUSED_ATTENTION = (
+    "__import__('attention_ref.checks.fused_removal').checks.fused_removal.remove_fused_attention()"
+)
+
+
+def removes_fused_attention(exercises: Any) -> bool:
+    """Whether a notebook that checks ``exercises`` is graded without PyTorch's fused
+    attention (every one of them in :data:`FUSED_ATTENTION_REMOVED_EXERCISES`)."""
+    exercises = list(exercises)
+    return bool(exercises) and all(e in FUSED_ATTENTION_REMOVED_EXERCISES for e in exercises)
+
+
 def import_lines(sources: list[str]) -> str:
     """The top-level ``import`` statements of the given cells, in order, as source
     (``from x import *`` and relative imports left out)."""

@@ -34,6 +34,19 @@ def softmax_no_keepdims(x, axis=-1):
     return e / np.sum(e, axis=axis)
 
 
+@mistake("softmax_np", id="reference_used")
+def softmax_from_fused_attention(x, axis=-1):
+    """One query of size 1 whose scores are the row, the identity as values: PyTorch's
+    fused attention returns the row's softmax (tests/test_forgery.py's forgers use it)."""
+    x = np.asarray(x)
+    t = torch.from_numpy(np.moveaxis(x.astype(np.float64), axis, -1).copy())
+    n = t.shape[-1]
+    q = torch.ones(*t.shape[:-1], 1, 1, dtype=t.dtype)  # (..., 1, 1)
+    v = torch.eye(n, dtype=t.dtype).expand(*t.shape[:-1], n, n)  # (..., n, n)
+    w = torch.nn.functional.scaled_dot_product_attention(q, t[..., None], v, scale=1.0)
+    return np.moveaxis(w[..., 0, :].numpy(), -1, axis).astype(x.dtype)
+
+
 @mistake("softmax_np", id="softmax_unstable")
 def softmax_global_max(x, axis=-1):
     e = np.exp(x - x.max())
@@ -311,6 +324,14 @@ def sdpa_uses_builtin(q, k, v, mask=None):
 
     out = fast(q, k, v, attn_mask=mask)
     return out, None
+
+
+@mistake("sdpa", id="reference_used")
+def sdpa_uses_flex_attention(q, k, v, mask=None):
+    """PyTorch's flex attention: no fused kernel on a CPU, but PyTorch's attention."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return flex_attention(q, k, v), None
 
 
 @mistake("sdpa", id="reference_used")

@@ -1,0 +1,193 @@
+"""PyTorch's fused attention removed from a graded kernel (attention_ref/checks/fused_removal.py,
+course/trusted.py's FUSED_ATTENTION_REMOVED_EXERCISES): no way of calling it is left, in any
+thread, and nothing the kernel's code can reach puts it back; the notebooks graded without
+it are exactly those whose exercises all do without it.
+
+The removal lasts for the whole process, so it is tried in a fresh Python process. The
+graded kernels themselves: tests/test_grading.py grades every solution with no error in any
+cell, and tests/test_forgery.py's forgers reach it in and outside the check's watch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+from test_forgery import FUSED_SOFTMAX
+
+from attention_ref.checks._core import REGISTRY
+from attention_ref.checks.fused_removal import REMOVED_MESSAGE, fused_attention_ops
+from attention_ref.course import trusted
+
+from course_tools import assignment_ids, solution_path
+
+PROBE = r"""
+import functools, gc, json, threading, warnings
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_ref.checks.fused_removal import remove_fused_attention
+
+removed = remove_fused_attention()
+again = remove_fused_attention()
+q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+x = torch.randn(2, 4, 8)
+ways = {
+    "functional": lambda: F.scaled_dot_product_attention(q, q, q),
+    "partial": lambda: functools.partial(F.scaled_dot_product_attention)(q, q, q),
+    "torch._C._nn": lambda: torch._C._nn.scaled_dot_product_attention(q, q, q),
+    "aten": lambda: torch.ops.aten.scaled_dot_product_attention(q, q, q),
+    "aten overload": lambda: torch.ops.aten.scaled_dot_product_attention.default(q, q, q),
+    "aten math": lambda: torch.ops.aten._scaled_dot_product_attention_math(q, q, q),
+    "aten cpu kernel": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.float(), q.float(), q.float()),
+    "the JIT's operator": lambda: torch._C._jit_get_operation(
+        "aten::scaled_dot_product_attention")[0](q, q, q),
+    "with a gradient": lambda: F.scaled_dot_product_attention(q.requires_grad_(), q, q),
+    "on the meta device": lambda: F.scaled_dot_product_attention(*(q.to("meta"),) * 3),
+    "nn.MultiheadAttention without weights": lambda: nn.MultiheadAttention(
+        8, 2, batch_first=True)(x, x, x, need_weights=False),
+    "nn.TransformerEncoderLayer": lambda: nn.TransformerEncoderLayer(
+        8, 2, 16, batch_first=True).eval()(x),
+}
+raised = {}
+for name, way in ways.items():
+    try:
+        way()
+        raised[name] = ""
+    except Exception as err:
+        raised[name] = str(err)
+seen = []
+def in_a_thread():
+    try:
+        F.scaled_dot_product_attention(q, q, q)
+        seen.append("")
+    except Exception as err:
+        seen.append(str(err))
+t = threading.Thread(target=in_a_thread)
+t.start()
+t.join()
+raised["another thread"] = seen[0]
+# A registration of the kernel's own on top, then destroyed: PyTorch's does not come back.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    mine = torch._C._dispatch_library("IMPL", "aten", "", "", 0)
+    mine.impl("scaled_dot_product_attention", "CompositeImplicitAutograd", lambda *a, **k: q)
+del mine
+gc.collect()
+try:
+    F.scaled_dot_product_attention(q, q, q)
+    raised["after the kernel's own registration"] = ""
+except Exception as err:
+    raised["after the kernel's own registration"] = str(err)
+handles = [o for o in gc.get_objects() if "DispatchModule" in type(o).__name__]
+with torch.no_grad():
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    out, w = mha(x, x, x)  # need_weights=True: the Python path, no fused kernel
+still = {
+    "softmax": bool(torch.allclose(torch.softmax(q, -1).sum(-1), torch.ones_like(q[..., 0]))),
+    "matmul": tuple((q @ q.transpose(-1, -2)).shape) == (1, 2, 4, 4),
+    "nn.MultiheadAttention with weights": tuple(w.shape) == (2, 4, 4),
+}
+print(json.dumps({"removed": removed, "again": again, "raised": raised,
+                  "handles": len(handles), "still": still}))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe():
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_way_to_call_pytorchs_fused_attention_raises_once_removed(probe):
+    kept = {way: "" for way, err in probe["raised"].items() if "not available while" not in err}
+    assert not kept, f"still callable: {sorted(kept)}"
+    assert "aten::scaled_dot_product_attention" in probe["raised"]["functional"]
+
+
+def test_the_removal_covers_the_whole_family_once(probe):
+    assert probe["removed"] == probe["again"] == fused_attention_ops()
+    names = set(probe["removed"])
+    assert {"aten::scaled_dot_product_attention", "aten::_native_multi_head_attention",
+            "aten::_transformer_encoder_layer_fwd"} <= names  # fmt: skip
+    assert not any("softmax" in n for n in names), names  # nothing else of PyTorch's
+
+
+def test_nothing_the_kernel_can_find_puts_it_back(probe):
+    assert probe["handles"] == 0  # no registration handle for gc to find and destroy
+    assert "not available while" in probe["raised"]["after the kernel's own registration"]
+
+
+def test_the_rest_of_pytorch_still_works(probe):
+    assert probe["still"] == dict.fromkeys(probe["still"], True), probe["still"]
+
+
+def test_the_message_names_the_operator_and_what_to_do():
+    msg = REMOVED_MESSAGE.format(op="aten::scaled_dot_product_attention")
+    assert "aten::scaled_dot_product_attention" in msg and "yourself" in msg
+
+
+def test_the_forgers_fused_softmax_is_right_where_fused_attention_is_present():
+    """The forgers of tests/test_forgery.py would be right without the removal: the fused
+    softmax equals the softmax. The check's watch names it in the learner's own thread (it
+    is on softmax_np's forbidden list: tests/catalog/nb01.py), but a thread that an earlier
+    cell started is not watched; only the removal stops that one."""
+    ns = {"np": np, "torch": torch}
+    exec(FUSED_SOFTMAX, ns)  # noqa: S102 - the forgers' own code
+    x = np.random.default_rng(0).normal(size=(3, 4, 5)).astype(np.float32) * 10
+    for axis in (-1, 0, 1):
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        got = ns["_fused_softmax"](x, axis)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, e / e.sum(axis=axis, keepdims=True), rtol=1e-5)
+
+
+def _checked(aid: str) -> list[str]:
+    nb = nbformat.read(solution_path(aid), as_version=4)
+    return [
+        e.exercise
+        for c in nb.cells
+        if trusted.is_graded_test(c)
+        for e in trusted.expected_checks(c.source)
+    ]
+
+
+#: Notebooks that forbid PyTorch's fused attention somewhere but are graded with it: notebook
+#: 12's cached_self_attention may call it (a correct answer's choice), and notebook 13's
+#: transformers models attend with it.
+GRADED_WITH_IT = {"12_efficient_attention", "13_modern_llm"}
+
+
+def _forbids_fused(exercise: str) -> bool:
+    return any(
+        getattr(fn, "__name__", "") == "scaled_dot_product_attention"
+        for fn, _ in REGISTRY[exercise].forbidden()
+    )
+
+
+def test_exactly_the_notebooks_whose_exercises_do_without_it_are_graded_without_it():
+    removed = {aid for aid in assignment_ids() if trusted.removes_fused_attention(_checked(aid))}
+    forbidding = {aid for aid in assignment_ids() if any(map(_forbids_fused, _checked(aid)))}
+    assert removed == forbidding - GRADED_WITH_IT, (removed, forbidding)
+    assert removed == {
+        "01_dot_product_attention", "03_self_attention", "04_multi_head_attention",
+        "06_encoder", "07_decoder_and_transformer", "11_gpt", "14_triton_attention",
+    }  # fmt: skip
+
+
+def test_every_exercise_on_the_list_forbids_it_or_has_no_attention_in_it():
+    no_attention = {"softmax_np", "split_heads", "merge_heads", "feed_forward",
+                    "sample_next_token", "triton_softmax"}  # fmt: skip
+    for exercise in trusted.FUSED_ATTENTION_REMOVED_EXERCISES:
+        assert exercise in REGISTRY, exercise
+        assert _forbids_fused(exercise) or exercise in no_attention, exercise
+    assert not trusted.removes_fused_attention([])
