@@ -10,7 +10,7 @@ the learner's first cell: every operator of the family (``aten::scaled_dot_produ
 its math, flash, memory-efficient, cuDNN and CPU kernels and their backwards, the native
 multi-head attention and the encoder layer's fast path) gets a kernel that raises, on every
 backend, for the whole process, every thread, every way of calling it (the functional API,
-``torch.ops.aten``, ``torch._C``, TorchScript, a ``partial``).
+``torch.ops.aten``, ``torch._C``, the JIT's operators, a ``partial``).
 
 Why the kernel's code cannot put it back: the dispatcher runs the newest registration of
 an operator's kernel, and the older ones (PyTorch's) come back only when the newer one is
