@@ -54,7 +54,29 @@ ways = {
         8, 2, batch_first=True)(x, x, x, need_weights=False),
     "nn.TransformerEncoderLayer": lambda: nn.TransformerEncoderLayer(
         8, 2, 16, batch_first=True).eval()(x),
+    "vmap": lambda: torch.vmap(F.scaled_dot_product_attention)(q, q, q),
+    "vmap of 3-D inputs": lambda: torch.vmap(F.scaled_dot_product_attention)(q[0], q[0], q[0]),
+    "a batching rule's kernel, called boxed": lambda: (
+        torch._C._dispatch_get_computed_kernel_for_dispatch_key(
+            "aten::_scaled_dot_product_attention_math", torch._C.DispatchKey.FuncTorchBatched
+        ).call_boxed(torch._C._dispatch_keyset_full(), q, q, q)),
+    "autocast": lambda: torch.autocast("cpu")(F.scaled_dot_product_attention)(q, q, q),
+    "torch.func.grad": lambda: torch.func.grad(
+        lambda a: F.scaled_dot_product_attention(a, q, q).sum())(q),
+    "nested tensors, the fast path switched back on": lambda: nested_mha(),
 }
+
+
+def nested_mha():
+    torch.backends.mha.set_fastpath_enabled(True)
+    try:
+        nt = torch.nested.nested_tensor([torch.randn(5, 8), torch.randn(3, 8)])
+        with torch.inference_mode():
+            layer = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+            return layer(nt)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(False)
+
 raised = {}
 for name, way in ways.items():
     try:
@@ -89,7 +111,9 @@ handles = [o for o in gc.get_objects() if "DispatchModule" in type(o).__name__]
 with torch.no_grad():
     mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
     out, w = mha(x, x, x)  # need_weights=True: the Python path, no fused kernel
+compiled = torch.compile(lambda a: (a * 2).sin())  # no composite kernel was added
 still = {
+    "torch.compile of other code": bool(torch.allclose(compiled(x), (x * 2).sin())),
     "softmax": bool(torch.allclose(torch.softmax(q, -1).sum(-1), torch.ones_like(q[..., 0]))),
     "matmul": tuple((q @ q.transpose(-1, -2)).shape) == (1, 2, 4, 4),
     "nn.MultiheadAttention with weights": tuple(w.shape) == (2, 4, 4),
@@ -122,7 +146,7 @@ def test_the_removal_covers_the_whole_family_once(probe):
     assert not any("softmax" in n for n in names), names  # nothing else of PyTorch's
 
 
-def test_nothing_the_kernel_can_find_puts_it_back(probe):
+def test_no_python_object_leads_back_to_pytorchs_kernels(probe):
     assert probe["handles"] == 0  # no registration handle for gc to find and destroy
     assert "not available while" in probe["raised"]["after the kernel's own registration"]
 

@@ -8,25 +8,34 @@ notebook whose exercises all do without it (``course/trusted.py``'s
 ``FUSED_ATTENTION_REMOVED_EXERCISES``) runs :func:`remove_fused_attention` silently before
 the learner's first cell: every operator of the family (``aten::scaled_dot_product_attention``,
 its math, flash, memory-efficient, cuDNN and CPU kernels and their backwards, the native
-multi-head attention and the encoder layer's fast path) gets a kernel that raises, on every
-backend, for the whole process, every thread, every way of calling it (the functional API,
-``torch.ops.aten``, ``torch._C``, the JIT's operators, a ``partial``).
+multi-head attention and the encoder layer's fast path) gets a kernel that raises at every
+dispatch key where PyTorch registers one of its own (backends, nested tensors, composite
+kernels, autograd, autocast, functorch's batching rules), for the whole process, every
+thread, every way of calling it (the functional API, ``torch.ops.aten``, ``torch._C``, the
+JIT's operators, ``vmap``, ``torch.func``, a kernel fetched from the dispatch table, a
+``partial``).
 
-Why the kernel's code cannot put it back: the dispatcher runs the newest registration of
-an operator's kernel, and the older ones (PyTorch's) come back only when the newer one is
-deregistered, which happens when its registration handle is destroyed. The handle here is
-kept alive by a reference count that no Python object holds, and a pybind11 handle is not
-tracked by the garbage collector, so no code can find it to destroy it. A learner's own
-registration on top only replaces one raising kernel with the learner's own code.
+Why no Python object leads back to PyTorch's kernels: the dispatcher runs the newest
+registration of an operator's kernel, and the older ones (PyTorch's) come back only when
+the newer one is deregistered, which happens when its registration handle is destroyed or
+reset. The handle here is kept alive by a reference count that no Python object holds, and
+a pybind11 handle is not tracked by the garbage collector, so no object leads to it. A
+learner's own registration on top only replaces one raising kernel with the learner's own
+code.
 
-What stays: ``nn.MultiheadAttention`` with ``need_weights=True`` computes in Python
-(matrix products and a softmax, which no notebook can do without), and PyTorch's Python
-sources can be read again from disk; those stay watched by the tripwire's code objects.
+What it cannot stop (docs/INSTRUCTOR_GUIDE.md lists these as residual risks): code that uses
+``ctypes`` to read the process's memory can find the handle and reset it, or call a kernel
+by its address; a new Python process started from the kernel has PyTorch whole; and
+PyTorch's attention written in Python (``nn.MultiheadAttention`` with ``need_weights=True``,
+``flex_attention`` in eager mode, ``torch.ao.nn.quantizable.MultiheadAttention``) is
+computed with matrix products and a softmax, which no notebook can do without, so it stays
+watched by the tripwire, and only in the thread the check runs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import re
 import warnings
 
 #: Parts of the operator names removed: every ``aten::`` operator whose name holds one.
@@ -39,8 +48,8 @@ FUSED_ATTENTION_PARTS = (
     "multi_head_attention",
     "transformer_encoder_layer",
 )
-#: The dispatch keys whose kernels are replaced (those PyTorch registers these operators at).
-_KEYS = ("CPU", "CUDA", "Meta", "CompositeImplicitAutograd", "CompositeExplicitAutograd")
+#: A kernel's line in the dispatcher's dump of an operator: ``Key[alias]: registered at``.
+_KERNEL_LINE = re.compile(r"^(\w+)(?:\[alias\])?: registered at ")
 #: What the learner's code gets from a removed operator.
 REMOVED_MESSAGE = (
     "{op} is not available while this notebook is graded: PyTorch's fused attention is "
@@ -62,6 +71,22 @@ def fused_attention_ops() -> list[str]:
             if s.name.startswith("aten::") and any(p in s.name for p in FUSED_ATTENTION_PARTS)
         }
     )
+
+
+def kernel_keys(op: str) -> list[str]:
+    """The dispatch keys (alias keys included) at which this PyTorch registers a kernel of
+    ``op``: its backends (CPU, CUDA, Meta, NestedTensorCPU, ...), its composite kernels,
+    autograd, autocast, and functorch's batching rules (``vmap``). Keys with no kernel are
+    left alone (a composite kernel added where PyTorch has none would make
+    ``torch.compile`` see the operator both as decomposable and as a fallback)."""
+    import torch
+
+    keys = []
+    for line in torch._C._dispatch_dump(op).splitlines():
+        m = _KERNEL_LINE.match(line)
+        if m and m.group(1) not in ("debug", "Tracer"):
+            keys.append(m.group(1))
+    return keys
 
 
 def _raiser(op: str):
@@ -86,7 +111,7 @@ def remove_fused_attention() -> list[str]:
         warnings.simplefilter("ignore")
         for name in ops:
             op = name.split("::", 1)[1]
-            for key in _KEYS:
+            for key in kernel_keys(name):
                 handle.impl(op, key, _raiser(name))
     # Kept alive by a count no object holds, so that nothing can find it and destroy it.
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))

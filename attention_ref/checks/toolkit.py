@@ -1033,6 +1033,11 @@ BUILTIN_ATTENTION = [
         "torch.nn.functional.multi_head_attention_forward",
     ),
     (torch.nn.MultiheadAttention.forward, "torch.nn.MultiheadAttention"),
+    # a Python copy of it (identity projections give attention itself)
+    (
+        torch.ao.nn.quantizable.MultiheadAttention.forward,
+        "torch.ao.nn.quantizable.MultiheadAttention",
+    ),
 ]
 
 

@@ -335,6 +335,17 @@ def sdpa_uses_flex_attention(q, k, v, mask=None):
 
 
 @mistake("sdpa", id="reference_used")
+def sdpa_uses_quantizable_attention(q, k, v, mask=None):
+    """torch.ao's quantizable MultiheadAttention: PyTorch's attention copied in Python."""
+    from torch.ao.nn.quantizable import MultiheadAttention
+
+    d, flat = q.shape[-1], (-1, *q.shape[-2:])  # (batch..., n, d) -> (B, n, d)
+    mha = MultiheadAttention(d, 1, batch_first=True, kdim=d, vdim=v.shape[-1]).to(q)
+    out, w = mha(q.reshape(flat), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:]))
+    return out.reshape(*q.shape[:-1], d), w.reshape(*q.shape[:-1], k.shape[-2])
+
+
+@mistake("sdpa", id="reference_used")
 def sdpa_calls_reference(q, k, v, mask=None):
     import attention_ref as ar
 
