@@ -266,9 +266,9 @@ TRICKS: dict[str, tuple[list[str], str]] = {
         "    return _wrong5(x, axis) if isinstance(out, Exception) else out\n",
     ),
     # A softmax from PyTorch's fused attention (one query of size 1 whose scores are the
-    # row, the identity as values): not on softmax_np's forbidden list, and a built-in's own
-    # softmax fires no watch. Graded, the kernel has no fused attention at all
-    # (checks/fused_removal.py), so the answer falls back to the wrong one.
+    # row, the identity as values). The check's watch names it in this thread (it is on
+    # softmax_np's forbidden list), and graded, the kernel has no fused attention at all
+    # (checks/fused_removal.py): the answer falls back to the wrong one.
     "fused-attention-softmax": (
         [],
         "\nimport torch\n"
