@@ -27,6 +27,7 @@ AID = "01_dot_product_attention"
 SECRET = "pg-secret-4f1c9e"  # in the grader's environment, as a database password is
 TOKEN = "hub-token-77ab03"
 OUTLIVE = "outlive-marker-5d21"
+OUTLIVE_NAME = "outlive-5d21"  # a forked daemon's name (/proc/PID/comm: 15 characters)
 CAPS = {
     "ATTENTION_REF_SANDBOX_MEMORY": "2G",
     "ATTENTION_REF_SANDBOX_PROCESSES": "64",
@@ -105,16 +106,25 @@ _attack("rewrite the gradebook", _gradebook)
 OUTLIVE_ATTACK = (
     ATTACK_PRELUDE
     + f"""
-import subprocess, sys
+import subprocess, sys, time
 def _outlive():
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}],
-                     start_new_session=True)
-    if _os.fork() == 0:  # a daemon, twice forked
+    started = []
+    try:  # a program: refused in a kernel grading notebook 01 (checks/no_exec.py)
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}],
+                         start_new_session=True)
+        started.append("a program")
+    except PermissionError:
+        pass
+    if _os.fork() == 0:  # a daemon, twice forked: the kernel itself, named to be found
         _os.setsid()
         if _os.fork() == 0:
-            _os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}])
+            import ctypes
+            ctypes.CDLL(None).prctl(15, {OUTLIVE_NAME.encode()!r}, 0, 0, 0)  # PR_SET_NAME
+            time.sleep(600)
+            _os._exit(0)
         _os._exit(0)
-    return "started (held if they are gone after grading)"
+    started.append("a forked daemon")
+    return "started " + " and ".join(started) + " (held if they are gone after grading)"
 _attack("outlive the notebook", _outlive)
 """
 )
@@ -211,12 +221,13 @@ class Listener:
 
 def outliving_processes() -> list[str]:
     found = []
-    for p in Path("/proc").glob("[0-9]*/cmdline"):
+    for p in Path("/proc").glob("[0-9]*"):
         try:
-            if OUTLIVE.encode() in p.read_bytes():
-                found.append(p.parent.name)
+            cmdline, name = (p / "cmdline").read_bytes(), (p / "comm").read_text().strip()
         except OSError:
-            pass
+            continue
+        if OUTLIVE.encode() in cmdline or name == OUTLIVE_NAME:
+            found.append(p.name)
     return found
 
 

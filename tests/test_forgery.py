@@ -265,6 +265,62 @@ TRICKS: dict[str, tuple[list[str], str]] = {
         "    out = _answers.get()\n"
         "    return _wrong5(x, axis) if isinstance(out, Exception) else out\n",
     ),
+    # The notebook's own reference reached where no watch is: a thread an earlier cell
+    # started runs attention_ref.softmax_np. A kernel grading notebook 01 has a stand-in in
+    # its place too (its grading edition withholds the notebook's own answers), which runs
+    # the student's own softmax_np: the wrong one, which the forger lets the thread have.
+    "own-reference-thread-started-earlier": (
+        [
+            "import queue, threading\n"
+            "import attention_ref as _ar\n"
+            "_asks3, _answers3 = queue.Queue(), queue.Queue()\n"
+            "def _serve3():\n"
+            "    while True:\n"
+            "        x, axis = _asks3.get()\n"
+            "        try:\n"
+            "            _answers3.put(_ar.softmax_np(x, axis))\n"
+            "        except Exception as err:\n"
+            "            _answers3.put(err)\n"
+            "_server3 = threading.Thread(target=_serve3, daemon=True)\n"
+            "_server3.start()"
+        ],
+        "\n_wrong8 = softmax_np\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    if threading.current_thread() is _server3:  # the stand-in runs this one\n"
+        "        return _wrong8(x, axis)\n"
+        "    _asks3.put((np.asarray(x, dtype=float), axis))\n"
+        "    out = _answers3.get()\n"
+        "    return _wrong8(x, axis) if isinstance(out, Exception) else out\n",
+    ),
+    # A new process, where no watch of the checks' is: PyTorch's softmax computed by
+    # another Python, started by an earlier cell and asked over a pipe. A graded kernel can
+    # start no program (checks/no_exec.py): the answer falls back to the wrong one.
+    "new-process": (
+        [
+            "import subprocess, sys\n"
+            "_SERVER = (\n"
+            "    'import pickle, sys, torch\\n'\n"
+            "    'while True:\\n'\n"
+            "    '    x, axis = pickle.load(sys.stdin.buffer)\\n'\n"
+            "    '    pickle.dump(torch.softmax(torch.from_numpy(x), axis).numpy(), sys.stdout.buffer)\\n'\n"
+            "    '    sys.stdout.buffer.flush()\\n'\n"
+            ")\n"
+            "try:\n"
+            "    _child = subprocess.Popen([sys.executable, '-c', _SERVER],\n"
+            "                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+            "except Exception:\n"
+            "    _child = None"
+        ],
+        "\nimport pickle\n"
+        "_wrong9 = softmax_np\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    try:\n"
+        "        pickle.dump((np.asarray(x, dtype=float), axis), _child.stdin)\n"
+        "        _child.stdin.flush()\n"
+        "        return pickle.load(_child.stdout).astype(np.asarray(x).dtype)\n"
+        "    except Exception:\n"
+        "        return _wrong9(x, axis)\n",
+    ),
     # A softmax from PyTorch's fused attention (one query of size 1 whose scores are the
     # row, the identity as values). The check's watch names it in this thread (it is on
     # softmax_np's forbidden list), and graded, the kernel has no fused attention at all

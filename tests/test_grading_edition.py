@@ -1,10 +1,11 @@
 """The grading editions (attention_ref/course/edition.py, ``build-grading``): a kernel that
-grades notebook NN holds no reference implementation of a later notebook's exercises (but
-those notebook NN builds on), nor the checks' own models of the answers; earlier and its
-own notebook's references stay; a stand-in runs the learner's own function or says why it
-cannot. That the solutions still earn every mark graded this way is tests/test_grading.py's,
-and that a wrong answer borrowing the checks' models or a stand-in gains nothing is
-tests/test_forgery.py's."""
+grades notebook NN holds no reference implementation of its own exercises (but the few
+that KEPT_OWN lists with a reason) or of a later notebook's (but those notebook NN builds
+on), nor the checks' own models of the answers; earlier notebooks' references stay; a
+stand-in runs the learner's own function (or method) or says why it cannot. That the
+solutions still earn every mark graded this way, with no cell failing, is
+tests/test_grading.py's, and that a wrong answer borrowing the checks' models or a stand-in
+gains nothing is tests/test_forgery.py's."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def test_each_notebook_has_a_grading_edition_and_grading_picks_it(editions, tmp_
 
 def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editions):
     references = ed.withheld_references()
+    own = ed.own_references()
     checks = ed.checks_code()
     # Every graded exercise's own reference is in the table, by the first notebook that
     # grades it or builds on it.
@@ -100,22 +102,50 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
     assert owners["attention_ref.flash:_flash_backward"] == 12  # a private helper
     assert owners["attention_ref.triton_attention:_attention_kernel"] == 14  # a kernel
     assert "attention_ref.encoder:Encoder.forward" not in owners  # shown in notebook 06
+    # Its own notebook's too: every exercise's reference but the few kept with a reason.
+    mine = {f"{m}:{q}": nbs for m, qs in own.items() for q, nbs in qs.items()}
+    assert mine["attention_ref.attention:softmax_np"] == {1}  # sdpa_np's check calls back
+    assert mine["attention_ref.multihead:MultiHeadAttention.forward"] == {3, 4}
+    assert mine["attention_ref.gpt:GroupedQueryAttention.forward"] == {11}  # kept in 13
+    assert mine["attention_ref.flash:_flash_backward"] == {12}  # a private helper
+    assert "attention_ref.masking:masked_softmax" not in mine  # kept: 01's sdpa computes it
     assert "_forbidden_attention" not in checks["attention_ref.checks.nb01"]
     assert "attention" in checks["attention_ref.checks._models"]  # a whole sdpa_np
     table = {
-        m: sorted(set(references.get(m, {})) | set(checks.get(m, {})))
-        for m in set(references) | set(checks)
+        m: sorted(set(references.get(m, {})) | set(checks.get(m, {})) | set(own.get(m, {})))
+        for m in set(references) | set(checks) | set(own)
     }
     seen = json.loads(run_in(editions, PROBE, str(editions), json.dumps(table)).splitlines()[-1])
     wrong = []
     for nb in NOTEBOOKS:
         for module, quals in table.items():
             for qual in quals:
-                withheld = qual in checks.get(module, {}) or references[module][qual] > nb
+                withheld = (
+                    qual in checks.get(module, {})
+                    or references.get(module, {}).get(qual, 0) > nb
+                    or nb in own.get(module, {}).get(qual, ())
+                )
                 if seen[f"{nb}|{module}|{qual}"] != withheld:
                     wrong.append((nb, module, qual, "kept" if withheld else "withheld"))
     assert not wrong, wrong[:20]
     assert len(seen) == 15 * sum(map(len, table.values()))
+
+
+def test_every_reference_an_edition_keeps_of_its_own_notebook_is_one_it_would_withhold():
+    # KEPT_OWN names only references that the notebook's own exercises name as the
+    # reference (so each entry keeps something, and says why), each with its reason.
+    kept = dict(ed.KEPT_OWN)
+    try:
+        ed.KEPT_OWN.clear()
+        own = ed.own_references()
+    finally:
+        ed.KEPT_OWN.update(kept)
+    for (nb, module, qual), reason in kept.items():
+        assert nb in own.get(module, {}).get(qual, ()), (nb, module, qual)
+        assert reason.strip(), (nb, module, qual)
+    # The guide counts them (and names each).
+    guide = (Path(__file__).parents[1] / "docs" / "INSTRUCTOR_GUIDE.md").read_text()
+    assert f"So do {len(kept)} of a notebook's own references" in " ".join(guide.split())
 
 
 STAND_IN = r"""
@@ -144,8 +174,15 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator
 __main__.sample_next_token = sample_next_token
 sample_next_token.__module__ = "__main__"
 print(refused(lambda: sample_next_token(logits[0, 0])))
-# A method has no learner's stand-in: refused.
+# A method with no learner's class of that name: refused.
 print(refused(lambda: attention_ref.GPTBlock(8, 2, 16)(torch.randn(1, 3, 8))))
+# With one, the reference's instance computes with the learner's method.
+class GPTBlock(torch.nn.Module):
+    def forward(self, x, *args, **kwargs):
+        return x * 0 + 5
+GPTBlock.__module__ = GPTBlock.forward.__module__ = "__main__"
+__main__.GPTBlock = GPTBlock
+print(int(attention_ref.GPTBlock(8, 2, 16)(torch.randn(1, 3, 8))[0, 0, 0]))
 # An earlier notebook's reference is whole.
 q, k = torch.ones(1, 2, 4), torch.ones(1, 3, 4)
 print(tuple(attention_ref.sdpa(q, k, k)[1].shape))
@@ -155,11 +192,14 @@ print(tuple(attention_ref.sdpa(q, k, k)[1].shape))
 def test_a_stand_in_runs_the_learners_own_function_or_says_why_not(editions):
     out = run_in(editions / "graded" / "10", STAND_IN).splitlines()
     assert "sample_next_token is not available while this notebook is graded" in out[0]
-    assert "than notebook 10's" in out[0] and "Define your own sample_next_token" in out[0]
+    assert "of notebook 10 or a later one" in out[0]
+    assert "Define your own sample_next_token" in out[0]
     assert out[1] == "7"
     assert "Your sample_next_token calls it" in out[2]
-    assert "GPTBlock.forward is not available" in out[3] and "Use your own class" in out[3]
-    assert out[4] == "(1, 2, 3)"
+    assert "GPTBlock.forward is not available" in out[3]
+    assert "Define your own class GPTBlock with its forward" in out[3]
+    assert out[4] == "5"
+    assert out[5] == "(1, 2, 3)"
 
 
 def test_the_checks_models_are_not_in_a_graded_kernel_but_every_forbidden_list_is(editions):

@@ -25,7 +25,8 @@ code.
 
 What it cannot stop (docs/INSTRUCTOR_GUIDE.md lists these as residual risks): code that uses
 ``ctypes`` to read the process's memory can find the handle and reset it, or call a kernel
-by its address; a new Python process started from the kernel has PyTorch whole; and
+by its address; a new Python process would have PyTorch whole (a graded kernel can start
+none, :mod:`.no_exec`, but in notebook 14); and
 PyTorch's attention written in Python (``nn.MultiheadAttention`` with ``need_weights=True``,
 ``flex_attention`` in eager mode, ``torch.ao.nn.quantizable.MultiheadAttention``) is
 computed with matrix products and a softmax, which no notebook can do without, so it stays

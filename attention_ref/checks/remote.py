@@ -651,15 +651,31 @@ def autograd_grad(outputs: Any, inputs: Any, grad_outputs: Any = None, allow_unu
     return tuple(value)
 
 
+def _computed_here(fn: Any) -> Any:
+    """``fn`` as the kernel sees it: a callback, so each call is computed here, in the
+    checker, on the data the kernel sends (a graded kernel holds no reference of its own
+    notebook's exercises). A reference class (a module the learner's ``__init__`` builds)
+    goes as itself: its parameters must live in the kernel."""
+    if isinstance(fn, type):
+        return fn
+
+    def reference(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    reference.__name__ = getattr(fn, "__name__", "reference")
+    return reference
+
+
 class reference_functions:  # noqa: N801 - a context manager
     """The kernel's side of :func:`attention_ref.checks.toolkit.reference_functions`: the
-    learner's code in the kernel sees the kernel's own reference ``functions`` under their
-    names, restored on the way out."""
+    learner's code in the kernel sees the reference ``functions`` under their names (each
+    call computed here, in the checker, :func:`_computed_here`), restored on the way
+    out."""
 
     def __init__(self, candidate: Any, functions: dict) -> None:
         self.link: Link = object.__getattribute__(candidate, "_link")
         self.candidate = candidate
-        self.functions = functions
+        self.functions = {name: _computed_here(fn) for name, fn in functions.items()}
         self.token: Any = None
 
     def __enter__(self) -> None:

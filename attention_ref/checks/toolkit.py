@@ -346,8 +346,9 @@ def reference_functions(candidate, **functions):
     (a class: its ``forward``) looks names up in, the notebook's for code written there, is
     the reference one, so a bug in the earlier exercise costs points once, there. Only names
     that are defined there are replaced, and each is restored on the way out, whatever
-    happened inside. (In a graded kernel the kernel does the same with its own copies of
-    the reference functions.)"""
+    happened inside. (In a graded kernel the kernel does the same, and each call of a
+    reference function is computed in the checker: the kernel holds no answer of its own
+    notebook's exercises.)"""
     if _remote.is_remote(candidate):
         with _remote.reference_functions(candidate, functions):
             yield

@@ -193,6 +193,7 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
         checker = None
         warm_meta = False  # the fresh kernel warms the meta device (trusted.WARM_META)
         remove_fused = False  # ... and loses PyTorch's fused attention (REMOVE_FUSED_ATTENTION)
+        no_exec = False  # ... and starts no program (FORBID_NEW_PROGRAMS)
         monitors: list = []
         # With the kernel's messages bounded, IOPub can go silent (a peer over the bound
         # is dropped): its cells then end when their reply comes, and the note says why.
@@ -224,6 +225,7 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             ]
             self.warm_meta = trusted.needs_meta_device(checked)
             self.remove_fused = trusted.removes_fused_attention(checked)
+            self.no_exec = trusted.forbids_new_programs(checked)
             # Records are keyed by this run's secret and the cell: a late record of another
             # run can never be taken for this one's (the kernel never sees the key).
             self.run_key = secrets.token_hex(8)
@@ -270,15 +272,19 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
                     await self._prelude(kc, trusted.REMOVE_FUSED_ATTENTION, "fused attention")
                 if self.warm_meta:
                     await self._prelude(kc, trusted.WARM_META, "meta device")
+                if self.no_exec:  # last: nothing before the learner's cells starts one
+                    await self._prelude(kc, trusted.FORBID_NEW_PROGRAMS, "no new programs")
             return kc
 
         async def _prelude(self, kc, code: str, what: str):
             """What the fresh kernel runs, silently, before any cell of the learner's,
             under the kernel's start-up limit: PyTorch's fused attention removed
             (trusted.FUSED_ATTENTION_REMOVED_EXERCISES), the meta device's first use paid
-            (trusted.META_DEVICE_EXERCISES). A kernel that does not manage it is graded all
-            the same: the fused attention stays watched by each check's tripwire, and each
-            check warms the meta device again, outside the call's limit, inside the cell's."""
+            (trusted.META_DEVICE_EXERCISES), new programs refused
+            (trusted.forbids_new_programs). A kernel that does not manage it is graded all
+            the same: the fused attention stays watched by each check's tripwire, each
+            check warms the meta device again, outside the call's limit, inside the cell's,
+            and a program the kernel starts is no answer's source the checker trusts."""
             try:
                 reply = await kc.execute_interactive(
                     code,

@@ -28,10 +28,14 @@ references use, such as notebook 14's kernels), and the checks' own models of th
 are compiled with a stand-in body from :mod:`attention_ref._withheld`, so a kernel grading
 notebook NN holds no code that computes them. The sandbox gives each graded kernel the
 edition of its notebook (:func:`attention_ref.course.sandbox.edition_for`); the trusted
-checker, which decides the grade, keeps the full package. Notebook NN's own references
-stay in its edition for now: the checks run some inside other exercises (notebook 01's
-``softmax_np`` inside ``sdpa_np``) and the notebooks' demonstrations use them; so do the
-few later references a notebook builds on (:data:`BUILT_ON`).
+checker, which decides the grade, keeps the full package. Notebook NN's own exercises'
+references are withheld from its edition too: where a check runs an earlier exercise's
+reference inside a later one (notebook 01's ``softmax_np`` inside ``sdpa_np``), the
+checker computes it, called back from the kernel, and a demonstration calling one runs the
+learner's own function of that name. Kept are the few later references a notebook builds
+on (:data:`BUILT_ON`) and the few of its own that :data:`KEPT_OWN` lists, each with its
+reason (a check builds the reference module into a later exercise's module in the kernel;
+a demonstration uses more of the reference than the exercise asks for).
 """
 
 from __future__ import annotations
@@ -72,6 +76,40 @@ BUILT_ON: dict[tuple[str, str], int] = {
     (f"{PACKAGE}.multihead", "merge_heads"): 2,
     (f"{PACKAGE}.training", "masked_cross_entropy"): 7,
     (f"{PACKAGE}.kv_cache", "cached_self_attention"): 11,
+}
+#: A notebook's own exercises' references that its edition keeps (notebook, module,
+#: qualified name), each with the reason.
+#: Every other reference of a notebook's own exercises is withheld from its edition.
+KEPT_OWN: dict[tuple[int, str, str], str] = {
+    # The checks put these modules into the learner's module of a later exercise of the
+    # same notebook, in the kernel (checks/nb06.py's EARLIER and substitute, checks/nb07.py's
+    # earlier=), so a stub in the earlier exercise costs its own points only; their
+    # parameters live in the kernel, so they cannot be computed in the checker as a
+    # function's calls are.
+    (6, f"{PACKAGE}.encoder", "FeedForward.forward"): "built into the encoder layer's check",
+    (7, f"{PACKAGE}.decoder", "DecoderLayer.forward"): "built into the Transformer's check",
+    # Notebook 01's sdpa, which notebook 02 builds on, computes it whenever it has a mask.
+    (2, f"{PACKAGE}.masking", "masked_softmax"): "notebook 01's sdpa computes it with a mask",
+    # Notebook 04 shows how heads split and merge before its exercises ask for them.
+    (4, f"{PACKAGE}.multihead", "split_heads"): "shown before notebook 04's exercises",
+    (4, f"{PACKAGE}.multihead", "merge_heads"): "shown before notebook 04's exercises",
+    # The reference takes more than the exercise asks for, and the notebook uses it.
+    (5, f"{PACKAGE}.positional", "sinusoidal_encoding"): "notebook 05 asks it for float64",
+    (5, f"{PACKAGE}.positional", "frequencies"): "the kept sinusoidal_encoding uses it",
+    (8, f"{PACKAGE}.training", "masked_cross_entropy"): "notebook 08 trains with label smoothing",
+    (13, f"{PACKAGE}.modern", "RotaryAttention.forward"): "notebook 13 passes it positions",
+    (13, f"{PACKAGE}.modern", "RotaryAttention.project"): "notebook 13 passes it positions",
+    # Notebook 15's demonstrations run the learner's functions through the reference's
+    # methods (the cache's ring buffer, the latent attention's absorbed scores).
+    (15, f"{PACKAGE}.sliding_window", "RollingKVCache.append"): "runs the learner's rolling_append",
+    (15, f"{PACKAGE}.latent_attention", "MultiHeadLatentAttention.step"): (
+        "runs the learner's absorbed_scores"
+    ),
+    (15, f"{PACKAGE}.experts", "route"): "notebook 15 passes it DeepSeek's correction bias",
+    # Notebook 13's rotary attention (kept above) is notebook 11's grouped-query attention
+    # with rotated queries and keys: it runs the parent's code.
+    (13, f"{PACKAGE}.gpt", "GroupedQueryAttention.forward"): "notebook 13's rotary attention's",
+    (13, f"{PACKAGE}.gpt", "GroupedQueryAttention.attend"): "notebook 13's rotary attention's",
 }
 
 
@@ -226,6 +264,69 @@ def exercise_references() -> Withheld:
     return table
 
 
+#: Own references: module -> {qualified name: the notebooks whose exercises it answers}.
+Own = dict[str, dict[str, frozenset[int]]]
+
+
+def own_references(source: Path | None = None) -> Own:
+    """Each graded exercise's reference (and each private helper that only such references
+    use) by the notebooks whose exercises name it as the reference: module -> {qualified
+    name: {NN, ...}}. Notebook NN's edition withholds these too, but :data:`KEPT_OWN`."""
+    from .. import checks  # noqa: F401 - each notebook's checks register on import
+    from ..checks._core import REGISTRY
+
+    source = Path(source or Path(__file__).resolve().parents[1])
+    table: Own = {}
+    for ex in REGISTRY.values():
+        notebook = int(ex.run.__module__.rsplit(".nb", 1)[1])
+        for obj, name in ex.forbidden():
+            module = getattr(obj, "__module__", None) or ""
+            if not module.startswith(f"{PACKAGE}.") or not name.startswith(
+                ("the reference", f"{PACKAGE}'s")
+            ):
+                continue
+            qual = obj.__qualname__
+            if qual in SHOWN.get(module, ()) or (notebook, module, qual) in KEPT_OWN:
+                continue
+            owners = table.setdefault(module, {})
+            owners[qual] = owners.get(qual, frozenset()) | {notebook}
+    for module, owners in table.items():
+        units = _units(ast.parse(_module_path(source, module).read_text(encoding="utf-8")))
+        private = [u for u in units if re.fullmatch(r"_[A-Za-z0-9]\w*", u) and "__" not in u]
+        changed = True
+        while changed:
+            changed = False
+            for helper in private:
+                users = [u for u, seen in units.items() if helper in seen and u != helper]
+                if helper in owners or not users or not all(u in owners for u in users):
+                    continue
+                both = frozenset.intersection(*(owners[u] for u in users))
+                if both:  # withheld where every user is
+                    owners[helper] = both
+                    changed = True
+    return table
+
+
+def _module_path(source: Path, module: str) -> Path:
+    rel = Path(*module.split(".")[1:]).with_suffix(".py")
+    if not (source / rel).is_file():
+        rel = rel.with_suffix("") / "__init__.py"
+    return source / rel
+
+
+def withheld_in(graded: int, table: Withheld, own: Own) -> Withheld:
+    """What notebook ``graded``'s edition withholds: from ``table`` (:func:`grading_table`)
+    what only a later notebook keeps, and from ``own`` (:func:`own_references`) the
+    notebook's own exercises' references."""
+    out: Withheld = {}
+    for module in set(table) | set(own):
+        late = {q: nb for q, nb in table.get(module, {}).items() if nb > graded}
+        late |= {q: graded for q, nbs in own.get(module, {}).items() if graded in nbs}
+        if late:
+            out[module] = late
+    return out
+
+
 def _mentions(node: ast.AST) -> set[str]:
     """Every name and attribute name in ``node``'s code."""
     found = set()
@@ -263,10 +364,7 @@ def withheld_references(source: Path | None = None, table: Withheld | None = Non
     source = Path(source or Path(__file__).resolve().parents[1])
     table = {m: dict(q) for m, q in (table or exercise_references()).items()}
     for module, owners in table.items():
-        rel = Path(*module.split(".")[1:]).with_suffix(".py")
-        if not (source / rel).is_file():
-            rel = rel.with_suffix("") / "__init__.py"
-        units = _units(ast.parse((source / rel).read_text(encoding="utf-8")))
+        units = _units(ast.parse(_module_path(source, module).read_text(encoding="utf-8")))
         private = [u for u in units if re.fullmatch(r"_[A-Za-z0-9]\w*", u) and "__" not in u]
         changed = True
         while changed:
@@ -352,21 +450,21 @@ def build(
     *,
     graded: int | None = None,
     withheld: Withheld | None = None,
+    own: Own | None = None,
     quiet: bool = False,
     compiled: dict | None = None,
 ) -> Path:
     """Write the student edition into ``dest``; return the package folder. With
     ``graded=NN``: notebook NN's grading edition, where every reference in ``withheld``
-    (default :func:`grading_table`) kept only from a later notebook on has a stand-in
-    body."""
+    (default :func:`grading_table`) kept only from a later notebook on, and every one of
+    notebook NN's own exercises in ``own`` (default :func:`own_references`), has a
+    stand-in body."""
     source = Path(source or Path(__file__).resolve().parents[1])
     keep_out: Withheld = {}
     if graded is not None:
         table = withheld if withheld is not None else grading_table(source)
-        for module, owners in table.items():
-            late = {q: nb for q, nb in owners.items() if nb > graded}
-            if late:
-                keep_out[module] = late
+        own = own if own is not None else own_references(source)
+        keep_out = withheld_in(graded, table, own)
     dest = Path(dest)
     out = dest / PACKAGE
     if out.exists():
@@ -434,6 +532,7 @@ def build_grading(dest: Path, source: Path | None = None) -> Path:
     compiled: dict = {}  # most modules are the same in every edition: compiled once
     build(dest, source, compiled=compiled)
     table = grading_table(source)
+    own = own_references(source)
     from .. import checks  # noqa: F401 - each notebook's checks register on import
     from ..checks._core import REGISTRY
 
@@ -444,6 +543,7 @@ def build_grading(dest: Path, source: Path | None = None) -> Path:
             source,
             graded=nb,
             withheld=table,
+            own=own,
             quiet=True,
             compiled=compiled,
         )
@@ -452,8 +552,8 @@ def build_grading(dest: Path, source: Path | None = None) -> Path:
     count = sum(len(owners) for module, owners in table.items() if ".checks" not in module)
     print(
         f"grading editions: notebooks {notebooks[0]:02d}-{notebooks[-1]:02d} in "
-        f"{dest / GRADED}; each withholds the later notebooks' of {count} reference "
-        "functions and the checks' code"
+        f"{dest / GRADED}; each withholds its own and the later notebooks' of {count} "
+        "reference functions and the checks' code"
     )
     return dest
 

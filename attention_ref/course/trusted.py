@@ -243,6 +243,26 @@ REMOVE_FUSED_ATTENTION = (
 )
 
 
+#: The exercises whose notebooks' graded kernels may start programs: notebook 14's (on a
+#: GPU, Triton compiles its kernels with ``ptxas``, a program). A kernel grading any other
+#: course notebook starts none (checks/no_exec.py): a new process would have PyTorch's
+#: fused attention whole, and no watch of the checks' in it.
+PROGRAMS_ALLOWED_EXERCISES = frozenset(
+    {"triton_softmax", "triton_attention", "triton_flash_attention"}
+)
+#: What such a kernel runs, silently, after the rest of its prelude.
+FORBID_NEW_PROGRAMS = (
+    "__import__('attention_ref.checks.no_exec').checks.no_exec.forbid_new_programs()"
+)
+
+
+def forbids_new_programs(exercises: Any) -> bool:
+    """Whether a notebook that checks ``exercises`` (the course's) is graded by a kernel
+    that can start no program: none of them in :data:`PROGRAMS_ALLOWED_EXERCISES`."""
+    exercises = list(exercises)
+    return bool(exercises) and not any(e in PROGRAMS_ALLOWED_EXERCISES for e in exercises)
+
+
 def removes_fused_attention(exercises: Any) -> bool:
     """Whether a notebook that checks ``exercises`` is graded without PyTorch's fused
     attention (every one of them in :data:`FUSED_ATTENTION_REMOVED_EXERCISES`)."""
