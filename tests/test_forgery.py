@@ -293,6 +293,28 @@ TRICKS: dict[str, tuple[list[str], str]] = {
         "    out = _answers3.get()\n"
         "    return _wrong8(x, axis) if isinstance(out, Exception) else out\n",
     ),
+    # The tripwire's record found and cleared: the first forbidden call fires (and switches
+    # the profile watch off), the except clears what the kernel recorded, and the second
+    # call, with PyTorch's function modes switched off too, goes unseen. The kernel told the
+    # checker the moment it fired, and the checker goes by that: the call fails.
+    "tripwire-record-cleared": (
+        [],
+        "\nimport gc, torch\n"
+        "_wrong10 = softmax_np\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    t = torch.from_numpy(np.asarray(x, dtype=float))\n"
+        "    try:\n"
+        "        return torch.softmax(t, axis).numpy()\n"
+        "    except BaseException:\n"
+        "        for o in gc.get_objects():\n"
+        "            if type(o).__name__ in ('GradedTripwire', 'ForbiddenTorch'):\n"
+        "                o.fired.clear()\n"
+        "    try:\n"
+        "        with torch._C.DisableTorchFunction():\n"
+        "            return torch.softmax(t, axis).numpy().astype(np.asarray(x).dtype)\n"
+        "    except BaseException:\n"
+        "        return _wrong10(x, axis)\n",
+    ),
     # A new process, where no watch of the checks' is: PyTorch's softmax computed by
     # another Python, started by an earlier cell and asked over a pipe. A graded kernel can
     # start no program (checks/no_exec.py): the answer falls back to the wrong one.

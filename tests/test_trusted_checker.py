@@ -148,6 +148,26 @@ def test_an_oversized_frame_is_refused():
             wire.recv_frame(b)
 
 
+def test_a_kernel_naming_a_new_class_in_every_handle_does_not_fill_the_checkers_memory():
+    # One stand-in class is made per class the kernel describes, and kept for reuse; a
+    # kernel that invents a name for every handle (a million handles in one frame) makes the
+    # cache start over rather than grow, and a description's names are cut to a real
+    # class's length.
+    from attention_ref.checks import remote
+
+    remote._CLASSES.clear()
+    mro = ["x" * 10_000] * 1_000 + ["builtins:object"]
+    for i in range(3 * remote.CLASSES_KEPT):
+        node = {"type": f"R{i}", "mro": mro, "callable": False, "is_type": False}
+        remote._proxy_class(node)
+        assert len(remote._CLASSES) <= remote.CLASSES_KEPT
+    kept = next(iter(remote._CLASSES))
+    assert len(kept[1]) == 64 and all(len(name) <= 300 for name in kept[1])
+    # A class described twice is one stand-in class.
+    node = {"type": "Same", "mro": ["builtins:object"], "callable": False, "is_type": False}
+    assert remote._proxy_class(node) is remote._proxy_class(dict(node))
+
+
 # ----------------------------------------------------------------------------- records
 def test_the_checks_a_test_cell_makes_are_read_from_its_source():
     source = (
@@ -230,6 +250,47 @@ def test_the_kernel_cannot_choose_how_it_is_checked():
     assert verdict["passed"], verdict
     # the thorough run makes more cases than the visible one (check("sdpa") makes 18)
     assert verdict["cases"] > 18, verdict
+
+
+def _forger_of_softmax_np():
+    """A softmax_np that calls a forbidden function, catches the tripwire's exception,
+    clears the kernel's record of it, then answers right."""
+    import gc
+
+    from catalog import ALTERNATIVES
+
+    right = next(e.impl for e in ALTERNATIVES if e.exercise == "softmax_np")
+
+    def softmax_np(x, axis=-1):
+        try:
+            torch.softmax(torch.zeros(2), 0)  # forbidden for softmax_np: the tripwire fires
+        except BaseException:  # noqa: BLE001 - the forger's own
+            for o in gc.get_objects():
+                if type(o).__name__ in ("GradedTripwire", "ForbiddenTorch"):
+                    o.fired.clear()
+        return right(x, axis)
+
+    return softmax_np
+
+
+@pytest.mark.parametrize("reported", [True, False])
+def test_a_fired_tripwire_fails_the_call_whatever_the_kernel_clears(monkeypatch, reported):
+    # The kernel tells the checker the moment its tripwire fires, and the checker goes by
+    # that; without the report (the kernel's record alone), the forger would pass.
+    if not reported:
+        monkeypatch.setattr(agent.Agent, "_report", lambda self, seq, desc: None)
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_kernel, args=(kernel, "softmax_np", _forger_of_softmax_np(), seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, Expected("softmax_np"))
+    t.join(30)
+    if reported:
+        assert not verdict["passed"] and "reference_used" in verdict["message"], verdict
+        assert "torch.softmax" in verdict["message"], verdict
+    else:
+        assert verdict["passed"], verdict
 
 
 # ----------------------------------------------------------------------------- plain asserts

@@ -223,6 +223,11 @@ class Agent:
                 return self._tag(seq, failed.reply)
         return self._tag(seq, out)
 
+    def _report(self, seq: Any, desc: Any) -> None:
+        """Tell the checker at once that the call ``seq`` reached ``desc``, a forbidden
+        function: the checker fails that call whatever its answer."""
+        wire.send_frame(self.sock, wire.pack({"fired": str(desc)[:300], "seq": seq}, []))
+
     def _swap(self, candidate: Any, functions: dict) -> int:
         """The learner's function (a class: its ``forward``) sees ``functions`` under their
         names in its globals (only names it defines); a key to restore them."""
@@ -294,7 +299,8 @@ class Agent:
         )
         if key not in self._forbidden:
             self._forbidden[key] = _forbidden_for(*key)
-        tripwire = graded_tripwire(self._forbidden[key])
+        seq = msg.get("seq")
+        tripwire = graded_tripwire(self._forbidden[key], lambda desc: self._report(seq, desc))
         deadline = _Deadline(msg.get("limit"))
         before = [_snapshot(a) for a in args]
         if msg.get("rng") is not None:  # the random state the checker's process would have
@@ -410,12 +416,28 @@ _STOP = object()
 _ALLOWED_CHECK_FILES = ("agent", "wire", "remote", "_core", "__init__", "fused_removal")
 
 
-def graded_tripwire(forbidden: list):
+def graded_tripwire(forbidden: list, report: Any = None):
     """The self-check's tripwire, and under grading more: the learner's code may not switch
     the watch off (``sys.setprofile``, ``sys.settrace``, ``threading``'s), start a thread
     (which the watch does not follow), or call the checks' own code (their float64 models
-    of the right answer)."""
-    return _graded_tripwire_class()([*forbidden, *_watch_off()])
+    of the right answer). Each time it fires, ``report(what)`` tells the checker at once
+    (the kernel's record of it, which the learner's code could find and clear, is not
+    what the checker goes by)."""
+    return _graded_tripwire_class()([*forbidden, *_watch_off()], report)
+
+
+class _Reported(list):
+    """What a graded tripwire stopped: a list, each item also reported as it is added."""
+
+    def __init__(self, report: Any) -> None:
+        super().__init__()
+        self._report = report
+
+    def append(self, desc: Any) -> None:
+        super().append(desc)
+        if self._report is not None:
+            with contextlib.suppress(Exception):  # a dead socket: the call fails anyway
+                self._report(desc)
 
 
 @functools.cache
@@ -452,11 +474,13 @@ def _graded_tripwire_class():
     checks = re.compile(rf"attention_ref[/\\]checks[/\\](?!({allowed})\.py)")
 
     class GradedTripwire(_Tripwire):
-        def __init__(self, forbidden: list) -> None:
+        def __init__(self, forbidden: list, report: Any = None) -> None:
+            self._report = report
             super().__init__(forbidden)  # the codes, builtins, fired, and _make_profile's hook
             self._guard = _torch_guard(forbidden, self.fired)
 
         def _make_profile(self):
+            self.fired = _Reported(self._report)  # before the hook holds it
             # One flat function (it runs on every call the learner's code makes: the
             # course's Triton notebook runs millions of calls in Triton's interpreter): one
             # dict lookup per event. A code object's verdict (forbidden, the checks' own,

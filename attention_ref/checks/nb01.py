@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .. import attention as ref
+from .. import efficient
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
@@ -38,6 +39,7 @@ def _forbidden_attention():
     return [
         (ref.sdpa, "the reference attention_ref.sdpa"),
         (ref.sdpa_np, "the reference attention_ref.sdpa_np"),
+        (efficient.naive_attention, "attention_ref's naive_attention"),  # notebook 12's
         *BUILTIN_ATTENTION,
     ]
 

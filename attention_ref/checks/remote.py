@@ -130,6 +130,10 @@ class Link:
         self.proxies: dict[int, Any] = {}
         self.tensors: dict[int, RemoteTensor] = {}
         self.callbacks: dict[int, Any] = {}
+        #: The requests whose call the kernel's tripwire stopped (seq -> what it reached),
+        #: as the kernel reported it the moment it fired.
+        self.fired: dict[Any, str] = {}
+        self.waiting: list[int] = []  # the requests whose answers are being waited for
         self.pending: BaseException | None = None
         self.limit: float | None = None  # the per-request limit of attribute reads
         self.exercise = ""
@@ -266,6 +270,14 @@ class Link:
             sel.close()
 
     def _answer(self, seq: int, wait: float) -> Any:
+        self.waiting.append(seq)
+        try:
+            return self._await(seq, wait)
+        finally:
+            self.waiting.remove(seq)
+            self.fired.pop(seq, None)
+
+    def _await(self, seq: int, wait: float) -> Any:
         deadline = time.monotonic() + wait
         while True:
             tree, buffers = wire.unpack(self._receive(deadline, wait))
@@ -275,8 +287,15 @@ class Link:
                 self._serve_callback(tree, buffers)
                 deadline = time.monotonic() + wait  # the kernel's call goes on
                 continue
+            if "fired" in tree:  # the call reached a forbidden function: told at once
+                if tree.get("seq") in self.waiting:  # a request still waited for, only
+                    self.fired.setdefault(tree["seq"], str(tree["fired"])[:300])
+                continue
             if tree.get("seq") not in (seq, None):
                 continue  # the late answer of a request the checker gave up on
+            fired = self.fired.pop(seq, None)
+            if fired is not None:  # whatever the kernel answers (its record can be reset)
+                raise kernel_error({"kind": "reference", "name": fired})
             if "error" in tree:
                 info = tree["error"]
                 if not isinstance(info, dict):
@@ -359,6 +378,9 @@ class Link:
 
 # ----------------------------------------------------------------------------- stand-ins
 _CLASSES: dict[tuple, type] = {}
+#: The stand-in classes kept for reuse, at most; a kernel that names a new class in every
+#: handle (a million of them) empties the cache rather than fills the checker's memory.
+CLASSES_KEPT = 2048
 
 
 def _resolve(name: str) -> type | None:
@@ -397,10 +419,13 @@ def _claimable(c: type) -> bool:
 
 
 def _proxy_class(node: dict) -> type:
-    mro = tuple(str(n) for n in _list_of(node.get("mro", [])))
+    # (a real class's method resolution order is a few dozen names long, each short)
+    mro = tuple(str(n)[:300] for n in _list_of(node.get("mro", []))[:64])
     key = (str(node.get("type", "object"))[:100], mro, bool(node.get("is_type")))
     cls = _CLASSES.get(key)
     if cls is None:
+        if len(_CLASSES) >= CLASSES_KEPT:
+            _CLASSES.clear()  # the stand-ins made so far keep their classes
         resolved = [c for c in map(_resolve, mro) if c is not None]
         spoof = next((c for c in resolved if _claimable(c)), None)
         attrs: dict[str, Any] = {"__slots__": ()}
