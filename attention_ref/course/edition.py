@@ -239,15 +239,13 @@ def compile_module(
     return bytes(_code_to_timestamp_pyc(code, 0, 0))
 
 
-def exercise_references() -> Withheld:
-    """Each graded exercise's own reference implementation (what its check names as "the
-    reference"), by the first notebook that grades it or builds on it (:data:`BUILT_ON`):
-    module -> {qualified name: NN}. The objects a notebook prints on purpose (``SHOWN``)
-    are not answers and stay."""
+def _named_references():
+    """``(notebook, module, qualified name)`` of every object an exercise's forbidden list
+    names as the reference (or as the package's own), but those a notebook shows on
+    purpose (``SHOWN``: not answers)."""
     from .. import checks  # noqa: F401 - each notebook's checks register on import
     from ..checks._core import REGISTRY
 
-    table: Withheld = {}
     for ex in REGISTRY.values():
         notebook = int(ex.run.__module__.rsplit(".nb", 1)[1])
         for obj, name in ex.forbidden():
@@ -256,11 +254,40 @@ def exercise_references() -> Withheld:
                 ("the reference", f"{PACKAGE}'s")
             ):
                 continue  # a PyTorch built-in, or a reference forbidden but not the answer
-            if obj.__qualname__ in SHOWN.get(module, ()):
-                continue
-            first = min(notebook, BUILT_ON.get((module, obj.__qualname__), notebook))
-            owners = table.setdefault(module, {})
-            owners[obj.__qualname__] = min(owners.get(obj.__qualname__, first), first)
+            if obj.__qualname__ not in SHOWN.get(module, ()):
+                yield notebook, module, obj.__qualname__
+
+
+def _add_private_helpers(source: Path, table: dict, merge) -> None:
+    """In each module of ``table`` (module -> {qualified name: value}), give every private
+    top-level function (``_name``) that only the table's entries use (a reference's kernel
+    or inner loop) ``merge(its users' values)``, unless that is None."""
+    for module, owners in table.items():
+        units = _units(ast.parse(_module_path(source, module).read_text(encoding="utf-8")))
+        private = [u for u in units if re.fullmatch(r"_[A-Za-z0-9]\w*", u) and "__" not in u]
+        changed = True
+        while changed:
+            changed = False
+            for helper in private:
+                users = [u for u, seen in units.items() if helper in seen and u != helper]
+                if helper in owners or not users or not all(u in owners for u in users):
+                    continue
+                value = merge([owners[u] for u in users])
+                if value is not None:
+                    owners[helper] = value
+                    changed = True
+
+
+def exercise_references() -> Withheld:
+    """Each graded exercise's own reference implementation (what its check names as "the
+    reference"), by the first notebook that grades it or builds on it (:data:`BUILT_ON`):
+    module -> {qualified name: NN}. The objects a notebook prints on purpose (``SHOWN``)
+    are not answers and stay."""
+    table: Withheld = {}
+    for notebook, module, qual in _named_references():
+        first = min(notebook, BUILT_ON.get((module, qual), notebook))
+        owners = table.setdefault(module, {})
+        owners[qual] = min(owners.get(qual, first), first)
     return table
 
 
@@ -272,38 +299,14 @@ def own_references(source: Path | None = None) -> Own:
     """Each graded exercise's reference (and each private helper that only such references
     use) by the notebooks whose exercises name it as the reference: module -> {qualified
     name: {NN, ...}}. Notebook NN's edition withholds these too, but :data:`KEPT_OWN`."""
-    from .. import checks  # noqa: F401 - each notebook's checks register on import
-    from ..checks._core import REGISTRY
-
     source = Path(source or Path(__file__).resolve().parents[1])
     table: Own = {}
-    for ex in REGISTRY.values():
-        notebook = int(ex.run.__module__.rsplit(".nb", 1)[1])
-        for obj, name in ex.forbidden():
-            module = getattr(obj, "__module__", None) or ""
-            if not module.startswith(f"{PACKAGE}.") or not name.startswith(
-                ("the reference", f"{PACKAGE}'s")
-            ):
-                continue
-            qual = obj.__qualname__
-            if qual in SHOWN.get(module, ()) or (notebook, module, qual) in KEPT_OWN:
-                continue
+    for notebook, module, qual in _named_references():
+        if (notebook, module, qual) not in KEPT_OWN:
             owners = table.setdefault(module, {})
             owners[qual] = owners.get(qual, frozenset()) | {notebook}
-    for module, owners in table.items():
-        units = _units(ast.parse(_module_path(source, module).read_text(encoding="utf-8")))
-        private = [u for u in units if re.fullmatch(r"_[A-Za-z0-9]\w*", u) and "__" not in u]
-        changed = True
-        while changed:
-            changed = False
-            for helper in private:
-                users = [u for u, seen in units.items() if helper in seen and u != helper]
-                if helper in owners or not users or not all(u in owners for u in users):
-                    continue
-                both = frozenset.intersection(*(owners[u] for u in users))
-                if both:  # withheld where every user is
-                    owners[helper] = both
-                    changed = True
+    # a helper is withheld where every one of its users is
+    _add_private_helpers(source, table, lambda nbs: frozenset.intersection(*nbs) or None)
     return table
 
 
@@ -363,19 +366,7 @@ def withheld_references(source: Path | None = None, table: Withheld | None = Non
     kept from the first notebook that keeps one of its users."""
     source = Path(source or Path(__file__).resolve().parents[1])
     table = {m: dict(q) for m, q in (table or exercise_references()).items()}
-    for module, owners in table.items():
-        units = _units(ast.parse(_module_path(source, module).read_text(encoding="utf-8")))
-        private = [u for u in units if re.fullmatch(r"_[A-Za-z0-9]\w*", u) and "__" not in u]
-        changed = True
-        while changed:
-            changed = False
-            for helper in private:
-                if helper in owners:
-                    continue
-                users = [u for u, seen in units.items() if helper in seen and u != helper]
-                if users and all(u in owners for u in users):
-                    owners[helper] = min(owners[u] for u in users)
-                    changed = True
+    _add_private_helpers(source, table, min)  # kept from the first notebook keeping a user
     return table
 
 
