@@ -1,22 +1,19 @@
 """What a graded kernel holds in place of the answers.
 
 While notebook NN is graded, its kernel imports a *grading edition* of the package
-(:mod:`attention_ref.course.edition`): every reference implementation of an exercise
-of notebook NN or a later notebook, and the checks' own models of the answers, are
-compiled with this module's stand-in as their body, so the kernel holds no code that
-computes them (not even as bytecode). Earlier notebooks' references stay: the notebook
-builds on them.
+(:mod:`attention_ref.course.edition`): every reference implementation of a later
+notebook's exercise, every reference function of notebook NN's own exercises, and the
+checks' own models of the answers, are compiled with this module's stand-in as their body,
+so the kernel holds no code that computes them (not even as bytecode). Earlier notebooks'
+references stay: the notebook builds on them.
 
 A stand-in of a function (``attention_ref.masked_cross_entropy``, say) runs the
 learner's own function of that name, so the notebook's demonstrations and the package's
 helpers that use it (a training loop, a generation loop) run on the learner's answer, as
 the learner would expect; where the learner defined none, or their function is the one
 calling the reference, it raises :class:`NotAvailableWhileGradedError`. A stand-in of a method
-(``SelfAttention.forward``) runs the method of the learner's class of that name on the
-reference's instance (whose parts have the spec's names, as the learner's have), so
-``attention_ref.SelfAttention(...)`` in a demonstration computes with the learner's
-``forward``. This module holds no answer: it is in every edition and in the full package,
-where nothing calls it.
+(``SelfAttention.forward``) always raises. This module holds no answer: it is in every
+edition and in the full package, where nothing calls it.
 """
 
 from __future__ import annotations
@@ -49,18 +46,11 @@ def _message(module: str, qualname: str, graded: int, why: str) -> str:
 
 def answer(module: str, qualname: str, graded: int) -> Any:
     """What a call of the withheld ``module.qualname`` runs: the learner's function of the
-    same name (a top-level function of the notebook; for a method, the method of the
-    notebook's class of that name, run on the reference's instance), or a function that
-    raises."""
+    same name (a top-level function of the notebook), or a function that raises."""
     own = None
-    if qualname.count(".") <= 1 and not module.startswith("attention_ref.checks"):
+    if "." not in qualname and not module.startswith("attention_ref.checks"):
         main = sys.modules.get("__main__")
-        owner, _, method = qualname.rpartition(".")
-        candidate = getattr(main, owner or qualname, None) if main is not None else None
-        if owner and isinstance(candidate, type):
-            candidate = candidate.__dict__.get(method)  # defined by the class itself
-        elif owner:
-            candidate = None
+        candidate = getattr(main, qualname, None) if main is not None else None
         if callable(candidate) and getattr(candidate, "__module__", None) == "__main__":
             own = candidate
     active: set[str] = getattr(_running, "names", None) or set()
@@ -73,8 +63,7 @@ def answer(module: str, qualname: str, graded: int) -> Any:
             else (
                 f"Define your own {qualname} in the notebook and this call runs it."
                 if "." not in qualname
-                else f"Define your own class {qualname.split('.')[0]} with its "
-                f"{qualname.rpartition('.')[2]} in the notebook and this call runs it."
+                else "Use your own class in its place."
             )
         )
 

@@ -29,13 +29,13 @@ are compiled with a stand-in body from :mod:`attention_ref._withheld`, so a kern
 notebook NN holds no code that computes them. The sandbox gives each graded kernel the
 edition of its notebook (:func:`attention_ref.course.sandbox.edition_for`); the trusted
 checker, which decides the grade, keeps the full package. Notebook NN's own exercises'
-references are withheld from its edition too: where a check runs an earlier exercise's
-reference inside a later one (notebook 01's ``softmax_np`` inside ``sdpa_np``), the
-checker computes it, called back from the kernel, and a demonstration calling one runs the
-learner's own function of that name. Kept are the few later references a notebook builds
-on (:data:`BUILT_ON`) and the few of its own that :data:`KEPT_OWN` lists, each with its
-reason (a check builds the reference module into a later exercise's module in the kernel;
-a demonstration uses more of the reference than the exercise asks for).
+reference functions are withheld from its edition too: where a check runs an earlier
+exercise's reference inside a later one (notebook 01's ``softmax_np`` inside ``sdpa_np``),
+the checker computes it, called back from the kernel, and a demonstration calling one runs
+the learner's own function of that name. Kept are the few later references a notebook
+builds on (:data:`BUILT_ON`), the few of its own functions that :data:`KEPT_OWN` lists with
+their reasons, and its own classes' methods (the reference modules that demonstrations and
+checks build).
 """
 
 from __future__ import annotations
@@ -77,17 +77,11 @@ BUILT_ON: dict[tuple[str, str], int] = {
     (f"{PACKAGE}.training", "masked_cross_entropy"): 7,
     (f"{PACKAGE}.kv_cache", "cached_self_attention"): 11,
 }
-#: A notebook's own exercises' references that its edition keeps (notebook, module,
-#: qualified name), each with the reason.
-#: Every other reference of a notebook's own exercises is withheld from its edition.
+#: A notebook's own exercises' functions that its edition keeps (notebook, module,
+#: qualified name), each with the reason. Every other function that answers one of a
+#: notebook's own exercises is withheld from its edition. (Methods stay: see
+#: :func:`own_references`.)
 KEPT_OWN: dict[tuple[int, str, str], str] = {
-    # The checks put these modules into the learner's module of a later exercise of the
-    # same notebook, in the kernel (checks/nb06.py's EARLIER and substitute, checks/nb07.py's
-    # earlier=), so a stub in the earlier exercise costs its own points only; their
-    # parameters live in the kernel, so they cannot be computed in the checker as a
-    # function's calls are.
-    (6, f"{PACKAGE}.encoder", "FeedForward.forward"): "built into the encoder layer's check",
-    (7, f"{PACKAGE}.decoder", "DecoderLayer.forward"): "built into the Transformer's check",
     # Notebook 01's sdpa, which notebook 02 builds on, computes it whenever it has a mask.
     (2, f"{PACKAGE}.masking", "masked_softmax"): "notebook 01's sdpa computes it with a mask",
     # Notebook 04 shows how heads split and merge before its exercises ask for them.
@@ -97,19 +91,7 @@ KEPT_OWN: dict[tuple[int, str, str], str] = {
     (5, f"{PACKAGE}.positional", "sinusoidal_encoding"): "notebook 05 asks it for float64",
     (5, f"{PACKAGE}.positional", "frequencies"): "the kept sinusoidal_encoding uses it",
     (8, f"{PACKAGE}.training", "masked_cross_entropy"): "notebook 08 trains with label smoothing",
-    (13, f"{PACKAGE}.modern", "RotaryAttention.forward"): "notebook 13 passes it positions",
-    (13, f"{PACKAGE}.modern", "RotaryAttention.project"): "notebook 13 passes it positions",
-    # Notebook 15's demonstrations run the learner's functions through the reference's
-    # methods (the cache's ring buffer, the latent attention's absorbed scores).
-    (15, f"{PACKAGE}.sliding_window", "RollingKVCache.append"): "runs the learner's rolling_append",
-    (15, f"{PACKAGE}.latent_attention", "MultiHeadLatentAttention.step"): (
-        "runs the learner's absorbed_scores"
-    ),
     (15, f"{PACKAGE}.experts", "route"): "notebook 15 passes it DeepSeek's correction bias",
-    # Notebook 13's rotary attention (kept above) is notebook 11's grouped-query attention
-    # with rotated queries and keys: it runs the parent's code.
-    (13, f"{PACKAGE}.gpt", "GroupedQueryAttention.forward"): "notebook 13's rotary attention's",
-    (13, f"{PACKAGE}.gpt", "GroupedQueryAttention.attend"): "notebook 13's rotary attention's",
 }
 
 
@@ -296,13 +278,18 @@ Own = dict[str, dict[str, frozenset[int]]]
 
 
 def own_references(source: Path | None = None) -> Own:
-    """Each graded exercise's reference (and each private helper that only such references
-    use) by the notebooks whose exercises name it as the reference: module -> {qualified
-    name: {NN, ...}}. Notebook NN's edition withholds these too, but :data:`KEPT_OWN`."""
+    """Each graded exercise's reference function (and each private helper that only such
+    functions use) by the notebooks whose exercises name it as the reference: module ->
+    {name: {NN, ...}}. Notebook NN's edition withholds these too, but :data:`KEPT_OWN`."""
     source = Path(source or Path(__file__).resolve().parents[1])
     table: Own = {}
     for notebook, module, qual in _named_references():
-        if (notebook, module, qual) not in KEPT_OWN:
+        # A method stays: the notebook's demonstrations and the checks build the reference's
+        # modules (a reference part inside the learner's module, a reference model trained),
+        # and a correct class of the learner's, whose parts may differ, cannot stand in for
+        # its method (the catalog's correct alternatives broke demonstrations of notebooks
+        # 03-07 and 11 that way).
+        if "." not in qual and (notebook, module, qual) not in KEPT_OWN:
             owners = table.setdefault(module, {})
             owners[qual] = owners.get(qual, frozenset()) | {notebook}
     # a helper is withheld where every one of its users is
