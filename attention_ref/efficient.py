@@ -176,6 +176,9 @@ def _online_attention(
     q_block_size = _q_block_size(n_q, block_size, causal, q_block_size)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     offset = n_k - n_q  # query i sits at key position i + offset
+    # In place, the loop keeps one tile at a time; autograd needs the values it saved, so
+    # when a gradient is wanted every update makes a new tensor.
+    in_place = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     q = q * (1.0 / math.sqrt(d_k))  # scale once, not every tile
     k_t = k.transpose(-2, -1)  # (..., d_k, n_k), a view
     out = q.new_empty(*batch, n_q, d_v)
@@ -193,14 +196,25 @@ def _online_attention(
             s = q_blk @ k_t[..., j0:j1]  # (..., bq, bk) one tile of scores
             if causal and j1 - 1 > i0 + offset:  # the tile crosses the diagonal
                 allowed = _causal_allowed(i0, i1, j0, j1, offset, q.device)  # (bq, bk)
-                s.masked_fill_(~allowed, float("-inf"))
+                s = (
+                    s.masked_fill_(~allowed, float("-inf"))
+                    if in_place
+                    else s.masked_fill(~allowed, float("-inf"))
+                )
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., bq, 1)
             if causal:  # a query that has seen nothing yet keeps m = -inf: shift by 0
                 m_new = m_new.masked_fill(m_new == float("-inf"), 0.0)
             alpha = torch.exp(m - m_new)  # rescales what was accumulated so far
-            p = s.sub_(m_new).exp_()  # (..., bq, bk), in place: no second tile
-            l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
-            acc.mul_(alpha).add_(p @ v[..., j0:j1, :])  # (..., bq, d_v)
+            if in_place:
+                # (..., bq, bk): no second tile, unless v's batch dimensions are wider than
+                # q's and k's (then the tile broadcasts to them)
+                p = (s.sub_(m_new) if s.shape[:-2] == batch else s - m_new).exp_()
+                l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+                acc.mul_(alpha).add_(p @ v[..., j0:j1, :])  # (..., bq, d_v)
+            else:
+                p = torch.exp(s - m_new)  # (..., bq, bk)
+                l = l * alpha + p.sum(dim=-1, keepdim=True)  # noqa: E741
+                acc = acc * alpha + p @ v[..., j0:j1, :]  # (..., bq, d_v)
             m = m_new
         # A query that saw no key (causal with n_q > n_k) has l = 0 and acc = 0: output 0.
         seen = l > 0

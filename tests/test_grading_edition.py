@@ -9,6 +9,7 @@ gains nothing is tests/test_forgery.py's."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -222,3 +223,208 @@ def test_a_grading_edition_refuses_what_it_cannot_withhold(tmp_path):
     (src / "m.py").write_text("def f(x):\n    return x\n")
     with pytest.raises(ValueError, match=r"attention_ref\.m defines no \['g'\] to withhold"):
         ed.compile_module(src / "m.py", Path("m.py"), {"g": 1})
+
+
+# Calls every function a grading edition keeps (but the course's tooling and the grading
+# machinery) on the inputs each exercise of that notebook was checked on, and reports each
+# one whose result holds the reference's answer: a whole helper that computes an answer.
+ORACLES = r"""
+import collections, importlib, inspect, json, pkgutil, signal, sys, time, warnings
+import numpy as np, torch
+import matplotlib
+matplotlib.use("Agg")
+warnings.simplefilter("ignore")
+editions, cases_file = sys.argv[1], sys.argv[2]
+cases = torch.load(cases_file, weights_only=False)
+SKIPPED = ("attention_ref.course", "attention_ref.checks.agent", "attention_ref.checks.remote",
+           "attention_ref.checks.wire", "attention_ref.checks.cell", "attention_ref.checks.checker",
+           "attention_ref.checks.fused_removal", "attention_ref.checks.no_exec")
+
+class TooLong(BaseException):  # not an Exception: the function's own handlers miss it
+    pass
+
+def on_alarm(*_):
+    raise TooLong
+
+signal.signal(signal.SIGPROF, on_alarm)
+torch.set_num_threads(1)  # CPU time below: one thread's, whatever else the machine runs
+
+def tensors(x):
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x) if x.dtype != object else None
+    if isinstance(x, torch.Tensor):
+        return [x.detach()] if x.layout == torch.strided and x.device.type != "meta" else []
+    if isinstance(x, tuple | list):
+        return [t for item in x for t in tensors(item)]
+    if isinstance(x, dict):
+        return tensors(list(x.values()))
+    return []
+
+def same(a, b):
+    if a.shape != b.shape or a.numel() == 0:
+        return False
+    if a.dtype.is_floating_point or b.dtype.is_floating_point:
+        return bool(torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-6))
+    return bool(torch.equal(a.long(), b.long()))
+
+def targets(record):
+    args, kwargs, result, _ = record
+    given = tensors([args, kwargs])
+    return [t for t in tensors(result)
+            if t.numel() >= 4 and not bool((t.flatten() == t.flatten()[0]).all())
+            and not any(same(t, g) for g in given)]
+
+out = {}
+slow = set()  # what ran out of time once (a training loop given tensors) is not called again
+for nb in sorted({c["nb"] for c in cases.values()}):
+    for name in [m for m in sys.modules if m.split(".")[0] == "attention_ref"]:
+        del sys.modules[name]
+    sys.path[0] = f"{editions}/graded/{nb:02d}"
+    importlib.invalidate_caches()
+    import attention_ref
+    assert attention_ref.__file__.startswith(sys.path[0]), attention_ref.__file__
+    functions = {}
+    for info in pkgutil.walk_packages(attention_ref.__path__, "attention_ref."):
+        if info.name.startswith(SKIPPED):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            # its functions, and those in its tables (a list of mistakes' lambdas)
+            inner = obj.values() if isinstance(obj, dict) else obj
+            inner = inner if isinstance(obj, list | tuple | dict) else ()
+            inner = [x for item in inner for x in (item if isinstance(item, tuple) else [item])]
+            for i, fn in enumerate([obj, *inner]):
+                if inspect.isfunction(fn) and fn.__module__ == info.name:
+                    where = f"@{name}[{i}]" if i else ""
+                    functions.setdefault(f"{info.name}:{fn.__qualname__}{where}", fn)
+    for eid, case in cases.items():
+        if case["nb"] != nb:
+            continue
+        matched = collections.Counter()  # on how many of the inputs each one matched
+        for record in case["records"]:
+            wanted = targets(record)
+            if not wanted:
+                continue
+            for name, fn in functions.items():
+                # as the check called it, its arguments alone, and by the parameters' names
+                try:
+                    params = inspect.signature(fn).parameters
+                except (TypeError, ValueError):
+                    params = {}
+                by_name = {p: v for p, v in record[3].items() if p in params}
+                for call in ((record[0], record[1]), (record[0], {}), ((), by_name)):
+                    if name in slow:
+                        break  # slow on these small inputs: a training loop, not a helper
+                    torch.manual_seed(0)
+                    signal.setitimer(signal.ITIMER_PROF, 1.0)  # CPU seconds
+                    start = time.process_time()
+                    try:
+                        got = tensors(fn(*call[0], **call[1]))
+                    except BaseException:
+                        got = []
+                    finally:
+                        signal.setitimer(signal.ITIMER_PROF, 0)
+                    if time.process_time() - start > 0.5:
+                        slow.add(name)
+                    if any(same(g, w) for g in got for w in wanted):
+                        matched[name] += 1
+                        break
+        # two inputs, not one: a mistake's model can agree with the answer on one input
+        out[eid] = sorted(name for name, n in matched.items() if n >= 2)
+print(json.dumps(out))
+"""
+
+
+def _checked_inputs() -> dict:
+    """Each function exercise's reference, called by its own check (its forbidden list set
+    aside): the notebook, the forbidden list's names, and the first calls' inputs and
+    results."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+    from torch.utils._pytree import tree_map
+
+    from attention_ref.checks._core import CheckFailure, run_check
+
+    def copy(x):
+        def one(t):
+            if isinstance(t, torch.Tensor):
+                return t.detach().clone()
+            return t.copy() if isinstance(t, np.ndarray) else t
+
+        return tree_map(one, x)
+
+    cases = {}
+    for eid, ex in list(REGISTRY.items()):
+        named = [
+            obj
+            for obj, name in ex.forbidden()
+            if name.startswith("the reference") and inspect.isfunction(obj)
+        ]
+        reference = next((f for f in named if f.__name__ == eid), named[0] if named else None)
+        if ex.kind != "function" or reference is None:
+            continue  # a class (a module, an autograd function): its methods stay
+        records = []
+
+        def spy(*args, reference=reference, records=records, **kwargs):
+            given = copy((args, kwargs))
+            named = inspect.signature(reference).bind(*given[0], **given[1]).arguments
+            result = reference(*args, **kwargs)
+            if len(records) < 3:
+                records.append((*given, copy(result), dict(named)))
+            return result
+
+        REGISTRY[eid] = dataclasses.replace(ex, forbidden=lambda: [])
+        try:
+            run_check(eid, spy, seed=7, time_limit=0)
+        except CheckFailure as failure:
+            # an autograd Function's exercise: a class, whose methods stay
+            assert "[mistake: not_an_autograd_function]" in str(failure), str(failure)
+            continue
+        finally:
+            REGISTRY[eid] = ex
+        forbidden = [
+            f"{obj.__module__}:{obj.__qualname__}"
+            for obj, _ in ex.forbidden()
+            if hasattr(obj, "__qualname__")
+        ]
+        notebook = int(ex.run.__module__.rsplit(".nb", 1)[1])
+        cases[eid] = {"nb": notebook, "records": records, "forbidden": forbidden}
+    return cases
+
+
+def test_no_function_a_grading_edition_keeps_computes_an_answer_it_does_not_forbid(
+    editions, tmp_path
+):
+    # A whole helper that returns an exercise's answer (notebook 12's naive_attention is
+    # notebook 01's sdpa) is either withheld from that notebook's edition or on the
+    # exercise's forbidden list (the tripwire names it). Found by calling every function an
+    # edition keeps on the inputs the exercise's check gave its reference.
+    import torch
+
+    cases = _checked_inputs()
+    assert len(cases) >= 25 and all(c["records"] for c in cases.values()), sorted(cases)
+    torch.save(cases, tmp_path / "cases.pt")
+    proc = subprocess.run(  # in a folder of its own: what a function writes lands there
+        [sys.executable, "-s", "-c", ORACLES, str(editions), str(tmp_path / "cases.pt")],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(editions), MPLBACKEND="Agg"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert set(found) == set(cases)
+    unforbidden = {
+        eid: [name for name in names if name not in cases[eid]["forbidden"]]
+        for eid, names in found.items()
+    }
+    assert not any(unforbidden.values()), {e: n for e, n in unforbidden.items() if n}
+    # It finds what it looks for: answers an edition keeps and forbids (notebook 02's
+    # masked_softmax, which notebook 01's sdpa computes; notebook 11's causal mask in 02;
+    # notebook 12's loop in 14).
+    assert "attention_ref.masking:masked_softmax" in found["masked_softmax"]
+    assert "attention_ref.gpt:causal_mask_like" in found["causal_mask"]
+    assert "attention_ref.efficient:online_softmax_attention" in found["triton_attention"]

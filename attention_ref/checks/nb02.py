@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import gpt
 from .. import masking as ref
 from . import _models as M
 from ._core import Context, Mistake, exercise
@@ -94,7 +95,14 @@ def check_padding_mask(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- causal_mask
-@exercise("causal_mask", forbidden=_forbid("causal_mask"), summary="True where j <= i")
+@exercise(
+    "causal_mask",
+    forbidden=lambda: [
+        *_forbid("causal_mask")(),
+        (gpt.causal_mask_like, "notebook 11's causal_mask_like (attention_ref.gpt)"),
+    ],
+    summary="True where j <= i",
+)
 def check_causal_mask(candidate, ctx: Context) -> None:
     sizes = [5, 2, 8, 1] + ([3, 16] if ctx.thorough else [])
     for n in sizes:

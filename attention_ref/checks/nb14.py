@@ -77,6 +77,22 @@ def _ref():
     return triton_attention
 
 
+def _notebook_12s() -> list[tuple]:
+    """Notebook 12's FlashAttention, which notebook 14's kernels rewrite: its forward pass
+    (whole, or its loop) and its backward pass (an autograd function, or a tiled loop that
+    autograd can differentiate)."""
+    from .. import efficient, flash
+
+    return [
+        (efficient.online_softmax_attention, "notebook 12's online_softmax_attention"),
+        (efficient._online_attention, "notebook 12's online_softmax_attention (its loop)"),
+        (flash.flash_attention, "notebook 12's flash_attention"),
+        (flash.FlashAttention.forward, "notebook 12's FlashAttention"),
+        (flash.FlashAttention.backward, "notebook 12's FlashAttention"),
+        (flash._flash_backward, "notebook 12's FlashAttention (its backward pass)"),
+    ]
+
+
 def _device() -> torch.device:
     """Where the learner's kernels run: the GPU when there is one and the interpreter is
     off, else the CPU (through the interpreter)."""
@@ -715,6 +731,7 @@ def _check_skipping_and_memory(ctx, candidate, g, dev, pace: float) -> None:
     forbidden=lambda: [
         (_ref().triton_attention, "the reference attention_ref.triton_attention"),
         *_full_attention(),
+        *_notebook_12s(),
     ],
     summary="FlashAttention's forward pass as a Triton kernel: output and log-sum-exp",
 )
@@ -909,6 +926,7 @@ def _function_case(ctx, cls, q, k, v, causal, label, limit_scale=1.0) -> None:
         (_ref().TritonFlashAttention.backward, "the reference attention_ref.TritonFlashAttention"),
         (_ref().triton_flash_attention, "the reference attention_ref.triton_flash_attention"),
         *_full_attention(),
+        *_notebook_12s(),
     ],
     summary="the autograd function: the Triton forward pass and notebook 12's backward pass",
 )

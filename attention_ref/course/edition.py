@@ -375,28 +375,30 @@ def checks_code(source: Path | None = None) -> Withheld:
         for p in sorted((source / "checks").glob("*.py"))
         if CHECKS_WITHHELD.fullmatch(p.relative_to(source).as_posix())
     }
-    at_import: set[str] = set()  # what the modules' own code calls as they are imported
-    for tree in trees.values():
-        for stmt in tree.body:
-            if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                at_import |= _names_run(stmt)
-            elif isinstance(stmt, ast.ClassDef):
-                at_import |= set().union(set(), *map(_names_run, stmt.body))
-        for node in ast.walk(tree):  # each exercise's forbidden list, a lambda or not
-            if isinstance(node, ast.keyword) and node.arg == "forbidden":
-                at_import |= _mentions(node.value)
     functions = {
         (module, stmt.name): stmt
         for module, tree in trees.items()
         for stmt in tree.body
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef)
     }
-    # Kept: what runs at import, the forbidden lists, and whatever those call.
-    kept = {key for key in functions if key[1] in at_import or "forbid" in key[1]}
-    while True:
-        seen = set().union(set(), *(_mentions(functions[key]) for key in kept))
-        more = {key for key in functions if key[1] in seen} - kept
-        if not more:
+    resolve = {module: _resolver(module, tree, functions) for module, tree in trees.items()}
+    kept: set[tuple[str, str]] = set()  # what runs as the modules are imported, ...
+    for module, tree in trees.items():
+        for stmt in tree.body:
+            if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):  # its decorators run
+                names = set().union(set(), *(_names_run(d, True) for d in stmt.decorator_list))
+            elif isinstance(stmt, ast.ClassDef):
+                names = set().union(set(), *map(_names_run, stmt.body))
+            else:
+                names = _names_run(stmt)
+            kept |= resolve[module](names)
+        for node in ast.walk(tree):  # ... each exercise's forbidden list, a lambda or not, ...
+            if isinstance(node, ast.keyword) and node.arg == "forbidden":
+                kept |= resolve[module](_refs(node.value))
+        kept |= {key for key in functions if key[0] == module and "forbid" in key[1]}
+    while True:  # ... and whatever those call
+        more = set().union(set(), *(resolve[m](_refs(functions[m, n])) for m, n in kept))
+        if more <= kept:
             break
         kept |= more
     table: Withheld = {module: {} for module in trees}
@@ -405,15 +407,59 @@ def checks_code(source: Path | None = None) -> Withheld:
     return table
 
 
-def _names_run(node: ast.AST) -> set[str]:
-    """The names ``node`` mentions outside the functions and lambdas it defines."""
+def _resolver(module: str, tree: ast.Module, functions: dict):
+    """``names -> {(module, function)}``: which of ``functions`` (the checks' modules'
+    top-level functions) the names that ``module``'s code mentions refer to: its own
+    functions by name, those it imports from another of the checks' modules, and
+    ``alias.name`` where ``alias`` is such a module (``from . import _models as M``)."""
+    package = module.rsplit(".", 1)[0]
+    direct = {name: (module, name) for m, name in functions if m == module}
+    aliases: dict[str, str] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom):
+            base = stmt.module or ""
+            if stmt.level == 1:
+                base = f"{package}.{base}" if base else package
+            for a in stmt.names:
+                if (base, a.name) in functions:
+                    direct[a.asname or a.name] = (base, a.name)
+                else:
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+    dotted = {
+        f"{alias}.{name}": (m, name)
+        for alias, m in aliases.items()
+        for mm, name in functions
+        if mm == m
+    }
+
+    def resolve(refs: set[str]) -> set[tuple[str, str]]:
+        return {direct.get(r) or dotted[r] for r in refs if r in direct or r in dotted}
+
+    return resolve
+
+
+def _refs(node: ast.AST) -> set[str]:
+    """The names ``node``'s code mentions, and ``a.b`` for each attribute of a name."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            found.add(f"{n.value.id}.{n.attr}")
+    return found
+
+
+def _names_run(node: ast.AST, in_call: bool = False) -> set[str]:
+    """What :func:`_refs` finds that ``node`` may call as it runs: inside a call (the
+    function called, and whatever it is given, which it may call in turn), outside the
+    functions and lambdas ``node`` defines. A function only named (in a table of
+    mistakes) is not run."""
     if isinstance(node, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
         return set()
-    if isinstance(node, ast.Name):
-        return {node.id}
-    if isinstance(node, ast.Attribute):
-        return {node.attr} | _names_run(node.value)
-    return set().union(set(), *map(_names_run, ast.iter_child_nodes(node)))
+    in_call = in_call or isinstance(node, ast.Call)
+    if in_call and isinstance(node, ast.Name | ast.Attribute):
+        return _refs(node)
+    return set().union(set(), *(_names_run(c, in_call) for c in ast.iter_child_nodes(node)))
 
 
 def grading_table(source: Path | None = None) -> Withheld:

@@ -195,3 +195,12 @@ def masked_softmax_additive_then_zero_rows(scores, mask, dim=-1):
     """The additive mask, with the rows that have no allowed position zeroed afterwards."""
     w = torch.softmax(scores + (~mask).to(scores.dtype) * -1e10, dim=dim)
     return w * mask.any(dim=dim, keepdim=True)
+
+
+@mistake("causal_mask", id="reference_used")
+def causal_from_notebook_11(n):
+    """Notebook 11's causal mask helper, which the package keeps while notebook 02 is
+    graded: forbidden there, so the tripwire names it."""
+    from attention_ref.gpt import causal_mask_like
+
+    return causal_mask_like(n)

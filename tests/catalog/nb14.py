@@ -478,3 +478,17 @@ class TritonAttentionReturnsLse(torch.autograd.Function):
     def backward(ctx, do, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         return (*_backward(q, k, v, out, lse, do, ctx.causal), None)
+
+
+@mistake("triton_flash_attention", id="reference_used")
+class TritonAttentionNotebook12Backward(TritonFlashAttention):
+    """The backward pass borrowed from notebook 12's reference (the package keeps it while
+    notebook 14 is graded): forbidden there, so the tripwire names it."""
+
+    @staticmethod
+    def backward(ctx, do):
+        from attention_ref.flash import _flash_backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _flash_backward(q, k, v, out, lse[..., None], do, 16, ctx.causal, 16)
+        return dq, dk, dv, None
