@@ -42,9 +42,9 @@ def test_the_course_commands_import_no_pytorch():
         "import attention_ref.course.__main__, attention_ref.course.grading\n"
         "import attention_ref.course.cluster, attention_ref.course.report\n"
         "import attention_ref.course.exchange, attention_ref.course.similarity\n"
-        "import attention_ref.course.trusted, attention_ref.course.cell_limits\n"
-        "import attention_ref.course.sandbox, attention_ref.course.feedback\n"
-        "import attention_ref.course.inert\n"
+        "import attention_ref.trust.trusted, attention_ref.course.cell_limits\n"
+        "import attention_ref.trust.sandbox, attention_ref.course.feedback\n"
+        "import attention_ref.trust.inert\n"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run(
