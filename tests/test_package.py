@@ -156,3 +156,16 @@ def test_each_module_of_the_trust_package_imports_alone_in_a_fresh_process(name)
     """A process that starts with it (the checker's ``-m``, a kernel's prelude,
     nbgrader_config.py) finds no module half-initialised, whichever package comes first."""
     subprocess.run([sys.executable, "-c", f"import attention_ref.trust.{name}"], check=True)
+
+
+@pytest.mark.parametrize(("package", "form"), [("course", "``{}``"), ("trust", ":mod:`.{}`")])
+def test_each_package_map_names_every_module_of_its_package(package, form):
+    """attention_ref.course's docstring lists its modules, attention_ref.trust's is the map
+    of the trust boundary: a module added to either is named there."""
+    from pathlib import Path
+
+    doc = importlib.import_module(f"attention_ref.{package}").__doc__
+    folder = Path(attention_ref.__file__).parent / package
+    modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("__"))
+    assert modules
+    assert [m for m in modules if form.format(m) not in doc] == []
