@@ -27,7 +27,7 @@ c.CourseDirectory.db_url = os.environ.get(
 )
 
 # Grading runs students' code: every graded notebook runs in a sandbox of its own
-# (attention_ref/course/sandbox.py): it sees a read-only Python environment and the
+# (attention_ref/trust/sandbox.py): it sees a read-only Python environment and the
 # student edition of the package, a private copy of its notebook, no network, no
 # credentials, with caps on memory, processes and bytes written (ATTENTION_REF_SANDBOX_*:
 # docs/INSTRUCTOR_GUIDE.md). Where no sandbox can start, grading refuses;
@@ -36,20 +36,21 @@ c.CourseDirectory.db_url = os.environ.get(
 # tagged "training" gets NBGRADER_TRAINING_TIMEOUT (300 s), every other cell
 # NBGRADER_CELL_TIMEOUT (30 s), and once a cell of a notebook timed out, every later cell
 # of it at most NBGRADER_TIMEOUT_AFTER (10 s) (attention_ref/course/cell_limits.py).
-# attention_ref.course imports no PyTorch (tests/test_package.py), so nbgrader's processes
-# start quickly; imported once per process (not loaded again with each job's
-# configuration), so that a grading worker keeps one trusted checker for all its jobs.
+# attention_ref.course and the grader's side of attention_ref.trust import no PyTorch
+# (tests/test_package.py), so nbgrader's processes start quickly; imported once per process
+# (not loaded again with each job's configuration), so that a grading worker keeps one
+# trusted checker for all its jobs.
 from attention_ref.course import cell_limits as _cell_limits  # noqa: E402
 from attention_ref.course import feedback as _feedback  # noqa: E402
 from attention_ref.course import formgrader as _formgrader  # noqa: E402
-from attention_ref.course import inert as _inert  # noqa: E402
 from attention_ref.course import repair as _repair  # noqa: E402
-from attention_ref.course import sandbox as _sandbox  # noqa: E402
 from attention_ref.course import students as _students  # noqa: E402
-from attention_ref.course import trusted as _trusted  # noqa: E402
+from attention_ref.trust import inert as _inert  # noqa: E402
+from attention_ref.trust import sandbox as _sandbox  # noqa: E402
+from attention_ref.trust import trusted as _trusted  # noqa: E402
 
 # The verdict is decided outside the kernel: every graded test cell gets the points the
-# trusted checker recorded for it (attention_ref/course/trusted.py), never what the
+# trusted checker recorded for it (attention_ref/trust/trusted.py), never what the
 # kernel printed; the tags of every cell are the instructor's.
 _CourseExecute = _cell_limits.execute_preprocessor(
     _sandbox.kernel_manager_class() if _sandbox.enabled() else None,
@@ -74,7 +75,7 @@ c.Autograde.autograde_preprocessors = [
 ] + [_inert.Inert]
 # Nothing a submission wrote runs as script where it is shown: after the grades are saved,
 # the graded notebook (which formgrader, the feedback and the class report read) keeps only
-# inert outputs, and written answers have their HTML escaped (attention_ref/course/inert.py);
+# inert outputs, and written answers have their HTML escaped (attention_ref/trust/inert.py);
 # the HTML pages of formgrader and the feedback make it inert again as they render it (a
 # notebook graded before this was done, or by another configuration).
 c.HTMLExporter.preprocessors = [_inert.Inert]

@@ -877,7 +877,7 @@ def bench_grading(opts: argparse.Namespace) -> bool:
     aids = assignments(course_root())
     loop_aid = "01_dot_product_attention"
     met = []
-    from .course import sandbox
+    from .trust import sandbox
 
     if sandbox.enabled() and not sandbox.unavailable_reason():
         sandbox.student_edition()  # built once for these sources, before any run is timed

@@ -39,7 +39,7 @@ GRADER_ENV = {
     **CAPS,
     "PGPASSWORD": SECRET,
     "JUPYTERHUB_API_TOKEN": TOKEN,
-    # the seeds of the graded checks (attention_ref/course/secret.py): the attacks on the
+    # the seeds of the graded checks (attention_ref/trust/secret.py): the attacks on the
     # environment look for SECRET in it
     "ATTENTION_REF_GRADING_SECRET": f"{SECRET}-grading-0123456789abcdef",
 }
@@ -109,7 +109,7 @@ OUTLIVE_ATTACK = (
 import subprocess, sys, time
 def _outlive():
     started = []
-    try:  # a program: refused in a kernel grading notebook 01 (checks/no_exec.py)
+    try:  # a program: refused in a kernel grading notebook 01 (trust/no_exec.py)
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {OUTLIVE!r}],
                          start_new_session=True)
         started.append("a program")

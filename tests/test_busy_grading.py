@@ -17,7 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attention_ref.course import autograde, cell_limits, grading, load, sandbox, trusted
+from attention_ref.course import autograde, cell_limits, grading, load
+from attention_ref.trust import sandbox, trusted
 
 
 # ----------------------------------------------------------------------------- the factor

@@ -10,8 +10,8 @@ import pytest
 from attention_ref.checks import _core, check, exercise_ids
 from attention_ref.checks.mistakes import MISTAKES as NAMED
 from attention_ref.checks.mistakes import mistake_id
-from attention_ref.course.secret import graded_seed
-from attention_ref.course.trusted import META_DEVICE_EXERCISES
+from attention_ref.trust.secret import graded_seed
+from attention_ref.trust.trusted import META_DEVICE_EXERCISES
 
 from catalog import ALTERNATIVES, MISTAKES, Entry
 
@@ -63,11 +63,11 @@ def test_correct_alternative_passes(entry: Entry, monkeypatch) -> None:
     # A graded kernel is warmed for the meta device exactly when its checks use it.
     assert any(on_meta) == (entry.exercise in META_DEVICE_EXERCISES), (
         f"{entry.exercise}: its check {'uses' if any(on_meta) else 'does not use'} the meta "
-        "device; attention_ref/course/trusted.py's META_DEVICE_EXERCISES says otherwise"
+        "device; attention_ref/trust/trusted.py's META_DEVICE_EXERCISES says otherwise"
     )
 
 
-#: Two grading secrets of two courses (attention_ref/course/secret.py).
+#: Two grading secrets of two courses (attention_ref/trust/secret.py).
 SECRETS = ("a" * 32 + "course-one", "b" * 32 + "course-two")
 
 

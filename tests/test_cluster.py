@@ -186,7 +186,8 @@ ONE_WORKERS_JOBS = """
 import json, sys
 from pathlib import Path
 
-from attention_ref.course import cluster, trusted
+from attention_ref.course import cluster
+from attention_ref.trust import trusted
 
 root, aid = Path(sys.argv[1]), sys.argv[2]
 template = cluster.build_template(root, aid)

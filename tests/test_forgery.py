@@ -1,5 +1,5 @@
-"""Grades that graded code cannot forge (attention_ref/course/trusted.py, the checker of
-attention_ref/checks/checker.py).
+"""Grades that graded code cannot forge (attention_ref/trust/trusted.py, the checker of
+attention_ref/trust/checker.py).
 
 A class of one small assignment (notebook 01's first exercise, ``softmax_np``, worth 2
 points) is graded with `make grade`'s code path, sandbox and two workers: an honest
@@ -317,7 +317,7 @@ TRICKS: dict[str, tuple[list[str], str]] = {
     ),
     # A new process, where no watch of the checks' is: PyTorch's softmax computed by
     # another Python, started by an earlier cell and asked over a pipe. A graded kernel can
-    # start no program (checks/no_exec.py): the answer falls back to the wrong one.
+    # start no program (trust/no_exec.py): the answer falls back to the wrong one.
     "new-process": (
         [
             "import subprocess, sys\n"
@@ -347,7 +347,7 @@ TRICKS: dict[str, tuple[list[str], str]] = {
     # A softmax from PyTorch's fused attention (one query of size 1 whose scores are the
     # row, the identity as values). The check's watch names it in this thread (it is on
     # softmax_np's forbidden list), and graded, the kernel has no fused attention at all
-    # (checks/fused_removal.py): the answer falls back to the wrong one.
+    # (trust/fused_removal.py): the answer falls back to the wrong one.
     "fused-attention-softmax": (
         [],
         "\nimport torch\n"
@@ -448,7 +448,7 @@ TRICKS: dict[str, tuple[list[str], str]] = {
     "killing-frame": (
         [
             "import os, socket\n"
-            "from attention_ref.checks import wire\n"
+            "from attention_ref.trust import wire\n"
             "if os.environ.get('ATTENTION_REF_CHECKER'):\n"
             "    _s = socket.socket(socket.AF_UNIX)\n"
             "    _s.connect(os.environ['ATTENTION_REF_CHECKER'])\n"
@@ -459,7 +459,7 @@ TRICKS: dict[str, tuple[list[str], str]] = {
     "amplifying-frame": (
         [
             "import os, socket\n"
-            "from attention_ref.checks import wire\n"
+            "from attention_ref.trust import wire\n"
             "if os.environ.get('ATTENTION_REF_CHECKER'):\n"
             "    _s2 = socket.socket(socket.AF_UNIX)\n"
             "    _s2.connect(os.environ['ATTENTION_REF_CHECKER'])\n"

@@ -1,5 +1,5 @@
-"""PyTorch's fused attention removed from a graded kernel (attention_ref/checks/fused_removal.py,
-course/trusted.py's FUSED_ATTENTION_REMOVED_EXERCISES): no way of calling it is left, in any
+"""PyTorch's fused attention removed from a graded kernel (attention_ref/trust/fused_removal.py,
+trust/trusted.py's FUSED_ATTENTION_REMOVED_EXERCISES): no way of calling it is left, in any
 thread, and nothing the kernel's code can reach puts it back; the notebooks graded without
 it are exactly those whose exercises all do without it.
 
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from attention_ref.checks._core import REGISTRY
-from attention_ref.checks.fused_removal import REMOVED_MESSAGE, fused_attention_ops
-from attention_ref.course import trusted
+from attention_ref.trust import trusted
+from attention_ref.trust.fused_removal import REMOVED_MESSAGE, fused_attention_ops
 
 from catalog.nb01 import softmax_from_fused_attention
 from course_tools import assignment_ids, solution_path
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_ref.checks.fused_removal import remove_fused_attention
+from attention_ref.trust.fused_removal import remove_fused_attention
 
 removed = remove_fused_attention()
 again = remove_fused_attention()

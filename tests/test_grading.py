@@ -253,8 +253,8 @@ def test_a_graded_kernel_pays_the_meta_devices_first_use_before_its_first_cell(e
     causal_mask's do not): its fresh kernel imports the meta device's kernels (seconds on a
     busy machine) before the first cell, outside every cell's time limit; the others' do not
     pay for it."""
-    from attention_ref.course import trusted
     from attention_ref.course.cell_limits import execute_preprocessor
+    from attention_ref.trust import trusted
 
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}

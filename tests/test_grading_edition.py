@@ -20,7 +20,7 @@ import pytest
 
 from attention_ref.checks._core import REGISTRY
 from attention_ref.course import edition as ed
-from attention_ref.course import sandbox
+from attention_ref.trust import sandbox
 
 NOTEBOOKS = range(1, 16)
 

@@ -1,5 +1,5 @@
 """The seeds of the graded checks come from a secret of the course's
-(attention_ref/course/secret.py), never from the notebook; no graded kernel gets it."""
+(attention_ref/trust/secret.py), never from the notebook; no graded kernel gets it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from attention_ref.checks.checker import seed_for
-from attention_ref.course import sandbox, secret
-from attention_ref.course.trusted import Expected, expected_checks
+from attention_ref.trust import sandbox, secret
+from attention_ref.trust.checker import seed_for
+from attention_ref.trust.trusted import Expected, expected_checks
 
 HIDDEN_CELL = 'check("sdpa", sdpa)\n_fresh_check("sdpa", sdpa, seed=2024, thorough=True)\n'
 

@@ -1,4 +1,4 @@
-"""What a submission wrote is shown inert (attention_ref/course/inert.py).
+"""What a submission wrote is shown inert (attention_ref/trust/inert.py).
 
 Unit tests of the sanitiser: each injection of tests/injections.py is removed or escaped,
 while what a course's notebooks legitimately show (a PNG figure, plain text, a pandas-style
@@ -20,7 +20,7 @@ import nbformat
 import pytest
 from test_browser import browser  # noqa: F401 - the headless Chromium fixture
 
-from attention_ref.course import inert
+from attention_ref.trust import inert
 
 import injections
 from course_tools import ROOT

@@ -1,5 +1,5 @@
 """Nothing a submission wrote runs as script where grading shows it (COURSE_DESIGN.md
-section 5; attention_ref/course/inert.py).
+section 5; attention_ref/trust/inert.py).
 
 A student submits notebook 01 solved, with every injection of tests/injections.py: code
 cells that display each payload, a written answer and an added markdown cell with raw HTML

@@ -1,7 +1,7 @@
-"""No new program from a graded kernel (attention_ref/checks/no_exec.py): after
+"""No new program from a graded kernel (attention_ref/trust/no_exec.py): after
 forbid_new_programs, no thread of the process (those started before included) and no
 forked child can run a program, and nothing else a notebook does changes. Which notebooks
-get it is course/trusted.py's; that a forger who asks another Python for the answer scores
+get it is trust/trusted.py's; that a forger who asks another Python for the answer scores
 what the wrong answer scores is tests/test_forgery.py's ("new-process")."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from attention_ref.checks import no_exec
-from attention_ref.course import trusted
+from attention_ref.trust import no_exec, trusted
 
 PROBE = r"""
 import os, queue, subprocess, sys, threading
@@ -27,7 +26,7 @@ def serve():  # a thread started before the filter
         except PermissionError:
             answers.put("refused")
 threading.Thread(target=serve, daemon=True).start()
-from attention_ref.checks.no_exec import forbid_new_programs
+from attention_ref.trust.no_exec import forbid_new_programs
 print("installed", forbid_new_programs())
 def system():  # the shell's child cannot run: a failure status, not an exception
     if os.system("true") != 0:

@@ -42,9 +42,9 @@ def test_the_course_commands_import_no_pytorch():
         "import attention_ref.course.__main__, attention_ref.course.grading\n"
         "import attention_ref.course.cluster, attention_ref.course.report\n"
         "import attention_ref.course.exchange, attention_ref.course.similarity\n"
-        "import attention_ref.course.trusted, attention_ref.course.cell_limits\n"
-        "import attention_ref.course.sandbox, attention_ref.course.feedback\n"
-        "import attention_ref.course.inert\n"
+        "import attention_ref.trust.trusted, attention_ref.course.cell_limits\n"
+        "import attention_ref.trust.sandbox, attention_ref.course.feedback\n"
+        "import attention_ref.trust.inert\n"
         "print('torch' in sys.modules)"
     )
     out = subprocess.run(
@@ -112,3 +112,60 @@ def test_the_package_has_no_import_cycle_even_through_imports_in_functions():
         if m not in state:
             visit(m, [m])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+#: What decides or protects a grade (attention_ref/trust/__init__.py is its map).
+TRUST_MODULES = (
+    "trusted",
+    "secret",
+    "checker",
+    "sandbox",
+    "fused_removal",
+    "no_exec",
+    "agent",
+    "remote",
+    "wire",
+    "cell",
+    "inert",
+)
+
+
+def test_what_decides_a_grade_is_one_package_that_imports_no_grading_command():
+    """The trusted checker, the wire, the kernel's side, the stand-ins, the plain-assert
+    runner, the preprocessors of the source's tags and of the checker's record, the sandbox,
+    the grading secret and the sanitiser of what submissions show are attention_ref.trust;
+    outside it they use the checks they run, the watchers of efficient.py and the machine's
+    load, never the grading command, its Dask engine or the report."""
+    graph = _import_graph()
+    trust = {m for m in graph if m.startswith("attention_ref.trust.")}
+    assert trust == {f"attention_ref.trust.{m}" for m in TRUST_MODULES}
+    outside = {t for m in trust for t in graph[m] if not t.startswith("attention_ref.trust")}
+    assert outside <= {
+        "attention_ref.checks",
+        "attention_ref.checks._core",
+        "attention_ref.checks.mistakes",
+        "attention_ref.checks.toolkit",
+        "attention_ref.efficient",
+        "attention_ref.course.load",
+    }, outside
+
+
+@pytest.mark.later
+@pytest.mark.parametrize("name", TRUST_MODULES)
+def test_each_module_of_the_trust_package_imports_alone_in_a_fresh_process(name):
+    """A process that starts with it (the checker's ``-m``, a kernel's prelude,
+    nbgrader_config.py) finds no module half-initialised, whichever package comes first."""
+    subprocess.run([sys.executable, "-c", f"import attention_ref.trust.{name}"], check=True)
+
+
+@pytest.mark.parametrize(("package", "form"), [("course", "``{}``"), ("trust", ":mod:`.{}`")])
+def test_each_package_map_names_every_module_of_its_package(package, form):
+    """attention_ref.course's docstring lists its modules, attention_ref.trust's is the map
+    of the trust boundary: a module added to either is named there."""
+    from pathlib import Path
+
+    doc = importlib.import_module(f"attention_ref.{package}").__doc__
+    folder = Path(attention_ref.__file__).parent / package
+    modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("__"))
+    assert modules
+    assert [m for m in modules if form.format(m) not in doc] == []

@@ -25,8 +25,8 @@ from nbgrader.api import Gradebook
 from nbgrader.nbgraderformat import MetadataValidator, ValidationError
 
 from attention_ref.course import repair as rp
-from attention_ref.course.inert import make_inert
 from attention_ref.course.plumbing import nbgrader
+from attention_ref.trust.inert import make_inert
 
 from course_tools import (
     ROOT,

@@ -1,5 +1,5 @@
 """Grading that no submission can subvert: every graded notebook runs in a sandbox
-(attention_ref/course/sandbox.py).
+(attention_ref/trust/sandbox.py).
 
 The attackers of tests/hostile.py are graded with the class of tests/test_class_grading.py
 (`make grade`'s code path, two workers, honest students beside them). Each holds a correct
@@ -142,7 +142,7 @@ def test_a_submission_writes_and_sends_nothing_outside_its_sandbox(hostile_class
 def test_nothing_a_submission_starts_outlives_its_notebook(hostile_class):
     course, _, _, survivors = hostile_class
     lines = attack_lines(course, "hostile-outlive")
-    # A program cannot be started at all (checks/no_exec.py); a forked daemon can...
+    # A program cannot be started at all (trust/no_exec.py); a forked daemon can...
     assert lines["outlive the notebook"].startswith("BREACH 'started a forked daemon"), lines
     assert survivors == [], f"processes outlived grading: {survivors}"  # ...and is gone
 
@@ -272,7 +272,7 @@ def test_bad_cap_settings_are_refused_with_a_message(tmp_path):
 
 def test_the_kernel_environment_keeps_only_what_grading_needs():
     sys.path.insert(0, str(ROOT / "attention_ref" / "course"))
-    from attention_ref.course.sandbox import kernel_env
+    from attention_ref.trust.sandbox import kernel_env
 
     env = kernel_env(
         {
@@ -296,7 +296,7 @@ def test_the_sandbox_binds_the_environment_and_never_a_course_or_a_checkout(tmp_
     """What a .pth file or the grader's own import path may add: another environment's
     site-packages is bound (the hub's layout); the working folder, a course folder, a
     checkout of the package, anything inside them, or a folder holding them is not."""
-    from attention_ref.course import sandbox
+    from attention_ref.trust import sandbox
 
     course = make_course(tmp_path / "course", ["02_masking"])
     (course / "lib").mkdir()
@@ -359,7 +359,7 @@ def test_the_grader_never_follows_a_socket_file_the_kernel_replaced(tmp_path):
     started, never the host's socket."""
     import asyncio
 
-    from attention_ref.course import sandbox
+    from attention_ref.trust import sandbox
 
     if sandbox.unavailable_reason():
         pytest.fail(sandbox.unavailable_reason())
@@ -399,7 +399,7 @@ def test_a_kernel_folder_whose_grader_was_killed_is_removed_by_the_next_grader(t
     """A grading process killed mid-notebook (a worker of a cluster, say) cannot remove its
     kernel's folder, which holds a copy of the student's notebook: the next kernel started
     on the machine removes it, and never a folder whose grader still runs."""
-    from attention_ref.course import sandbox
+    from attention_ref.trust import sandbox
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -1,4 +1,4 @@
-"""The trusted checker (attention_ref/checks/checker.py, remote.py, agent.py, wire.py):
+"""The trusted checker (attention_ref/trust/checker.py, remote.py, agent.py, wire.py):
 a graded check runs in the checker's process and calls the learner's code in the kernel
 across a data-only wire, and gives the self-check's verdict, mistake id and message.
 
@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 import torch
 
-from attention_ref.checks import agent, wire
-from attention_ref.checks.checker import CellRecord, judge
-from attention_ref.course.trusted import Expected, expected_checks
+from attention_ref.trust import agent, wire
+from attention_ref.trust.checker import CellRecord, judge
+from attention_ref.trust.trusted import Expected, expected_checks
 
 from course_tools import ROOT
 
@@ -153,7 +153,7 @@ def test_a_kernel_naming_a_new_class_in_every_handle_does_not_fill_the_checkers_
     # kernel that invents a name for every handle (a million handles in one frame) makes the
     # cache start over rather than grow, and a description's names are cut to a real
     # class's length.
-    from attention_ref.checks import remote
+    from attention_ref.trust import remote
 
     remote._CLASSES.clear()
     mro = ["x" * 10_000] * 1_000 + ["builtins:object"]
@@ -312,7 +312,7 @@ def _cell_kernel(sock, namespace: dict, out: list, ask: str = "cell"):
 
 
 def _run_cell(source: str, namespace: dict, imports: str = "import numpy as np", ask="cell"):
-    from attention_ref.checks.checker import AssertCell
+    from attention_ref.trust.checker import AssertCell
 
     checker, kernel = socket.socketpair()
     seen: list = []
@@ -408,7 +408,7 @@ def test_the_kernel_cannot_turn_a_cell_of_asserts_into_a_check_or_back():
 
 
 def test_a_record_of_a_cell_of_asserts_passes_only_with_its_one_passing_run():
-    from attention_ref.checks.checker import AssertCell
+    from attention_ref.trust.checker import AssertCell
 
     record = CellRecord("test_rows", [], asserts=AssertCell("assert True"))
     assert not record.passed and record.next_expected() == AssertCell("assert True")
@@ -419,7 +419,7 @@ def test_a_record_of_a_cell_of_asserts_passes_only_with_its_one_passing_run():
 def test_the_instructors_imports_come_from_the_cells_that_are_not_answers():
     import nbformat
 
-    from attention_ref.course.trusted import instructor_imports
+    from attention_ref.trust.trusted import instructor_imports
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [
@@ -435,7 +435,7 @@ def test_an_error_of_the_kernels_own_in_a_cell_that_makes_checks_costs_its_point
     kernel; their failure fails the cell even when every check passed."""
     import nbformat
 
-    from attention_ref.course.trusted import apply_record, kernel_error
+    from attention_ref.trust.trusted import apply_record, kernel_error
 
     cell = nbformat.v4.new_code_cell("check('sdpa', sdpa)\nassert sdpa.__doc__")
     cell.outputs = [
@@ -458,7 +458,7 @@ def test_the_checker_removes_its_folder_however_it_is_stopped(how):
     import signal
     import time
 
-    from attention_ref.course.trusted import CheckerProcess
+    from attention_ref.trust.trusted import CheckerProcess
 
     checker = CheckerProcess()
     assert (checker.dir / "checker.sock").exists()
@@ -483,7 +483,7 @@ def test_a_grading_process_keeps_its_checker_while_it_answers_and_replaces_one_h
     import signal
     import time
 
-    from attention_ref.course import trusted
+    from attention_ref.trust import trusted
 
     monkeypatch.setattr(trusted, "PING_WAIT", 2.0)
     monkeypatch.setattr(trusted, "_SHARED", [])
@@ -555,7 +555,7 @@ def test_no_connection_stalls_crashes_or_swells_the_checker():
     that cell fails, and the checker serves the next cell at once, as it does the rest."""
     import time
 
-    from attention_ref.course.trusted import CheckerProcess
+    from attention_ref.trust.trusted import CheckerProcess
 
     checker = CheckerProcess()
     held = []
@@ -589,7 +589,7 @@ def test_a_connection_that_never_sends_its_request_fails_its_cell_not_the_next()
     it came in fails; the cells that run meanwhile and after are served."""
     import time
 
-    from attention_ref.checks import checker as checker_mod
+    from attention_ref.trust import checker as checker_mod
 
     out = io.StringIO()
     state = checker_mod._State(out)
@@ -606,7 +606,7 @@ def test_a_connection_that_never_sends_its_request_fails_its_cell_not_the_next()
 def test_every_error_in_handling_a_request_is_that_requests_failure():
     """Whatever the request makes the checker's own code raise, judge returns a failure
     and tells the kernel; it never raises."""
-    from attention_ref.checks.checker import AssertCell
+    from attention_ref.trust.checker import AssertCell
 
     for tree in (
         {"op": "check", "id": "softmax_np", "candidate": {"t": "device", "v": "bogus"}},
@@ -755,7 +755,7 @@ def test_a_name_is_read_from_the_kernel_once_per_cell():
     checker, kernel = socket.socketpair()
     seen: list = []
     saved = sys.modules["__main__"]
-    from attention_ref.checks.checker import AssertCell
+    from attention_ref.trust.checker import AssertCell
 
     def serve():
         sys.modules["__main__"] = _Main(namespace)
@@ -794,7 +794,7 @@ def _borrows_softmax(x, axis=-1):
 
 def test_the_learners_calls_from_a_cell_of_asserts_get_the_notebooks_forbidden_list():
     from attention_ref import sdpa
-    from attention_ref.checks.checker import AssertCell
+    from attention_ref.trust.checker import AssertCell
 
     source = (
         "q = torch.randn(2, 3, 4)\n"
@@ -934,8 +934,8 @@ def test_a_stand_in_claims_only_classes_written_in_python():
     is an ``nn.Module``; anything claiming a tensor, an array or a built-in type is inert."""
     from torch.nn.parameter import UninitializedParameter, is_lazy
 
-    from attention_ref.checks import remote
-    from attention_ref.checks.agent import describe
+    from attention_ref.trust import remote
+    from attention_ref.trust.agent import describe
 
     def stand_in(obj):
         return remote._proxy_class({"t": "handle", "id": 1, **describe(obj)})(None, 1, {})

@@ -98,7 +98,7 @@ class _Kernel:
         )
 
     def run(self, index: int, exercise: str, mode: str) -> dict[str, str]:
-        from attention_ref.checks.checker import Expected, judge
+        from attention_ref.trust.checker import Expected, judge
 
         self.proc.stdin.write(f"{index}\n")
         self.proc.stdin.flush()

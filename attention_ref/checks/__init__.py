@@ -23,7 +23,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from . import agent as _agent
+from ..trust import agent as _agent
 from ._core import DEFAULT_TIME_LIMIT, REGISTRY, TIME_LIMIT_ENV, CheckFailure, run_check
 
 # Each notebook's checks live in nbNN.py and register themselves on import.

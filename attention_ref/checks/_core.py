@@ -34,7 +34,7 @@ import torch
 
 from ..course.load import load_factor, runqueue_wait
 from ..triton_env import use_interpreter_without_gpu
-from . import remote as _remote
+from ..trust import remote as _remote
 from .mistakes import MISTAKES, Named, named, tag
 
 # Triton's interpreter is chosen before anything (the meta device, say) imports Triton.

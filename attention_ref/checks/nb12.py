@@ -29,9 +29,9 @@ from .. import kv_cache as kv_ref
 from ..attention import sdpa, sdpa_np
 from ..efficient import OpRecorder, PeakMemory
 from ..multihead import MultiHeadAttention, merge_heads, split_heads
+from ..trust.remote import autograd_grad, watching
 from ._core import CheckFailure, Context, Mistake, exercise, naming, warm_autograd
 from .mistakes import mistake_id, named
-from .remote import autograd_grad, watching
 from .toolkit import (
     BUILTIN_ATTENTION,
     DEVICE_MISMATCH,

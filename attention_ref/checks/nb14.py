@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from ..efficient import KernelLoads, PeakMemory
+from ..trust.remote import watching
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import mistake_id, named, tag
 from .nb12 import (
@@ -59,7 +60,6 @@ from .nb12 import (
     _function_class,
     _leaves,
 )
-from .remote import watching
 from .toolkit import (
     BUILTIN_ATTENTION,
     dtype_name,

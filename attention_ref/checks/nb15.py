@@ -22,8 +22,8 @@ import torch
 from .. import experts as ref_experts
 from .. import latent_attention as ref_latent
 from .. import sliding_window as ref_window
+from ..trust.remote import autograd_grad
 from ._core import Context, Mistake, exercise, warm_autograd
-from .remote import autograd_grad
 from .toolkit import TOL, dtype_name, expect_follows_device, expect_spec_defaults, normal
 
 DTYPES = (torch.float64, torch.float32)

@@ -26,9 +26,9 @@ from torch.nn.modules.dropout import _DropoutNd
 from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 
+from ..trust import remote as _remote
 from ..weights import set_parametrized
 from . import _models as M
-from . import remote as _remote
 from ._core import CheckFailure, Context, Mistake, naming, warm_autograd, warm_meta
 from .mistakes import Named, named
 

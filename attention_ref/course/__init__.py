@@ -19,14 +19,18 @@
     python -m attention_ref.course similarity [--out DIR] [--names] [ASSIGNMENT ...]
         only the similar answers (DIR/instructor/), from submitted/ (no gradebook needed).
 
-Run them from the course root (the folder with nbgrader_config.py). The modules:
+Run them from the course root (the folder with nbgrader_config.py). What decides or
+protects a grade (the trusted checker, the sandbox, the source's tags, the grading secret,
+what submissions show made inert) is not here but in :mod:`attention_ref.trust`, whose
+docstring is its map. The modules here:
 
 - ``plumbing``: the course root, its assignments, nbgrader's command line and API;
 - ``release``: ``make release``;
-- ``grading``: ``make grade`` (one submission's grading, graded again when the grader
-  failed, "not graded" left blank, the report, the salvage of a dead kernel);
+- ``grading``: ``make grade``, the command (the submissions to grade, "not graded" left
+  blank, grades.csv, the report of what went wrong);
+- ``autograde``: one submission's grading (nbgrader's autograde, graded again when the
+  grader failed, the salvage of a dead kernel), which ``grading`` and ``cluster`` both call;
 - ``load``: how busy the machine is, and the waits of grading that stretch with it;
-- ``secret``: the course's grading secret, the seeds of the hidden (thorough) checks;
 - ``repair``: a notebook as JupyterLab writes it, mended against the source before grading;
 - ``students``: the pattern a student id must match (collect, grade, every autograde);
 - ``formgrader``: formgrader hardened (escaped pages, no reflected ids, submitted files as
@@ -36,7 +40,6 @@ Run them from the course root (the folder with nbgrader_config.py). The modules:
 - ``report``: ``make report`` (the class report, the Canvas and Moodle grade files);
 - ``similarity``: answers similar between submissions (a page of ``make report``);
 - ``anonymity``: what identifies a student, taken out of what the report and the list show;
-- ``sandbox``: the bubblewrap sandbox every graded notebook runs in, and its caps;
 - ``cell_limits``: the per-cell time limits of grading;
 - ``feedback``: what a student's feedback shows (hidden tests' code never);
 - ``exchange``: nbgrader's exchange as the course configures it on a JupyterHub;

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import nbformat
 
-from . import load, repair, sandbox
+from ..trust import sandbox
+from . import load, repair
 from .cell_limits import (
     KERNEL_RESTARTED,
     MESSAGE_CUT,

@@ -180,7 +180,7 @@ def timeout_message(limit: int, cell: Any) -> str:
 def execute_preprocessor(kernel_manager_class=None, trusted=None):
     """nbgrader's ``Execute`` preprocessor with the course's per-cell limits, whose
     kernels ``kernel_manager_class`` starts (the sandbox's; None: Jupyter's default), and,
-    given ``trusted`` (the module :mod:`attention_ref.course.trusted`), whose graded test
+    given ``trusted`` (the module :mod:`attention_ref.trust.trusted`), whose graded test
     cells get the points of the trusted checker's record.
     Imported lazily: this module must load without nbgrader for :class:`CellLimits`."""
     from nbgrader.preprocessors import Execute

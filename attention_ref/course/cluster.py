@@ -60,7 +60,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import autograde, load, plumbing, sandbox, trusted
+from ..trust import sandbox, trusted
+from . import autograde, load, plumbing
 from .exchange import HUB_CREDENTIALS
 from .plumbing import ROOT_MARKER, new_nbgrader_api
 
@@ -194,7 +195,7 @@ class Job:
     template: Template
     student: str
     files: dict[str, bytes]
-    #: never in a log: it carries the grading secret (course/secret.py)
+    #: never in a log: it carries the grading secret (trust/secret.py)
     settings: dict[str, str] = field(repr=False)
 
 

@@ -27,7 +27,7 @@ implementation of every exercise of a later notebook (and each private helper on
 references use, such as notebook 14's kernels), and the checks' own models of the answers,
 are compiled with a stand-in body from :mod:`attention_ref._withheld`, so a kernel grading
 notebook NN holds no code that computes them. The sandbox gives each graded kernel the
-edition of its notebook (:func:`attention_ref.course.sandbox.edition_for`); the trusted
+edition of its notebook (:func:`attention_ref.trust.sandbox.edition_for`); the trusted
 checker, which decides the grade, keeps the full package. Notebook NN's own exercises'
 reference functions are withheld from its edition too: where a check runs an earlier
 exercise's reference inside a later one (notebook 01's ``softmax_np`` inside ``sdpa_np``),

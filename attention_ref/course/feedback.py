@@ -3,7 +3,7 @@
 nbgrader's ``generate_feedback`` renders the graded notebook, in which every test cell
 holds its hidden tests (``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``) as they
 ran. :class:`HideHiddenTests`, first among nbgrader's feedback preprocessors (after only
-the page's own, attention_ref/course/inert.py; nbgrader_config.py), replaces each hidden
+the page's own, attention_ref/trust/inert.py; nbgrader_config.py), replaces each hidden
 block by one line that says hidden tests ran there, replaces the traceback of a test
 cell's error by the error itself (a traceback quotes the lines it passed through), and
 removes every line of hidden-test code that a cell's output repeats word for word. The
@@ -16,7 +16,7 @@ source's test cells are cut from outputs. A student's cell
 holding its own ``### BEGIN HIDDEN TESTS`` line is shown as written: taken for a hidden
 block, it would let the student choose which lines of an output are cut, and cut an HTML
 output into a live ``onerror``. The page is made inert again after this
-(:class:`attention_ref.course.inert.Inert`, next in ``GenerateFeedback.preprocessors``),
+(:class:`attention_ref.trust.inert.Inert`, next in ``GenerateFeedback.preprocessors``),
 whatever this removed. Without a source notebook (a notebook converted on its own), the
 test cells are those that nbgrader's metadata marks as graded and not a solution.
 

@@ -69,7 +69,7 @@ def script_policy(page: str) -> str:
     part, by their hashes; no plugins, no ``<base>``, no form sent elsewhere. A page that
     loads MathJax 2 (the submission page) also allows ``eval``: MathJax runs the page's
     ``text/x-mathjax-config`` block with it (the math would show as TeX source without);
-    no script element of a submission's reaches the page (attention_ref/course/inert.py)."""
+    no script element of a submission's reaches the page (attention_ref/trust/inert.py)."""
     own = _outside_notebook(page)
     sources = ["'self'"]
     for attrs, body in _SCRIPT.findall(own):

@@ -2,7 +2,7 @@
 
 nbgrader does the grading. This module adds what an instructor needs around it:
 
-- every notebook runs in a sandbox of its own (:mod:`attention_ref.course.sandbox`);
+- every notebook runs in a sandbox of its own (:mod:`attention_ref.trust.sandbox`);
   where none can start, grading refuses before it grades anything, unless
   ``ATTENTION_REF_SANDBOX=off``, and then the report says so on its first line;
 
@@ -47,7 +47,8 @@ from pathlib import Path
 
 import nbformat
 
-from . import cluster, sandbox, secret, trusted
+from ..trust import sandbox, secret, trusted
+from . import cluster
 from .autograde import GRADE_NEXT_TIME, NOT_GRADED, Outcome, _result_text, submission_seconds
 from .cell_limits import CellLimits
 from .exchange import HUB_CREDENTIALS, SubmissionLimits, submission_problem
@@ -212,7 +213,7 @@ def grade(
         checked = trusted.enabled()
         budget = submission_seconds()
         if checked:
-            # The seeds of the graded checks (course/secret.py): the checkers of this
+            # The seeds of the graded checks (trust/secret.py): the checkers of this
             # command's workers, and the jobs sent to a cluster's, get it from here.
             os.environ[secret.SECRET_ENV] = secret.course_secret(root)
     except ValueError as err:

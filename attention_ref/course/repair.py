@@ -22,13 +22,13 @@ source notebook before nbgrader reads it, so that every answer earns what it ear
   are removed (only the instructor's cells are graded); keys of nbgrader metadata that
   only the instructor or the gradebook set (``comment``, ``score``...) are dropped;
 - **tags** are tidied (a tag with commas split in several, blanks and repeats removed;
-  :class:`~attention_ref.course.trusted.SourceTags` then gives every cell the
+  :class:`~attention_ref.trust.trusted.SourceTags` then gives every cell the
   instructor's own);
 - **cell ids** that are missing (nbformat 4.5), invalid or repeated get valid unique ones;
   an nbformat 4.4 notebook without ids stays one;
 - **attachments**: each pasted image (PNG, JPEG or GIF, base64) is embedded in the
   cell's markdown as a ``data:`` image, which nbconvert, formgrader and the feedback show
-  and the course's inert views keep (:mod:`attention_ref.course.inert`); an attachment
+  and the course's inert views keep (:mod:`attention_ref.trust.inert`); an attachment
   that is missing or not such an image becomes a link to nothing (its alternative text
   stays);
 - anything else the notebook format does not allow in a cell (an unknown key, metadata of

@@ -1,10 +1,10 @@
 """PyTorch's fused attention, removed from a graded kernel before the learner's first cell.
 
 The checks forbid PyTorch's own attention to the exercises that ask the learner to write
-it, and the graded tripwire (:mod:`attention_ref.checks.agent`) watches for it during a
+it, and the graded tripwire (:mod:`attention_ref.trust.agent`) watches for it during a
 check's call. A watch is per thread and per call, though: a thread that an earlier cell
 started, or a table filled before the test cell, is not watched. So a kernel that grades a
-notebook whose exercises all do without it (``course/trusted.py``'s
+notebook whose exercises all do without it (``trust/trusted.py``'s
 ``FUSED_ATTENTION_REMOVED_EXERCISES``) runs :func:`remove_fused_attention` silently before
 the learner's first cell: every operator of the family (``aten::scaled_dot_product_attention``,
 its math, flash, memory-efficient, cuDNN and CPU kernels and their backwards, the native

@@ -1,10 +1,10 @@
 """The checker's side of a graded check: the check runs here, the learner's code there.
 
-A :class:`Link` is one connection to a graded kernel (:mod:`attention_ref.checks.agent`).
+A :class:`Link` is one connection to a graded kernel (:mod:`attention_ref.trust.agent`).
 The check's code runs in this process unchanged, on a :class:`Remote` stand-in for the
 learner's function or class: calling it, reading or setting its attributes, iterating
 over what it returns (a module's parameters) become requests to the kernel, and what comes
-back is data (fresh arrays and tensors built from bytes, :mod:`attention_ref.checks.wire`)
+back is data (fresh arrays and tensors built from bytes, :mod:`attention_ref.trust.wire`)
 or another stand-in. A stand-in's type has the name of the kernel object's type and
 answers ``isinstance`` against the torch and course classes the kernel object is an
 instance of, so the feedback names things as the self-check does. A parameter of the
@@ -80,9 +80,13 @@ def kernel_error(info: dict) -> KernelError:
 
 
 def _of_checks(obj: Any) -> bool:
-    """Whether ``obj`` (a function or a class) is defined by the checks' own modules."""
+    """Whether ``obj`` (a function or a class) is defined by the checks' own modules or by
+    the trust machinery's (this package)."""
     mod = getattr(obj, "__module__", "") or ""
-    return mod.startswith("attention_ref.checks.") or mod == "attention_ref.checks"
+    return mod.startswith(("attention_ref.checks.", "attention_ref.trust.")) or mod in (
+        "attention_ref.checks",
+        "attention_ref.trust",
+    )
 
 
 class _Pickler(pickle.Pickler):
@@ -387,7 +391,7 @@ def _resolve(name: str) -> type | None:
     """A class of the checker's own, by ``module:qualname``, among modules already
     imported here (nothing is imported on a kernel's word)."""
     mod, _, qual = name.partition(":")
-    if mod.startswith(("attention_ref.checks", "attention_ref.course")):
+    if mod.startswith(("attention_ref.checks", "attention_ref.course", "attention_ref.trust")):
         return None  # never the checker's own classes
     obj: Any = sys.modules.get(mod)
     for part in qual.split("."):

@@ -67,7 +67,7 @@ CAP_ENV = {
 #: 0.5 GiB resident) and 17 threads.
 DEFAULT_CAPS = {"memory": "3G", "processes": "128", "disk": "512M"}
 #: Environment variables a graded kernel keeps (everything else is dropped; never the
-#: grading secret, course/secret.py).
+#: grading secret, trust/secret.py).
 KEEP_ENV = re.compile(
     r"^(NBGRADER_EXECUTION|PYTHONHASHSEED|OMP_NUM_THREADS|MKL_NUM_THREADS|"
     r"OPENBLAS_NUM_THREADS|MPLBACKEND|LD_LIBRARY_PATH|"
@@ -80,7 +80,7 @@ RUN = f"{SANDBOX}/.kernel"  # the kernel's Unix sockets
 CONNECTION_FILE = "/opt/kernel.json"
 PACKAGE_DIR = "/opt/course-package"
 LAUNCHER = "/opt/course-launcher.py"
-CHECKER_SOCKET = "/opt/checker.sock"  # the trusted checker's (attention_ref.course.trusted)
+CHECKER_SOCKET = "/opt/checker.sock"  # the trusted checker's (attention_ref.trust.trusted)
 # The user id a kernel gets when grading runs as root: one of its own, so that the
 # process cap counts its processes alone.
 ROOT_UID_BASE, ROOT_UID_SPAN = 1_500_000_000, 500_000_000
@@ -547,7 +547,7 @@ def kernel_manager_class():
     from jupyter_client.manager import AsyncKernelManager
 
     class SandboxKernelManager(AsyncKernelManager):
-        """A kernel in its own sandbox (see :mod:`attention_ref.course.sandbox`),
+        """A kernel in its own sandbox (see :mod:`attention_ref.trust.sandbox`),
         talking to the grader over Unix sockets; interrupted by a message (a signal would
         reach bwrap, not the kernel)."""
 

@@ -2,7 +2,7 @@
 
 A test cell that makes no ``check(...)`` (an instructor's own asserts) is not run in the
 graded kernel: the kernel runs a stub that serves the checker
-(:func:`attention_ref.checks.agent.serve_test_cell`), and the checker executes the
+(:func:`attention_ref.trust.agent.serve_test_cell`), and the checker executes the
 instructor's source here (:func:`run_test_cell`). Its names resolve as follows:
 
 - the names the instructor's own cells import (``import numpy as np``, ``from
@@ -12,7 +12,7 @@ instructor's source here (:func:`run_test_cell`). Its names resolve as follows:
 - every other name is the learner's, read from the kernel's globals (:class:`KernelNamespace`):
   a tensor or array by value, a number or string as itself, a function or an object as a
   stand-in whose calls run in the kernel under the per-call limit and the tripwire
-  (:mod:`attention_ref.checks.remote`). A module in the kernel's globals that the
+  (:mod:`attention_ref.trust.remote`). A module in the kernel's globals that the
   instructor's cells did not import is one of the checker's own modules of that name, if
   the checker has loaded it, else a ``NameError``.
 
@@ -28,7 +28,7 @@ import sys
 import traceback
 from typing import Any
 
-from .mistakes import tag
+from ..checks.mistakes import tag
 from .remote import ACTIVE, KernelError, KernelGone, Link, describe, is_remote
 
 #: The file name the test cell's code runs under (its lines are found by it in tracebacks).

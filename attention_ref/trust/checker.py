@@ -2,9 +2,9 @@
 
 Under grading every notebook's kernel runs in a sandbox and is never trusted. Its
 ``check(exercise_id, candidate)`` does not judge: it connects to the checker (a process of
-the grader's, outside the sandbox) and serves it (:mod:`attention_ref.checks.agent`). The
+the grader's, outside the sandbox) and serves it (:mod:`attention_ref.trust.agent`). The
 checker runs the check's code on a stand-in for the learner's function or class
-(:mod:`attention_ref.checks.remote`), decides, sends the kernel its feedback to show, and
+(:mod:`attention_ref.trust.remote`), decides, sends the kernel its feedback to show, and
 keeps the verdict in its own record.
 
 :func:`judge` runs one check on one connection. :class:`CellRecord` is what the checker
@@ -13,11 +13,11 @@ order (``check("sdpa", sdpa)`` then ``_fresh_check("sdpa", sdpa, seed=2024,
 thorough=True)``); the seed and thoroughness of each are the source's, whatever the kernel
 asks; the cell passes only when each of them was asked for, in that order, and passed.
 
-Run as ``python -m attention_ref.checks.checker SOCKET``, it is the grader's checker
+Run as ``python -m attention_ref.trust.checker SOCKET``, it is the grader's checker
 process: it listens on the Unix socket ``SOCKET`` (the only thing of the checker's a
 kernel can reach) and takes orders from the grader on its standard input, one JSON line
 each, answering on its standard output (:func:`main`). It never waits on a kernel: each
-connection's request is read as its bytes come (:class:`attention_ref.checks.wire.FrameReader`),
+connection's request is read as its bytes come (:class:`attention_ref.trust.wire.FrameReader`),
 with a deadline and a size limit; a check waits for the kernel's answers with time limits
 and ends when the grader's next order comes; whatever a request makes its code raise is
 that request's failure.
@@ -37,19 +37,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..course.secret import SECRET_ENV, graded_seed
-from ..course.trusted import Expected, expected_checks  # noqa: F401 - re-exported
+from ..checks._core import REGISTRY, CheckFailure, resolve_time_limit, run_check, warm_meta
+from ..checks.mistakes import tag
 from . import wire
-from ._core import REGISTRY, CheckFailure, resolve_time_limit, run_check, warm_meta
 from .cell import run_test_cell
-from .mistakes import tag
 from .remote import Link
+from .secret import SECRET_ENV, graded_seed
+from .trusted import Expected, expected_checks  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)
 class AssertCell:
     """A graded test cell that makes no check: its (instructor's) source runs here, with
-    the instructor's imports (:mod:`attention_ref.checks.cell`)."""
+    the instructor's imports (:mod:`attention_ref.trust.cell`)."""
 
     source: str
     imports: str = ""
@@ -110,7 +110,7 @@ _SECRET: list[str] = []
 
 def seed_for(expect: Expected, secret: str) -> int:
     """The seed a check the source makes runs with: a thorough (graded) check's comes from
-    the course's ``secret`` (course/secret.py), so that no kernel can rebuild its inputs
+    the course's ``secret`` (trust/secret.py), so that no kernel can rebuild its inputs
     from the notebook; the self-check's, and any check without a secret, is the source's."""
     if expect.thorough and secret:
         return graded_seed(secret, expect.exercise, expect.seed)
@@ -221,7 +221,7 @@ def main(argv: list[str]) -> int:
     record after each ``end``. Check requests that come outside a cell are refused.
     """
     path = argv[0]
-    # The course's grading secret (course/secret.py), taken out of the environment: the
+    # The course's grading secret (trust/secret.py), taken out of the environment: the
     # seeds of the thorough checks come from it, not from the source.
     _SECRET[:] = [os.environ.pop(SECRET_ENV, "").strip()]
     # Stopped with its process group (a worker shut down): end through the finally below.

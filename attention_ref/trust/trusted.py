@@ -11,7 +11,7 @@ autograde``, formgrader's button: every run goes through nbgrader_config.py):
    test cell never run) written into a submission changes nothing.
 
 2. **Points come from the checker's record.** :class:`CheckerProcess` is the trusted
-   checker (:mod:`attention_ref.checks.checker`), a process of the grader's that the
+   checker (:mod:`attention_ref.trust.checker`), a process of the grader's that the
    kernel reaches through one Unix socket. Before each graded test cell runs, the grader
    tells the checker which cell it is and what its (instructor's) source checks; the
    kernel's ``check(...)`` calls are judged there; after the cell, the checker's record of
@@ -22,8 +22,9 @@ autograde``, formgrader's button: every run goes through nbgrader_config.py):
    kernel printed in a test cell is kept.
 
 This module imports no PyTorch (the checker is a separate process), and of the course
-package only :mod:`.load`, whose waits stretch with the machine's load: on a busy machine
-the checker starts, pings and keeps records as slowly as everything else does.
+package only :mod:`attention_ref.course.load`, whose waits stretch with the machine's load:
+on a busy machine the checker starts, pings and keeps records as slowly as everything else
+does.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ from typing import Any
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool, Unicode
 
-from . import load
+from ..course import load
 
 #: Where the checker's socket appears inside the sandbox.
 SANDBOX_SOCKET = "/opt/checker.sock"
-#: The kernel's environment variable naming the socket (attention_ref.checks.agent).
+#: The kernel's environment variable naming the socket (attention_ref.trust.agent).
 SOCKET_ENV = "ATTENTION_REF_CHECKER"
 #: Seconds the grader waits for the checker's record of a cell once the cell has ended, on
 #: a quiet machine (every wait here is stretched by :func:`.load.load_factor`).
@@ -76,7 +77,7 @@ CHECKER_ENV = (
     "OPENBLAS_L2_SIZE",
     "ATTENTION_REF_TIME_LIMIT",
     "ATTENTION_REF_LOAD_FACTOR",
-    "ATTENTION_REF_GRADING_SECRET",  # the graded seeds (course/secret.py)
+    "ATTENTION_REF_GRADING_SECRET",  # the graded seeds (trust/secret.py)
     "LD_LIBRARY_PATH",
 )
 ENAME = "NotGraded"
@@ -154,7 +155,7 @@ def expected_checks(source: str) -> list[Expected]:
 
 def unchecked_test_cells(nb: Any) -> list[str]:
     """The graded test cells of a source notebook that make no check (plain ``assert``
-    lines): the checker runs their source itself (:mod:`attention_ref.checks.cell`)."""
+    lines): the checker runs their source itself (:mod:`attention_ref.trust.cell`)."""
     return [grade_id(c) for c in nb.cells if is_graded_test(c) and not expected_checks(c.source)]
 
 
@@ -172,7 +173,11 @@ def mixed_test_cells(nb: Any) -> list[str]:
 
 
 #: What the graded kernel runs in place of a test cell that makes no check.
-SERVE_CELL = "__import__('attention_ref.checks.agent').checks.agent.serve_test_cell()"
+#: The checks are imported first: each prelude and this cell import the whole checks
+#: package, as they did when the kernel's side lived in it (before new programs are refused,
+#: under the kernel's start-up limit, not in a learner's cell).
+_CHECKS_FIRST = "__import__('attention_ref.checks'); "
+SERVE_CELL = _CHECKS_FIRST + "__import__('attention_ref.trust.agent').trust.agent.serve_test_cell()"
 
 #: The exercises whose checks hand the learner's code tensors on PyTorch's meta device (the
 #: device property in docs/MAINTAINING.md). The meta device's first use imports about 900
@@ -211,7 +216,7 @@ def needs_meta_device(exercises: Any) -> bool:
 
 
 #: The exercises whose notebooks are graded without PyTorch's fused attention
-#: (checks/fused_removal.py): each forbids it, or has no attention in it. A notebook is
+#: (trust/fused_removal.py): each forbids it, or has no attention in it. A notebook is
 #: graded without it when every exercise it checks is here. Left out, though they forbid it
 #: too: notebook 12's (a correct ``cached_self_attention`` may call it) and notebook 13's
 #: (its ``transformers`` models attend with it). tests/test_fused_removal.py keeps this
@@ -239,20 +244,21 @@ FUSED_ATTENTION_REMOVED_EXERCISES = frozenset(
 )
 #: What a fresh graded kernel runs, silently, before such a notebook's first cell.
 REMOVE_FUSED_ATTENTION = (
-    "__import__('attention_ref.checks.fused_removal').checks.fused_removal.remove_fused_attention()"
+    _CHECKS_FIRST
+    + "__import__('attention_ref.trust.fused_removal').trust.fused_removal.remove_fused_attention()"
 )
 
 
 #: The exercises whose notebooks' graded kernels may start programs: notebook 14's (on a
 #: GPU, Triton compiles its kernels with ``ptxas``, a program). A kernel grading any other
-#: course notebook starts none (checks/no_exec.py): a new process would have PyTorch's
+#: course notebook starts none (trust/no_exec.py): a new process would have PyTorch's
 #: fused attention whole, and no watch of the checks' in it.
 PROGRAMS_ALLOWED_EXERCISES = frozenset(
     {"triton_softmax", "triton_attention", "triton_flash_attention"}
 )
 #: What such a kernel runs, silently, after the rest of its prelude.
 FORBID_NEW_PROGRAMS = (
-    "__import__('attention_ref.checks.no_exec').checks.no_exec.forbid_new_programs()"
+    _CHECKS_FIRST + "__import__('attention_ref.trust.no_exec').trust.no_exec.forbid_new_programs()"
 )
 
 
@@ -381,7 +387,7 @@ class CheckerProcess:
         env = {k: os.environ[k] for k in CHECKER_ENV if k in os.environ}
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "attention_ref.checks.checker", str(self.socket)],
+            [sys.executable, "-m", "attention_ref.trust.checker", str(self.socket)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -3,10 +3,10 @@
 Under grading (``make grade``), ``check(exercise_id, candidate)`` in the learner's kernel
 connects to the checker over the Unix socket named by ``$ATTENTION_REF_CHECKER`` and asks
 it to check ``candidate``. The checker runs the check's code in its own process
-(:mod:`attention_ref.checks.remote`) and asks back for what only the kernel can do: call
+(:mod:`attention_ref.trust.remote`) and asks back for what only the kernel can do: call
 the learner's function, build the learner's module, read its attributes, set its
 weights. :func:`serve` does each request and answers with data
-(:mod:`attention_ref.checks.wire`): tensors and arrays by value, any other object as a
+(:mod:`attention_ref.trust.wire`): tensors and arrays by value, any other object as a
 handle that the checker can use in a later request.
 
 What the kernel observes here is *evidence*, not a verdict: the time a call took (the same
@@ -254,7 +254,7 @@ class Agent:
     def _guarded(self, msg: dict, fn, *args: Any) -> bytes:
         """``fn(*args)`` on the learner's objects (a property, an iterator, ``__len__`` are
         the learner's code too): under the time limit; errors come back as data."""
-        from ._core import _Deadline, _TimeUp
+        from ..checks._core import _Deadline, _TimeUp
 
         deadline = _Deadline(msg.get("limit"))
         try:
@@ -279,7 +279,14 @@ class Agent:
 
         import torch
 
-        from ._core import ReferenceUsed, _Deadline, _TimeUp, on_meta, warm_autograd, warm_meta
+        from ..checks._core import (
+            ReferenceUsed,
+            _Deadline,
+            _TimeUp,
+            on_meta,
+            warm_autograd,
+            warm_meta,
+        )
 
         op = msg.get("op")
         target, args, kwargs = msg.get("target"), msg.get("args", ()), msg.get("kwargs", {})
@@ -345,7 +352,7 @@ class Agent:
         return self.encode((out, modified, extra), refs="results")
 
     def _raised(self, err: BaseException) -> bytes:
-        from ._core import _student_line
+        from ..checks._core import _student_line
 
         try:
             where, line = _student_line(err)
@@ -410,10 +417,13 @@ class _Failed(Exception):  # noqa: N818 - carries an error reply out of a guarde
 _STOP = object()
 
 
-#: The files of the checks whose functions the learner's code may reach while graded: the
-#: wire and this agent (a check's objects used by reference), the time limit's handler, and
-#: the kernels that raise in place of PyTorch's fused attention (fused_removal).
-_ALLOWED_CHECK_FILES = ("agent", "wire", "remote", "_core", "__init__", "fused_removal")
+#: The files whose functions the learner's code may reach while graded: of the trust
+#: machinery, the wire and this agent (a check's objects used by reference) and the kernels
+#: that raise in place of PyTorch's fused attention (fused_removal); of the checks, the time
+#: limit's handler (_core). Any other file of attention_ref/checks/ or attention_ref/trust/
+#: (the checks' models of the answers, the checker's side) fires the tripwire.
+_ALLOWED_TRUST_FILES = ("agent", "wire", "remote", "fused_removal", "__init__")
+_ALLOWED_CHECK_FILES = ("_core", "__init__")
 
 
 def graded_tripwire(forbidden: list, report: Any = None):
@@ -468,10 +478,13 @@ _CHECKS_REACHED = "the course's checks (attention_ref.checks)"
 def _graded_tripwire_class():
     import re
 
-    from ._core import ReferenceUsed, _Tripwire
+    from ..checks._core import ReferenceUsed, _Tripwire
 
     allowed = "|".join(_ALLOWED_CHECK_FILES)
-    checks = re.compile(rf"attention_ref[/\\]checks[/\\](?!({allowed})\.py)")
+    allowed_trust = "|".join(_ALLOWED_TRUST_FILES)
+    checks = re.compile(
+        rf"attention_ref[/\\](checks[/\\](?!({allowed})\.py)|trust[/\\](?!({allowed_trust})\.py))"
+    )
 
     class GradedTripwire(_Tripwire):
         def __init__(self, forbidden: list, report: Any = None) -> None:
@@ -535,14 +548,14 @@ def _forbidden_for(exercise: str, tripwire: bool, forbid: tuple[str, ...] | None
     """What the learner's call may not reach: the exercise's forbidden list, or in a test
     cell of plain asserts (``forbid``) those of the notebook's exercises and PyTorch's
     fused attention in every case."""
-    from ._core import REGISTRY
+    from ..checks._core import REGISTRY
 
     if not tripwire:
         return []
     if forbid is None:
         ex = REGISTRY.get(exercise)
         return ex.forbidden() if ex is not None else []
-    from .toolkit import BUILTIN_ATTENTION
+    from ..checks.toolkit import BUILTIN_ATTENTION
 
     out: list = list(BUILTIN_ATTENTION)
     for name in forbid:
@@ -605,7 +618,7 @@ def _guard_class():
     import torch
     from torch.overrides import TorchFunctionMode
 
-    from ._core import ReferenceUsed
+    from ..checks._core import ReferenceUsed
 
     class ForbiddenTorch(TorchFunctionMode):
         def __init__(self, by_id: dict, families: list, fired: list) -> None:
@@ -673,14 +686,14 @@ def _watched(w: Any) -> Any:
 
 def _snapshot(x: Any) -> Any:
     """A copy of an array or tensor argument, to see afterwards whether it was modified."""
-    from ._core import _clone
+    from ..checks._core import _clone
 
     copy = _clone(x)
     return None if copy is x else copy
 
 
 def _unchanged(x: Any, before: Any) -> bool:
-    from ._core import _same
+    from ..checks._core import _same
 
     if before is None:
         return True
@@ -691,7 +704,7 @@ def _unchanged(x: Any, before: Any) -> bool:
 
 
 def _tensor_slots(module: Any, names: list) -> list[dict]:
-    """The kernel's side of :func:`attention_ref.checks.remote.tensor_slots`."""
+    """The kernel's side of :func:`attention_ref.trust.remote.tensor_slots`."""
     return [_tensor_slot(module, n) for n in names]
 
 
@@ -799,4 +812,4 @@ def serve_test_cell() -> None:
 
 def graded() -> bool:
     """Whether ``check`` in this process serves a checker (the kernel is being graded)."""
-    return bool(os.environ.get(SOCKET_ENV)) and "attention_ref.checks.checker" not in sys.modules
+    return bool(os.environ.get(SOCKET_ENV)) and "attention_ref.trust.checker" not in sys.modules

@@ -1,7 +1,7 @@
 """The wire between the trusted checker and a graded kernel: framing and encodings.
 
 Under grading, a check runs in the trusted checker process and the learner's code in the
-kernel (:mod:`attention_ref.checks.remote`, :mod:`attention_ref.checks.agent`). They talk
+kernel (:mod:`attention_ref.trust.remote`, :mod:`attention_ref.trust.agent`). They talk
 over one Unix socket, in frames of an 8-byte length and a payload.
 
 The two directions are encoded differently, on purpose:
@@ -279,7 +279,7 @@ def _torch():
 
 class Decoder:
     """Checker side: builds fresh values from a data tree; ``handle(node)`` makes the
-    checker's stand-in for a kernel object (:class:`attention_ref.checks.remote.Remote`),
+    checker's stand-in for a kernel object (:class:`attention_ref.trust.remote.Remote`),
     ``tensor_ref(tensor, node)`` one for a tensor the kernel keeps."""
 
     def __init__(self, buffers: list[memoryview], handle, tensor_ref=None) -> None:
