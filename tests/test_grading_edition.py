@@ -236,9 +236,8 @@ matplotlib.use("Agg")
 warnings.simplefilter("ignore")
 editions, cases_file = sys.argv[1], sys.argv[2]
 cases = torch.load(cases_file, weights_only=False)
-SKIPPED = ("attention_ref.course", "attention_ref.checks.agent", "attention_ref.checks.remote",
-           "attention_ref.checks.wire", "attention_ref.checks.cell", "attention_ref.checks.checker",
-           "attention_ref.checks.fused_removal", "attention_ref.checks.no_exec")
+# the course's tooling and the grading machinery (which installs filters, removes operators)
+SKIPPED = ("attention_ref.course", "attention_ref.trust")
 
 class TooLong(BaseException):  # not an Exception: the function's own handlers miss it
     pass
