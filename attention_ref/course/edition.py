@@ -317,14 +317,17 @@ def withheld_in(graded: int, table: Withheld, own: Own) -> Withheld:
     return out
 
 
-def _mentions(node: ast.AST) -> set[str]:
-    """Every name and attribute name in ``node``'s code."""
+def _mentions(node: ast.AST, dotted: bool = False) -> set[str]:
+    """Every name and attribute name in ``node``'s code; with ``dotted``, the names and
+    ``a.b`` for each attribute ``b`` of a name ``a`` (what :func:`_resolver` resolves)."""
     found = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Name):
             found.add(n.id)
-        elif isinstance(n, ast.Attribute):
+        elif isinstance(n, ast.Attribute) and not dotted:
             found.add(n.attr)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            found.add(f"{n.value.id}.{n.attr}")
     return found
 
 
@@ -394,10 +397,12 @@ def checks_code(source: Path | None = None) -> Withheld:
             kept |= resolve[module](names)
         for node in ast.walk(tree):  # ... each exercise's forbidden list, a lambda or not, ...
             if isinstance(node, ast.keyword) and node.arg == "forbidden":
-                kept |= resolve[module](_refs(node.value))
+                kept |= resolve[module](_mentions(node.value, dotted=True))
         kept |= {key for key in functions if key[0] == module and "forbid" in key[1]}
     while True:  # ... and whatever those call
-        more = set().union(set(), *(resolve[m](_refs(functions[m, n])) for m, n in kept))
+        more = set().union(
+            set(), *(resolve[m](_mentions(functions[m, n], dotted=True)) for m, n in kept)
+        )
         if more <= kept:
             break
         kept |= more
@@ -438,27 +443,16 @@ def _resolver(module: str, tree: ast.Module, functions: dict):
     return resolve
 
 
-def _refs(node: ast.AST) -> set[str]:
-    """The names ``node``'s code mentions, and ``a.b`` for each attribute of a name."""
-    found = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name):
-            found.add(n.id)
-        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
-            found.add(f"{n.value.id}.{n.attr}")
-    return found
-
-
 def _names_run(node: ast.AST, in_call: bool = False) -> set[str]:
-    """What :func:`_refs` finds that ``node`` may call as it runs: inside a call (the
-    function called, and whatever it is given, which it may call in turn), outside the
-    functions and lambdas ``node`` defines. A function only named (in a table of
-    mistakes) is not run."""
+    """What ``_mentions(..., dotted=True)`` finds that ``node`` may call as it runs: inside
+    a call (the function called, and whatever it is given, which it may call in turn),
+    outside the functions and lambdas ``node`` defines. A function only named (in a table
+    of mistakes) is not run."""
     if isinstance(node, ast.Lambda | ast.FunctionDef | ast.AsyncFunctionDef):
         return set()
     in_call = in_call or isinstance(node, ast.Call)
     if in_call and isinstance(node, ast.Name | ast.Attribute):
-        return _refs(node)
+        return _mentions(node, dotted=True)
     return set().union(set(), *(_names_run(c, in_call) for c in ast.iter_child_nodes(node)))
 
 
