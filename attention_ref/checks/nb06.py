@@ -350,8 +350,8 @@ LAYER_HINT = (
     "post-norm: x = norm1(x + attn(x)); x = norm2(x + ff(x)). Pre-norm: "
     "x = x + attn(norm1(x)); x = x + ff(norm2(x))."
 )
-#: The masks of the cases below, built when a check runs (a graded kernel, which imports
-#: this module, holds no code that builds a mask).
+#: The masks of the cases below, built when a check runs, not when this module is imported:
+#: so the toolkit's mask builders need not run in a graded kernel, and are withheld from it.
 LAYER_MASKS = {
     "pad": lambda: padding_mask([6, 3, 1], 6)[:, None],  # (3, 1, 1, 6)
     "causal": lambda: causal_mask(5),  # (5, 5)
