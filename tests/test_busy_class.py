@@ -1,5 +1,5 @@
 """Classes graded the night of the deadline (``make test-busy``, alone on the machine, since
-it keeps both cores busy on purpose; run by hand: .ci/run leaves it out for now).
+it keeps both cores busy on purpose; .ci/run runs it after ``make test-later``).
 
 - **The class that failed.** Two students (a solution and a wrong answer) graded by
   ``make grade`` with two workers while busy processes at normal priority keep the load

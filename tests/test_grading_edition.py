@@ -399,6 +399,9 @@ def _checked_inputs() -> dict:
     return cases
 
 
+# A minute and a half of calls (the longest test in make test's longest lane): make
+# test-later runs it; make test keeps the editions' other tests.
+@pytest.mark.later
 def test_no_function_a_grading_edition_keeps_computes_an_answer_it_does_not_forbid(
     editions, tmp_path
 ):
