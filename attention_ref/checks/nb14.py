@@ -848,19 +848,21 @@ SPLIT_MISTAKES = [
 SPLIT_CASES = [
     ("n=128, tiles of 32: 10 tiles visited, 4 on the diagonal", (1, 1, 128, 128, 16), F32, "",
      32, 32),
-    ("n_q=20, n_k=45 (query i sees keys j <= i + 25)", (1, 2, 20, 45, 32), F32, "", 16, 16),
-    ("n_q=45, n_k=20 (the first 25 queries see no key)", (1, 1, 45, 20, 32), F32, "", 16, 16),
+    # j <= i + 15: each block's first query sees exactly its whole tiles (split at 16p + 16)
+    ("n_q=20, n_k=35 (query i sees keys j <= i + 15)", (1, 2, 20, 35, 32), F32, "", 16, 16),
+    # j <= i - 18: query 32 sees keys up to 14, one short of a whole tile
+    ("n_q=38, n_k=20 (the first 18 queries see no key)", (1, 1, 38, 20, 32), F32, "", 16, 16),
     ("block_m=32, block_n=16, n_q=50, n_k=67 (j <= i + 17)", (1, 1, 50, 67, 32), F32, "", 32, 16),
     ("block_m=16, block_n=32, n_q=40, n_k=100 (j <= i + 60: the split falls inside a tile)",
      (1, 1, 40, 100, 16), F32, "", 16, 32),
-    ("float16, 2 heads, n=48", (1, 2, 48, 48, 32), F16, "", 16, 16),
+    ("float16, 2 batches, n=48", (2, 1, 48, 48, 32), F16, "", 16, 16),
     ("one token", (1, 1, 1, 1, 32), F32, "", 16, 16),
 ]  # fmt: skip
 SPLIT_THOROUGH = [
     ("2 x 2 heads, n=72, blocks of 32, transposed views of (B, n, H, d)", (2, 2, 72, 72, 16),
      F32, "bnhd", 32, 32),
     ("n_q=33, n_k=66, block_n=32", (1, 2, 33, 66, 16), F32, "", 16, 32),
-    ("n_q=40, n_k=30 (10 queries see no key)", (1, 1, 40, 30, 32), F32, "", 16, 16),
+    ("n_q=40, n_k=23 (17 queries see no key)", (1, 1, 40, 23, 32), F32, "", 16, 16),
     ("float16, n_q=31, n_k=79", (1, 1, 31, 79, 32), F16, "", 16, 16),
 ]  # fmt: skip
 

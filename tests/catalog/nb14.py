@@ -359,7 +359,9 @@ def _split_stage(
 
 #: BUG: 1 no split (every tile masked, exercise 2's loop), 2 the split a tile early, 3 the
 #: split a tile late, 4 both bounds without n_k - n_q (Triton's tutorial 06's start_m *
-#: BLOCK_M), 5 the masked stage runs on to n_k, 6 the masked stage's end without n_k - n_q;
+#: BLOCK_M), 5 the masked stage runs on to n_k, 6 the masked stage's end without n_k - n_q,
+#: 7 the split from the first query's last key, not one past it (a tile early where that
+#: key ends a tile);
 #: correct: 10 one loop whose tiles test at run time whether they need the mask, 11 the
 #: masked tiles first, then the full ones.
 @triton.jit
@@ -385,6 +387,8 @@ def _split(
     offset = n_k - n_q
     if BUG == 4:
         lo = tl.minimum(tl.maximum(start_m * BM + 1, 0), n_k) // BN * BN
+    elif BUG == 7:  # the first query's last key, not one past it
+        lo = tl.minimum(tl.maximum(start_m * BM + offset, 0), n_k) // BN * BN
     else:
         lo = tl.minimum(tl.maximum(start_m * BM + offset + 1, 0), n_k) // BN * BN
     if BUG == 2:
@@ -440,6 +444,7 @@ for _bug, _id, _name in [
     (4, "triton_split_without_offset", "tutorial_06_bounds"),
     (5, "triton_future_tiles_loaded", "masked_stage_to_the_end"),
     (6, "triton_split_without_offset", "masked_stage_end_without_offset"),
+    (7, "triton_split_full_tile_masked", "split_one_key_short"),
 ]:
 
     def _split_entry(q, k, v, block_m=16, block_n=16, _bug=_bug):
