@@ -371,6 +371,11 @@ class KernelLoads:
       off still costs its products);
     - ``dtype_pairs``: the dtypes of the operands of every ``tl.dot`` (pairs such as
       ``("fp16", "fp16")``), the evidence of tiles upcast before a product;
+    - ``masked_tiles``: for each 2-D shape ``(rows, cols)``, the tile steps in which a
+      ``tl.where`` of that shape ran (a tile step: one program's code between two
+      ``tl.dot``; several ``tl.where`` in one step count once): with the score tile's shape
+      ``(BLOCK_M, BLOCK_N)``, the tiles whose scores were masked (the evidence of a causal
+      loop split: only the tiles that cross the diagonal or the end of the keys);
     - ``out_of_bounds``: what went wrong with the kernel's addresses (the first few, in
       words): an element loaded or stored outside the tensors the launch was given (each
       address is checked against the span of memory of the argument its tile starts in; such
@@ -382,7 +387,7 @@ class KernelLoads:
     In a graded kernel the watcher runs in the learner's process and its records travel back
     to the checker through the wire's ``dots`` field (``dots`` holds the dtype pairs and the
     other records as pairs tagged ``"@work"`` and ``"@oob"``; assigning ``dots`` merges the
-    records of another watcher)."""
+    records of another watcher; ``"@sel"`` pairs carry ``masked_tiles``)."""
 
     #: descriptions kept in ``out_of_bounds``
     KEEP = 4
@@ -392,12 +397,16 @@ class KernelLoads:
         self.work = 0
         self.dtype_pairs: set[tuple[str, str]] = set()
         self.out_of_bounds: list[str] = []
+        self.masked_tiles: dict[tuple[int, int], int] = {}
         self.available = False
         self._saved = None
         self._token = os.urandom(6).hex()
         self._merged: set[str] = set()
         self._regions: list[tuple[int, int, str]] = []  # (first byte, end byte, argument)
         self._writers: dict[tuple[int, int], object] = {}  # (region, bytes) -> program ids
+        self._launches = 0
+        self._dots_in: dict[tuple, int] = {}  # (launch, program) -> its tl.dot calls so far
+        self._steps_seen: set[tuple] = set()  # (launch, program, dots so far, shape)
 
     # -- the records as the wire carries them
     @property
@@ -406,13 +415,16 @@ class KernelLoads:
         tagged |= {
             ("@oob", f"{self._token}:{i:03d}:{text}") for i, text in enumerate(self.out_of_bounds)
         }
+        tagged |= {
+            ("@sel", f"{self._token}:{r}x{c}:{n}") for (r, c), n in self.masked_tiles.items()
+        }
         return set(self.dtype_pairs) | tagged
 
     @dots.setter
     def dots(self, pairs) -> None:
         for a, b in sorted(pairs):
             a, b = str(a), str(b)
-            if a not in ("@work", "@oob"):
+            if a not in ("@work", "@oob", "@sel"):
                 self.dtype_pairs.add((a, b))
                 continue
             token, _, rest = b.partition(":")
@@ -421,6 +433,12 @@ class KernelLoads:
             self._merged.add(b)
             if a == "@work":
                 self.work += int(rest) if rest.isdigit() else 0
+            elif a == "@sel":
+                shape, _, n = rest.partition(":")
+                r, _, c = shape.partition("x")
+                if r.isdigit() and c.isdigit() and n.isdigit():
+                    key = (int(r), int(c))
+                    self.masked_tiles[key] = self.masked_tiles.get(key, 0) + int(n)
             elif len(self.out_of_bounds) < self.KEEP:
                 self.out_of_bounds.append(rest.partition(":")[2])
 
@@ -428,6 +446,7 @@ class KernelLoads:
     def _launch(self, arg_names, args, kwargs) -> None:
         """A kernel launch: the spans of memory of its tensor arguments."""
         self._regions, self._writers = [], {}
+        self._launches += 1
         named = list(zip(arg_names, args, strict=False)) + list(kwargs.items())
         for name, t in named:
             if isinstance(t, torch.Tensor) and t.numel():
@@ -511,7 +530,12 @@ class KernelLoads:
 
         builder = interpreter.interpreter_builder
         executor = interpreter.GridExecutor
-        original = (builder.create_masked_load, builder.create_masked_store, builder.create_dot)
+        original = (
+            builder.create_masked_load,
+            builder.create_masked_store,
+            builder.create_dot,
+            builder.create_select,
+        )
         original_init = executor._init_args_hst
         self._saved = (builder, executor, original, original_init)
         self.available = True
@@ -533,11 +557,26 @@ class KernelLoads:
         def dot(a, b, *args, **kwargs):
             self.dtype_pairs.add((str(a.get_element_ty()), str(b.get_element_ty())))
             self.work += int(a.data.size) * int(b.data.shape[-1])
+            key = (self._launches, builder.grid_idx)
+            self._dots_in[key] = self._dots_in.get(key, 0) + 1
             return original[2](a, b, *args, **kwargs)
+
+        def select(cond, lhs, rhs):
+            out = original[3](cond, lhs, rhs)
+            shape = getattr(out.data, "shape", ())
+            if len(shape) == 2 and min(shape) > 1:
+                where = (self._launches, builder.grid_idx)
+                step = (*where, self._dots_in.get(where, 0), shape)
+                if step not in self._steps_seen:
+                    self._steps_seen.add(step)
+                    key = (int(shape[0]), int(shape[1]))
+                    self.masked_tiles[key] = self.masked_tiles.get(key, 0) + 1
+            return out
 
         builder.create_masked_load = load
         builder.create_masked_store = store
         builder.create_dot = dot
+        builder.create_select = select
         executor._init_args_hst = init_args
         return self
 
@@ -546,6 +585,7 @@ class KernelLoads:
             builder, executor, original, original_init = self._saved
             builder.create_masked_load, builder.create_masked_store = original[:2]
             builder.create_dot = original[2]
+            builder.create_select = original[3]
             executor._init_args_hst = original_init
             self._saved = None
         return False

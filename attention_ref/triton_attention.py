@@ -8,6 +8,8 @@
   log-sum-exp ``lse`` (natural logarithm). Causal attention visits only the tiles on or
   before the diagonal; only the tiles that cross it or the end of the keys are masked (the
   loop is split in two);
+- :func:`triton_causal_split`: the causal forward pass as notebook 14's third exercise asks
+  for it (``triton_attention(..., causal=True)``: its kernel splits the loop);
 - :class:`TritonFlashAttention` / :func:`triton_flash_attention`: the autograd function that
   pairs the kernel's forward pass with notebook 12's recomputing backward pass.
 
@@ -275,6 +277,18 @@ def triton_attention(
         **launch,
     )  # fmt: skip
     return out, lse
+
+
+def triton_causal_split(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = 16, block_n: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal FlashAttention's forward pass with its loop split in two: per block of queries,
+    the whole tiles of keys that every query of the block sees, without a mask, then the
+    tiles that cross the diagonal or the end of the keys, masked; the future never visited.
+
+    Same arguments and results as :func:`triton_attention` with ``causal=True`` (query ``i``
+    sees key ``j <= i + n_k - n_q``), whose kernel splits its loop this way."""
+    return triton_attention(q, k, v, True, block_m, block_n)
 
 
 class TritonFlashAttention(torch.autograd.Function):

@@ -237,6 +237,11 @@ def test_every_exercise_on_the_list_forbids_it_or_has_no_attention_in_it():
 
 def test_notebook_14s_triton_exercises_all_forbid_it():
     triton = set(_checked(TRITON))
-    assert triton == {"triton_softmax", "triton_attention", "triton_flash_attention"}
+    assert triton == {
+        "triton_softmax",
+        "triton_attention",
+        "triton_causal_split",
+        "triton_flash_attention",
+    }
     assert triton <= trusted.FUSED_ATTENTION_REMOVED_EXERCISES
     assert all(map(_forbids_fused, triton)), triton

@@ -39,6 +39,8 @@ INTERPRETER_ONLY = {
     "triton_dot_upcast",
     "triton_load_out_of_bounds",
     "triton_store_out_of_bounds",
+    "triton_split_missing",
+    "triton_split_full_tile_masked",
 }
 
 

@@ -1177,6 +1177,29 @@ _TABLE = """
     does all of the arithmetic.
   hint: end the loop itself (not only its loads) at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q)
     when causal.
+[triton_split_missing] the causal loop is not split: every tile it visits is masked, although
+    only the tiles that cross the diagonal (or the end of the keys) hold a key some query of
+    the block must not see; the full tiles before them pay for a mask that changes nothing.
+  hint: two loops: the whole tiles below lo = (start_m * BLOCK_M + n_k - n_q + 1) // BLOCK_N *
+    BLOCK_N (clamped to 0 .. n_k first) without any tl.where, then lo .. min(n_k, (start_m + 1)
+    * BLOCK_M + n_k - n_q) with the mask.
+[triton_split_full_tile_masked] the split falls a tile (or more) early: full tiles, whose keys
+    every query of the block sees, go through the masked stage. The values are right, but those
+    tiles pay for a mask that changes nothing.
+  hint: the first query of the block, start_m * BLOCK_M, sees keys j <= start_m * BLOCK_M + n_k -
+    n_q: the tiles that end at or before one past that are full: lo = (start_m * BLOCK_M + n_k -
+    n_q + 1) // BLOCK_N * BLOCK_N, clamped to 0 .. n_k (rounded down, never up).
+[triton_split_diagonal_unmasked] the split falls a tile late: the tile that crosses the first
+    query's diagonal goes through the unmasked stage, so the block's first queries see keys in
+    their future (and a tile past the end of the keys adds scores of 0).
+  hint: round the split down: lo = (start_m * BLOCK_M + n_k - n_q + 1) // BLOCK_N * BLOCK_N, the
+    end of the whole tiles the block's first query sees; the masked stage starts there.
+[triton_split_without_offset] a bound of the two stages leaves out n_k - n_q (start_m * BLOCK_M
+    and (start_m + 1) * BLOCK_M, as Triton's tutorial 06 splits, right only when n_q = n_k):
+    with n_k > n_q the masked stage ends before the last keys a block sees; with n_k < n_q the
+    unmasked stage takes keys in the future.
+  hint: offset = n_k - n_q in both: lo from start_m * BLOCK_M + offset + 1 (rounded down to a
+    tile), hi = min(n_k, (start_m + 1) * BLOCK_M + offset), each clamped to 0 .. n_k.
 [triton_causal_end_short] the causal loop ends one key too early ((start_m + 1) * BLOCK_M + n_k -
     n_q - 1): when that end falls just past a tile's start, the last tile a query of the block
     sees is never visited.

@@ -1,6 +1,8 @@
 """Checks for notebook 14: ``triton_softmax`` (a row softmax kernel), ``triton_attention``
-(FlashAttention's forward pass as a Triton kernel: output and log-sum-exp) and
-``triton_flash_attention`` (the autograd function pairing it with notebook 12's backward).
+(FlashAttention's forward pass as a Triton kernel: output and log-sum-exp),
+``triton_causal_split`` (its causal loop split in two: full tiles unmasked, the diagonal's
+masked) and ``triton_flash_attention`` (the autograd function pairing it with notebook 12's
+backward).
 
 The learner's kernels run where their inputs are: on a machine without a CUDA device, in
 Triton's interpreter on CPU tensors (the notebook sets ``TRITON_INTERPRET=1``); on a GPU,
@@ -560,13 +562,20 @@ def _lse_parts(q, k, v, causal):
     return m, torch.log(torch.exp(s - m[..., None]).sum(-1))
 
 
-def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=1.0) -> KernelLoads:
+def _attention_case(
+    ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=1.0, *, split=False, extra=()
+) -> KernelLoads:
     """One call of the learner's kernel, watched: its output and lse against float64, a wrong
-    value named by a model of the mistake; the watcher (what the kernel loaded)."""
+    value named by a model of the mistake (``extra``: more models); the watcher (what the
+    kernel loaded). ``split``: the kernel is triton_causal_split's, called without
+    ``causal``."""
     case = _describe(label, q, k, causal, bm, bn)
+    if split:
+        case = case.replace("causal=True, ", "")
     dev = q.device
+    args = (q, k, v, bm, bn) if split else (q, k, v, causal, bm, bn)
     with watching(KernelLoads()) as rec:
-        got = ctx.call(candidate, q, k, v, causal, bm, bn, case=case, limit_scale=limit_scale)
+        got = ctx.call(candidate, *args, case=case, limit_scale=limit_scale)
     _expect_in_bounds(ctx, rec, case)
     out, lse = ctx.expect_tuple(got, ("out", "lse"), case=case)
     want, _ = _exact(q, k, v, causal)
@@ -606,6 +615,7 @@ def _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=
         )
     if causal:
         mistakes.append(Mistake.of("flash_causal_ignored", model=lambda: _exact(q, k, v, False)[0]))
+    mistakes = list(extra) + mistakes  # the exercise's own models first
     ctx.expect_close(
         out.detach().double().cpu(), want, what="the output", case=case, mistakes=mistakes, **tol
     )
@@ -764,6 +774,175 @@ def check_triton_attention(candidate, ctx: Context) -> None:
         {"causal": False, "block_m": 16, "block_n": 16},
         case="q, k, v (1, 1, 20, 16) float32; causal, block_m and block_n left out",
         signature="triton_attention(q, k, v, causal=False, block_m=16, block_n=16)",
+        limit_scale=_limit_scale(ctx, pace, shape, 16, 16),
+    )
+
+
+# ----------------------------------------------------------------------------- triton_causal_split
+def _split_bounds(n_q, n_k, bm, bn, p, *, split_shift=0, lo_offset=True, hi_offset=True):
+    """``(lo, hi)`` of program ``p``'s two stages: the unmasked tiles ``0 .. lo`` (whole tiles
+    of keys every query of the block sees), the masked ones ``lo .. hi`` (up to the last
+    query's diagonal). The options make the mistakes: the split ``split_shift`` tiles late,
+    a bound without ``n_k - n_q``."""
+    offset = n_k - n_q
+    first_sees = min(max(p * bm + (offset if lo_offset else 0) + 1, 0), n_k)
+    lo = max(first_sees // bn * bn + split_shift * bn, 0)
+    hi = min(max((p + 1) * bm + (offset if hi_offset else 0), 0), n_k)
+    return lo, hi
+
+
+def _split_tiles(n_q, n_k, bm, bn) -> tuple[int, int]:
+    """``(visited, masked)``: the key tiles the programs of one (batch, head) visit, and the
+    ones among them that cross the diagonal or the end of the keys (the masked stage)."""
+    visited = masked = 0
+    for p in range(-(-n_q // bm)):
+        lo, hi = _split_bounds(n_q, n_k, bm, bn, p)
+        visited += -(-hi // bn)
+        masked += -(-(hi - lo) // bn) if hi > lo else 0
+    return visited, masked
+
+
+def _split_model(q, k, v, bm, bn, **bounds):
+    """The output of a two-stage kernel in float64 whose bounds are
+    :func:`_split_bounds`'s with ``bounds``: the unmasked stage takes its tiles whole (keys
+    past n_k loaded as 0: a score 0 and a value 0), the masked stage the keys each query
+    sees; a key visited twice counts twice, as an online softmax would count it."""
+    q, k, v = q.double(), k.double(), v.double()
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    offset = n_k - n_q
+    n_pad = (-(-n_k // bn) + 2) * bn
+    k = torch.cat([k, k.new_zeros(B, H, n_pad - n_k, d)], 2)
+    v = torch.cat([v, v.new_zeros(B, H, n_pad - n_k, d)], 2)
+    s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    counts = torch.zeros(n_q, n_pad, dtype=F64)
+    cols = torch.arange(n_pad)[None, :]
+    for p in range(-(-n_q // bm)):
+        i0, i1 = p * bm, min((p + 1) * bm, n_q)
+        lo, hi = _split_bounds(n_q, n_k, bm, bn, p, **bounds)
+        rows = torch.arange(i0, i1)[:, None]
+        for j0 in range(0, min(lo, n_pad - bn), bn):
+            counts[i0:i1, j0 : j0 + bn] += 1
+        for j0 in range(lo, hi, bn):
+            inside = (cols >= j0) & (cols < j0 + bn) & (cols < n_k) & (cols <= rows + offset)
+            counts[i0:i1] += inside.double()
+    s = torch.where(counts > 0, s, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    w = counts * torch.exp(s - torch.where(torch.isfinite(m), m, 0.0))
+    total = w.sum(-1, keepdim=True)
+    return (w @ v) / torch.where(total > 0, total, 1.0)
+
+
+#: id, the options of _split_model that make the mistake (its output is wrong)
+SPLIT_MISTAKES = [
+    ("triton_split_diagonal_unmasked", dict(split_shift=1)),
+    ("triton_split_without_offset", dict(lo_offset=False, hi_offset=False)),
+    ("triton_split_without_offset", dict(hi_offset=False)),
+    ("triton_split_without_offset", dict(lo_offset=False)),
+]
+
+#: label, (B, H, n_q, n_k, d), dtype, layout, block_m, block_n (d != block_n everywhere: the
+#: watcher counts the score tiles by their shape (block_m, block_n), and a tl.where on the
+#: output's (block_m, d) must not count). The first case has programs with three tiles or
+#: more, where masking one full tile too many and masking every tile differ.
+SPLIT_CASES = [
+    ("n=128, tiles of 32: 10 tiles visited, 4 on the diagonal", (1, 1, 128, 128, 16), F32, "",
+     32, 32),
+    # j <= i + 15: each block's first query sees exactly its whole tiles (split at 16p + 16)
+    ("n_q=20, n_k=35 (query i sees keys j <= i + 15)", (1, 2, 20, 35, 32), F32, "", 16, 16),
+    # j <= i - 18: query 32 sees keys up to 14, one short of a whole tile
+    ("n_q=38, n_k=20 (the first 18 queries see no key)", (1, 1, 38, 20, 32), F32, "", 16, 16),
+    ("block_m=32, block_n=16, n_q=50, n_k=67 (j <= i + 17)", (1, 1, 50, 67, 32), F32, "", 32, 16),
+    ("block_m=16, block_n=32, n_q=40, n_k=100 (j <= i + 60: the split falls inside a tile)",
+     (1, 1, 40, 100, 16), F32, "", 16, 32),
+    ("float16, 2 batches, n=48", (2, 1, 48, 48, 32), F16, "", 16, 16),
+    ("one token", (1, 1, 1, 1, 32), F32, "", 16, 16),
+]  # fmt: skip
+SPLIT_THOROUGH = [
+    ("2 x 2 heads, n=72, blocks of 32, transposed views of (B, n, H, d)", (2, 2, 72, 72, 16),
+     F32, "bnhd", 32, 32),
+    ("n_q=33, n_k=66, block_n=32", (1, 2, 33, 66, 16), F32, "", 16, 32),
+    ("n_q=40, n_k=23 (17 queries see no key)", (1, 1, 40, 23, 32), F32, "", 16, 16),
+    ("float16, n_q=31, n_k=79", (1, 1, 31, 79, 32), F16, "", 16, 16),
+]  # fmt: skip
+
+
+def _expect_split_work(ctx, rec: KernelLoads, q, k, bm, bn, case: str) -> None:
+    """In the interpreter: the tl.dot products visit no tile past the last query's
+    diagonal, and a tl.where runs on the scores of the tiles that cross the diagonal or the
+    end of the keys only."""
+    if not rec.available:
+        return
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    visited, masked = _split_tiles(n_q, n_k, bm, bn)
+    work = B * H * visited * 2 * bm * bn * d  # q k^T and p v, per tile visited
+    if rec.work > work:
+        ctx.fail(
+            f"your kernel's tl.dot products do {rec.work} multiply-adds where the tiles up to "
+            f"each block's diagonal take {work} ({visited} tiles of keys per head): the masked "
+            "stage goes on past the diagonal, into tiles every query of the block must not see.",
+            case=case,
+            mistake="triton_future_tiles_loaded",
+        )
+    got = rec.masked_tiles.get((bm, bn), 0)
+    if got > B * H * masked:
+        every = got >= B * H * visited
+        ctx.fail(
+            f"a tl.where ran on the scores of {got} of your kernel's tiles; "
+            f"{B * H * masked} of the {B * H * visited} tiles it visits cross the diagonal or "
+            "the end of the keys, and only those need a mask"
+            + (" (your kernel masks every tile)." if every else "."),
+            case=case,
+            mistake="triton_split_missing" if every else "triton_split_full_tile_masked",
+        )
+
+
+@exercise(
+    "triton_causal_split",
+    forbidden=lambda: [
+        (_ref().triton_causal_split, "the reference attention_ref.triton_causal_split"),
+        (_ref().triton_attention, "the reference attention_ref.triton_attention"),
+        *_full_attention(),
+        *_notebook_12s(),
+    ],
+    summary="causal FlashAttention in Triton, its loop split: unmasked full tiles, masked "
+    "diagonal ones",
+)
+def check_triton_causal_split(candidate, ctx: Context) -> None:
+    """Output and lse of every case against float64 causal attention (n_q != n_k both ways,
+    offsets that are not a multiple of the tile, tails, one token, float16), a wrong value
+    named by a model of the mistake (the split a tile late, a bound without n_k - n_q, and
+    exercise 2's); in the interpreter, the work: no tile past the diagonal multiplied, and a
+    tl.where on the score tiles that cross the diagonal or the end of the keys only.
+
+    The graded (thorough) run checks other shapes and layouts, not the self-check's cases
+    again (its test cell runs the self-check first)."""
+    g = ctx.torch_gen(144)
+    dev = _device()
+    pace = _reference_pace(*ATTENTION_CASES[0][1:7], dev)
+    for label, shape, dtype, layout, bm, bn in SPLIT_THOROUGH if ctx.thorough else SPLIT_CASES:
+        q, k, v = _attention_inputs(g, shape, dtype, layout, 1.0, dev)
+        qc, kc, vc = (t.cpu() for t in (q, k, v))
+        extra = [
+            Mistake.of(mid, model=lambda kw=kw: _split_model(qc, kc, vc, bm, bn, **kw))
+            for mid, kw in SPLIT_MISTAKES
+        ]
+        limit = _limit_scale(ctx, pace, shape, bm, bn)
+        rec = _attention_case(
+            ctx, candidate, q, k, v, True, bm, bn, label, limit, split=True, extra=extra
+        )
+        case = _describe(label, q, k, True, bm, bn).replace("causal=True, ", "")
+        _expect_split_work(ctx, rec, q, k, bm, bn, case)
+    shape = (1, 1, 20, 20, 32)
+    q, k, v = _attention_inputs(g, shape, F32, "", 1.0, dev)
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: (q, k, v),
+        {"block_m": 16, "block_n": 16},
+        case="q, k, v (1, 1, 20, 32) float32; block_m and block_n left out",
+        signature="triton_causal_split(q, k, v, block_m=16, block_n=16)",
         limit_scale=_limit_scale(ctx, pace, shape, 16, 16),
     )
 

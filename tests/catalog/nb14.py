@@ -1,4 +1,5 @@
-"""Catalog for notebook 14: triton_softmax, triton_attention, triton_flash_attention.
+"""Catalog for notebook 14: triton_softmax, triton_attention, triton_causal_split,
+triton_flash_attention.
 
 The kernels are written once each, with a ``BUG`` constexpr that switches on one learner's
 mistake at a time (Triton compiles each value of a constexpr as its own kernel, so every
@@ -322,6 +323,159 @@ def attention_exp2_contiguous_copies(q, k, v, causal=False, block_m=16, block_n=
     """exp2 with log2(e) folded into the scale; inputs copied to contiguous tensors first."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     return _attention(q, k, v, causal, block_m, block_n, bug=20, contiguous_strides=True)
+
+
+# ----------------------------------------------------------------------------- triton_causal_split
+@triton.jit
+def _split_stage(
+    acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d, lo, hi, split, n_k, offset,
+    scale, BN: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Keys lo .. hi tile by tile. MASKED: 1 every tile masked, 0 none, 2 each tile asks at
+    run time whether it starts at or after ``split`` (then it needs the mask)."""
+    for start_n in range(lo, hi, BN):
+        offs_n = start_n + tl.arange(0, BN)
+        kt = tl.load(K + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                     mask=offs_n[None, :] < n_k, other=0.0)  # fmt: skip
+        v = tl.load(V + offs_n[:, None] * svn + offs_d[None, :] * svd,
+                    mask=offs_n[:, None] < n_k, other=0.0)  # fmt: skip
+        s = tl.dot(q, kt) * scale
+        if MASKED == 1:
+            allowed = (offs_n[None, :] < n_k) & (offs_n[None, :] <= offs_m[:, None] + offset)
+            s = tl.where(allowed, s, -float("inf"))
+        elif MASKED == 2:  # noqa: SIM102 - a constexpr branch holding a run-time one
+            if start_n >= split:
+                allowed = (offs_n[None, :] < n_k) & (offs_n[None, :] <= offs_m[:, None] + offset)
+                s = tl.where(allowed, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+#: BUG: 1 no split (every tile masked, exercise 2's loop), 2 the split a tile early, 3 the
+#: split a tile late, 4 both bounds without n_k - n_q (Triton's tutorial 06's start_m *
+#: BLOCK_M), 5 the masked stage runs on to n_k, 6 the masked stage's end without n_k - n_q,
+#: 7 the split from the first query's last key, not one past it (a tile early where that
+#: key ends a tile);
+#: correct: 10 one loop whose tiles test at run time whether they need the mask, 11 the
+#: masked tiles first, then the full ones.
+@triton.jit
+def _split(
+    Q, K, V, O_, L_,
+    sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, som, sod, slb, slh, slm,
+    H, n_q, n_k, scale,
+    D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BUG: tl.constexpr,
+):  # fmt: skip
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = start_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=offs_m[:, None] < n_q, other=0.0)  # fmt: skip
+    K += b * skb + h * skh
+    V += b * svb + h * svh
+    m_i = tl.full([BM], -float("inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    offset = n_k - n_q
+    if BUG == 4:
+        lo = tl.minimum(tl.maximum(start_m * BM + 1, 0), n_k) // BN * BN
+    elif BUG == 7:  # the first query's last key, not one past it
+        lo = tl.minimum(tl.maximum(start_m * BM + offset, 0), n_k) // BN * BN
+    else:
+        lo = tl.minimum(tl.maximum(start_m * BM + offset + 1, 0), n_k) // BN * BN
+    if BUG == 2:
+        lo = tl.maximum(lo - BN, 0)
+    elif BUG == 3:
+        lo = lo + BN
+    elif BUG == 1:
+        lo = 0
+    if BUG == 4 or BUG == 6:
+        hi = tl.minimum((start_m + 1) * BM, n_k)
+    elif BUG == 5:
+        hi = n_k
+    else:
+        hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset, 0), n_k)
+    if BUG == 10:
+        acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
+                                     0, hi, lo, n_k, offset, scale, BN, 2)  # fmt: skip
+    elif BUG == 11:
+        acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
+                                     lo, hi, lo, n_k, offset, scale, BN, 1)  # fmt: skip
+        acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
+                                     0, lo, lo, n_k, offset, scale, BN, 0)  # fmt: skip
+    else:
+        acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
+                                     0, lo, lo, n_k, offset, scale, BN, 0)  # fmt: skip
+        acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
+                                     lo, hi, lo, n_k, offset, scale, BN, 1)  # fmt: skip
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    lse = tl.where(seen, tl.where(seen, m_i, 0.0) + tl.log(l_safe), -float("inf"))
+    rows = offs_m < n_q
+    tl.store(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+             (acc / l_safe[:, None]).to(O_.dtype.element_ty), mask=rows[:, None])  # fmt: skip
+    tl.store(L_ + b * slb + h * slh + offs_m * slm, lse, mask=rows)
+
+
+def _causal_split(q, k, v, bm, bn, bug=0):
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(B, H, n_q, device=q.device, dtype=torch.float32)
+    _split[(triton.cdiv(n_q, bm), B * H)](
+        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+        H, n_q, n_k, 1 / math.sqrt(d), D=d, BM=bm, BN=bn, BUG=bug,
+    )  # fmt: skip
+    return out, lse
+
+
+for _bug, _id, _name in [
+    (1, "triton_split_missing", "every_tile_masked"),
+    (2, "triton_split_full_tile_masked", "split_a_tile_early"),
+    (3, "triton_split_diagonal_unmasked", "split_a_tile_late"),
+    (4, "triton_split_without_offset", "tutorial_06_bounds"),
+    (5, "triton_future_tiles_loaded", "masked_stage_to_the_end"),
+    (6, "triton_split_without_offset", "masked_stage_end_without_offset"),
+    (7, "triton_split_full_tile_masked", "split_one_key_short"),
+]:
+
+    def _split_entry(q, k, v, block_m=16, block_n=16, _bug=_bug):
+        return _causal_split(q, k, v, block_m, block_n, bug=_bug)
+
+    _split_entry.__name__ = f"causal_split_{_name}"
+    mistake("triton_causal_split", id=_id)(_split_entry)
+
+
+@mistake("triton_causal_split", id="triton_split_missing")
+def causal_split_exercise_2s_kernel(q, k, v, block_m=16, block_n=16):
+    """Exercise 2's one masked loop, called with causal=True."""
+    return _attention(q, k, v, True, block_m, block_n)
+
+
+@alternative("triton_causal_split")
+def causal_split_two_loops(q, k, v, block_m=16, block_n=16):
+    """The full tiles, then the diagonal's (loads masked to n_k in both stages)."""
+    return _causal_split(q, k, v, block_m, block_n)
+
+
+@alternative("triton_causal_split")
+def causal_split_one_loop_asking(q, k, v, block_m=16, block_n=16):
+    """One loop; each tile tests at run time whether it starts at the split."""
+    return _causal_split(q, k, v, block_m, block_n, bug=10)
+
+
+@alternative("triton_causal_split")
+def causal_split_diagonal_first(q, k, v, block_m=16, block_n=16):
+    """The masked tiles first, then the full ones (a softmax does not mind the order)."""
+    return _causal_split(q, k, v, block_m, block_n, bug=11)
 
 
 # ----------------------------------------------------------------------------- autograd function
