@@ -371,11 +371,13 @@ class KernelLoads:
       off still costs its products);
     - ``dtype_pairs``: the dtypes of the operands of every ``tl.dot`` (pairs such as
       ``("fp16", "fp16")``), the evidence of tiles upcast before a product;
-    - ``masked_tiles``: for each 2-D shape ``(rows, cols)``, the tile steps in which a
-      ``tl.where`` of that shape ran (a tile step: one program's code between two
-      ``tl.dot``; several ``tl.where`` in one step count once): with the score tile's shape
-      ``(BLOCK_M, BLOCK_N)``, the tiles whose scores were masked (the evidence of a causal
-      loop split: only the tiles that cross the diagonal or the end of the keys);
+    - ``masked_tiles``: for each number of elements ``n``, the tile steps in which a
+      ``tl.where`` of ``n`` elements ran, in any shape (a tile step of size ``n``: one
+      program's code between two ``tl.dot`` whose products do not have ``n`` elements, so
+      that the ``tl.where`` before and after a tile's score product count once): with
+      ``BLOCK_M * BLOCK_N``, the tiles whose scores were masked, whatever the shape of the
+      tile (the evidence of a causal loop split: only the tiles that cross the diagonal or
+      the end of the keys);
     - ``out_of_bounds``: what went wrong with the kernel's addresses (the first few, in
       words): an element loaded or stored outside the tensors the launch was given (each
       address is checked against the span of memory of the argument its tile starts in; such
@@ -397,7 +399,7 @@ class KernelLoads:
         self.work = 0
         self.dtype_pairs: set[tuple[str, str]] = set()
         self.out_of_bounds: list[str] = []
-        self.masked_tiles: dict[tuple[int, int], int] = {}
+        self.masked_tiles: dict[int, int] = {}
         self.available = False
         self._saved = None
         self._token = os.urandom(6).hex()
@@ -405,8 +407,9 @@ class KernelLoads:
         self._regions: list[tuple[int, int, str]] = []  # (first byte, end byte, argument)
         self._writers: dict[tuple[int, int], object] = {}  # (region, bytes) -> program ids
         self._launches = 0
-        self._dots_in: dict[tuple, int] = {}  # (launch, program) -> its tl.dot calls so far
-        self._steps_seen: set[tuple] = set()  # (launch, program, dots so far, shape)
+        # (launch, program) -> {elements of a product: its tl.dot calls so far}
+        self._dots_in: dict[tuple, dict[int, int]] = {}
+        self._steps_seen: set[tuple] = set()  # (launch, program, other products, elements)
 
     # -- the records as the wire carries them
     @property
@@ -415,9 +418,7 @@ class KernelLoads:
         tagged |= {
             ("@oob", f"{self._token}:{i:03d}:{text}") for i, text in enumerate(self.out_of_bounds)
         }
-        tagged |= {
-            ("@sel", f"{self._token}:{r}x{c}:{n}") for (r, c), n in self.masked_tiles.items()
-        }
+        tagged |= {("@sel", f"{self._token}:{size}:{n}") for size, n in self.masked_tiles.items()}
         return set(self.dtype_pairs) | tagged
 
     @dots.setter
@@ -434,10 +435,9 @@ class KernelLoads:
             if a == "@work":
                 self.work += int(rest) if rest.isdigit() else 0
             elif a == "@sel":
-                shape, _, n = rest.partition(":")
-                r, _, c = shape.partition("x")
-                if r.isdigit() and c.isdigit() and n.isdigit():
-                    key = (int(r), int(c))
+                size, _, n = rest.partition(":")
+                if size.isdigit() and n.isdigit():
+                    key = int(size)
                     self.masked_tiles[key] = self.masked_tiles.get(key, 0) + int(n)
             elif len(self.out_of_bounds) < self.KEEP:
                 self.out_of_bounds.append(rest.partition(":")[2])
@@ -557,20 +557,22 @@ class KernelLoads:
         def dot(a, b, *args, **kwargs):
             self.dtype_pairs.add((str(a.get_element_ty()), str(b.get_element_ty())))
             self.work += int(a.data.size) * int(b.data.shape[-1])
-            key = (self._launches, builder.grid_idx)
-            self._dots_in[key] = self._dots_in.get(key, 0) + 1
+            products = self._dots_in.setdefault((self._launches, builder.grid_idx), {})
+            size = int(a.data.size) // int(a.data.shape[-1]) * int(b.data.shape[-1])
+            products[size] = products.get(size, 0) + 1
             return original[2](a, b, *args, **kwargs)
 
         def select(cond, lhs, rhs):
             out = original[3](cond, lhs, rhs)
-            shape = getattr(out.data, "shape", ())
-            if len(shape) == 2 and min(shape) > 1:
+            size = int(getattr(out.data, "size", 1))
+            if size > 1:
                 where = (self._launches, builder.grid_idx)
-                step = (*where, self._dots_in.get(where, 0), shape)
+                products = self._dots_in.get(where, {})
+                others = sum(n for s, n in products.items() if s != size)
+                step = (*where, others, size)
                 if step not in self._steps_seen:
                     self._steps_seen.add(step)
-                    key = (int(shape[0]), int(shape[1]))
-                    self.masked_tiles[key] = self.masked_tiles.get(key, 0) + 1
+                    self.masked_tiles[size] = self.masked_tiles.get(size, 0) + 1
             return out
 
         builder.create_masked_load = load

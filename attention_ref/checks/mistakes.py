@@ -1189,11 +1189,14 @@ _TABLE = """
   hint: the first query of the block, start_m * BLOCK_M, sees keys j <= start_m * BLOCK_M + n_k -
     n_q: the tiles that end at or before one past that are full: lo = (start_m * BLOCK_M + n_k -
     n_q + 1) // BLOCK_N * BLOCK_N, clamped to 0 .. n_k (rounded down, never up).
-[triton_split_diagonal_unmasked] the split falls a tile late: the tile that crosses the first
-    query's diagonal goes through the unmasked stage, so the block's first queries see keys in
-    their future (and a tile past the end of the keys adds scores of 0).
+[triton_split_diagonal_unmasked] the tile that crosses the first query's diagonal is not
+    masked, so the block's first queries see keys in their future: the split falls a tile late
+    (that tile goes through the unmasked stage; a tile past the end of the keys adds scores of
+    0), or the masked stage's mask has no causal term (when the diagonal is the only masked
+    tile, as with n_q = n_k and BLOCK_M = BLOCK_N, the two give the same output).
   hint: round the split down: lo = (start_m * BLOCK_M + n_k - n_q + 1) // BLOCK_N * BLOCK_N, the
-    end of the whole tiles the block's first query sees; the masked stage starts there.
+    end of the whole tiles the block's first query sees; the masked stage starts there and
+    masks offs_n[None, :] <= offs_m[:, None] + n_k - n_q as well as the keys past n_k.
 [triton_split_without_offset] a bound of the two stages leaves out n_k - n_q (start_m * BLOCK_M
     and (start_m + 1) * BLOCK_M, as Triton's tutorial 06 splits, right only when n_q = n_k):
     with n_k > n_q the masked stage ends before the last keys a block sees; with n_k < n_q the

@@ -842,14 +842,17 @@ SPLIT_MISTAKES = [
 ]
 
 #: label, (B, H, n_q, n_k, d), dtype, layout, block_m, block_n (d != block_n everywhere: the
-#: watcher counts the score tiles by their shape (block_m, block_n), and a tl.where on the
-#: output's (block_m, d) must not count). The first case has programs with three tiles or
-#: more, where masking one full tile too many and masking every tile differ.
+#: watcher counts the score tiles by their number of elements, block_m * block_n, in any
+#: shape, and a tl.where on the output's block_m * d must not count). The first case has
+#: programs with three tiles or more, where masking one full tile too many and masking every
+#: tile differ; "kt" (k a transposed view: its d stride is not 1, and v's strides are not k's)
+#: names a kernel that assumes either.
 SPLIT_CASES = [
     ("n=128, tiles of 32: 10 tiles visited, 4 on the diagonal", (1, 1, 128, 128, 16), F32, "",
      32, 32),
     # j <= i + 15: each block's first query sees exactly its whole tiles (split at 16p + 16)
-    ("n_q=20, n_k=35 (query i sees keys j <= i + 15)", (1, 2, 20, 35, 32), F32, "", 16, 16),
+    ("n_q=20, n_k=35 (query i sees keys j <= i + 15), k a transposed view of (B, H, d, n_k)",
+     (1, 2, 20, 35, 32), F32, "kt", 16, 16),
     # j <= i - 18: query 32 sees keys up to 14, one short of a whole tile
     ("n_q=38, n_k=20 (the first 18 queries see no key)", (1, 1, 38, 20, 32), F32, "", 16, 16),
     ("block_m=32, block_n=16, n_q=50, n_k=67 (j <= i + 17)", (1, 1, 50, 67, 32), F32, "", 32, 16),
@@ -861,7 +864,11 @@ SPLIT_CASES = [
 SPLIT_THOROUGH = [
     ("2 x 2 heads, n=72, blocks of 32, transposed views of (B, n, H, d)", (2, 2, 72, 72, 16),
      F32, "bnhd", 32, 32),
-    ("n_q=33, n_k=66, block_n=32", (1, 2, 33, 66, 16), F32, "", 16, 32),
+    ("n_q=33, n_k=66, block_n=32, k a transposed view of (B, H, d, n_k)", (1, 2, 33, 66, 16),
+     F32, "kt", 16, 32),
+    # the last block holds one query, whose keys end exactly at a tile's end: its split is at
+    # n_k, no masked tile
+    ("n_q=17, n_k=32 (the last block: one query)", (1, 1, 17, 32, 32), F32, "", 16, 16),
     ("n_q=40, n_k=23 (17 queries see no key)", (1, 1, 40, 23, 32), F32, "", 16, 16),
     ("float16, n_q=31, n_k=79", (1, 1, 31, 79, 32), F16, "", 16, 16),
 ]  # fmt: skip
@@ -885,7 +892,7 @@ def _expect_split_work(ctx, rec: KernelLoads, q, k, bm, bn, case: str) -> None:
             case=case,
             mistake="triton_future_tiles_loaded",
         )
-    got = rec.masked_tiles.get((bm, bn), 0)
+    got = rec.masked_tiles.get(bm * bn, 0)
     if got > B * H * masked:
         every = got >= B * H * visited
         ctx.fail(
