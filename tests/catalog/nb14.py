@@ -329,17 +329,30 @@ def attention_exp2_contiguous_copies(q, k, v, causal=False, block_m=16, block_n=
 @triton.jit
 def _split_stage(
     acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d, lo, hi, split, n_k, offset,
-    scale, BN: tl.constexpr, MASKED: tl.constexpr,
+    scale, BM: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Keys lo .. hi tile by tile. MASKED: 1 every tile masked, 0 none, 2 each tile asks at
-    run time whether it starts at or after ``split`` (then it needs the mask)."""
+    run time whether it starts at or after ``split`` (then it needs the mask), 3 masked as
+    1 with three tl.where per tile (the k tile's columns past n_k zeroed, a causal bias
+    built before the score product, the keys past n_k after it), 4 masked as 1 through a
+    tl.where on the scores flattened to one dimension."""
     for start_n in range(lo, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
         kt = tl.load(K + offs_n[None, :] * skn + offs_d[:, None] * skd,
                      mask=offs_n[None, :] < n_k, other=0.0)  # fmt: skip
         v = tl.load(V + offs_n[:, None] * svn + offs_d[None, :] * svd,
                     mask=offs_n[:, None] < n_k, other=0.0)  # fmt: skip
+        if MASKED == 3:
+            kt = tl.where(offs_n[None, :] < n_k, kt, 0.0)
+            bias = tl.where(offs_n[None, :] <= offs_m[:, None] + offset, 0.0, -float("inf"))
         s = tl.dot(q, kt) * scale
+        if MASKED == 3:
+            s = tl.where(offs_n[None, :] < n_k, s + bias, -float("inf"))
+        if MASKED == 4:
+            allowed = (offs_n[None, :] < n_k) & (offs_n[None, :] <= offs_m[:, None] + offset)
+            flat = tl.where(tl.reshape(allowed, (BM * BN,)), tl.reshape(s, (BM * BN,)),
+                            -float("inf"))  # fmt: skip
+            s = tl.reshape(flat, (BM, BN))
         if MASKED == 1:
             allowed = (offs_n[None, :] < n_k) & (offs_n[None, :] <= offs_m[:, None] + offset)
             s = tl.where(allowed, s, -float("inf"))
@@ -361,9 +374,11 @@ def _split_stage(
 #: split a tile late, 4 both bounds without n_k - n_q (Triton's tutorial 06's start_m *
 #: BLOCK_M), 5 the masked stage runs on to n_k, 6 the masked stage's end without n_k - n_q,
 #: 7 the split from the first query's last key, not one past it (a tile early where that
-#: key ends a tile);
+#: key ends a tile), 8 no split, every tile masked through a flattened tl.where, 9 v read
+#: with k's strides;
 #: correct: 10 one loop whose tiles test at run time whether they need the mask, 11 the
-#: masked tiles first, then the full ones.
+#: masked tiles first, then the full ones, 12 the masked stage with three tl.where per tile
+#: (k's columns, a causal bias before the product, the keys past n_k after it).
 @triton.jit
 def _split(
     Q, K, V, O_, L_,
@@ -385,6 +400,9 @@ def _split(
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
     offset = n_k - n_q
+    MASK: tl.constexpr = 3 if BUG == 12 else (4 if BUG == 8 else 1)
+    if BUG == 9:  # v addressed with k's strides
+        svn, svd = skn, skd
     if BUG == 4:
         lo = tl.minimum(tl.maximum(start_m * BM + 1, 0), n_k) // BN * BN
     elif BUG == 7:  # the first query's last key, not one past it
@@ -395,7 +413,7 @@ def _split(
         lo = tl.maximum(lo - BN, 0)
     elif BUG == 3:
         lo = lo + BN
-    elif BUG == 1:
+    elif BUG == 1 or BUG == 8:
         lo = 0
     if BUG == 4 or BUG == 6:
         hi = tl.minimum((start_m + 1) * BM, n_k)
@@ -405,17 +423,17 @@ def _split(
         hi = tl.minimum(tl.maximum((start_m + 1) * BM + offset, 0), n_k)
     if BUG == 10:
         acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
-                                     0, hi, lo, n_k, offset, scale, BN, 2)  # fmt: skip
+                                     0, hi, lo, n_k, offset, scale, BM, BN, 2)  # fmt: skip
     elif BUG == 11:
         acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
-                                     lo, hi, lo, n_k, offset, scale, BN, 1)  # fmt: skip
+                                     lo, hi, lo, n_k, offset, scale, BM, BN, MASK)  # fmt: skip
         acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
-                                     0, lo, lo, n_k, offset, scale, BN, 0)  # fmt: skip
+                                     0, lo, lo, n_k, offset, scale, BM, BN, 0)  # fmt: skip
     else:
         acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
-                                     0, lo, lo, n_k, offset, scale, BN, 0)  # fmt: skip
+                                     0, lo, lo, n_k, offset, scale, BM, BN, 0)  # fmt: skip
         acc, l_i, m_i = _split_stage(acc, l_i, m_i, q, K, V, skn, skd, svn, svd, offs_m, offs_d,
-                                     lo, hi, lo, n_k, offset, scale, BN, 1)  # fmt: skip
+                                     lo, hi, lo, n_k, offset, scale, BM, BN, MASK)  # fmt: skip
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, tl.where(seen, m_i, 0.0) + tl.log(l_safe), -float("inf"))
@@ -445,6 +463,8 @@ for _bug, _id, _name in [
     (5, "triton_future_tiles_loaded", "masked_stage_to_the_end"),
     (6, "triton_split_without_offset", "masked_stage_end_without_offset"),
     (7, "triton_split_full_tile_masked", "split_one_key_short"),
+    (8, "triton_split_missing", "every_tile_masked_flattened"),
+    (9, "triton_v_strides_of_k", "v_with_k_strides"),
 ]:
 
     def _split_entry(q, k, v, block_m=16, block_n=16, _bug=_bug):
@@ -646,3 +666,10 @@ class TritonAttentionNotebook12Backward(TritonFlashAttention):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _flash_backward(q, k, v, out, lse[..., None], do, 16, ctx.causal, 16)
         return dq, dk, dv, None
+
+
+@alternative("triton_causal_split")
+def causal_split_three_wheres_per_tile(q, k, v, block_m=16, block_n=16):
+    """The diagonal's tiles masked three times each: k's columns past n_k zeroed, a causal
+    bias built before the score product, the keys past n_k after it (one tile each)."""
+    return _causal_split(q, k, v, block_m, block_n, bug=12)
