@@ -517,9 +517,12 @@ def _heads_one_axis(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def _describe(label, q, k, causal, bm, bn) -> str:
+    """The case as the learner reads it; ``causal=None``: a kernel without that argument
+    (triton_causal_split's)."""
+    flag = "" if causal is None else f"causal={causal}, "
     return (
         f"{label}: q {tuple(q.shape)}, k and v {tuple(k.shape)} {dtype_name(q.dtype)}, "
-        f"causal={causal}, block_m={bm}, block_n={bn}"
+        f"{flag}block_m={bm}, block_n={bn}"
     )
 
 
@@ -569,9 +572,7 @@ def _attention_case(
     value named by a model of the mistake (``extra``: more models); the watcher (what the
     kernel loaded). ``split``: the kernel is triton_causal_split's, called without
     ``causal``."""
-    case = _describe(label, q, k, causal, bm, bn)
-    if split:
-        case = case.replace("causal=True, ", "")
+    case = _describe(label, q, k, None if split else causal, bm, bn)
     dev = q.device
     args = (q, k, v, bm, bn) if split else (q, k, v, causal, bm, bn)
     with watching(KernelLoads()) as rec:
@@ -939,8 +940,7 @@ def check_triton_causal_split(candidate, ctx: Context) -> None:
         rec = _attention_case(
             ctx, candidate, q, k, v, True, bm, bn, label, limit, split=True, extra=extra
         )
-        case = _describe(label, q, k, True, bm, bn).replace("causal=True, ", "")
-        _expect_split_work(ctx, rec, q, k, bm, bn, case)
+        _expect_split_work(ctx, rec, q, k, bm, bn, _describe(label, q, k, None, bm, bn))
     shape = (1, 1, 20, 20, 32)
     q, k, v = _attention_inputs(g, shape, F32, "", 1.0, dev)
     expect_spec_defaults(
