@@ -6,8 +6,11 @@ Run from the repository root with torch and triton installed (``pip install -e .
 1. runs every code cell of solutions/14_triton_attention/14_triton_attention.ipynb as one
    script (the kernels compiled for the GPU; the self-checks and hidden tests included),
    printing each cell's seconds;
-2. runs ``python -m attention_ref.bench triton`` (the reference kernel and the notebook's
-   kernel against PyTorch's fused attention at 1k, 4k and 16k tokens);
+2. runs ``python -m attention_ref.bench triton`` (the course's kernels, forward, backward
+   and both, and the autotuned forward, against PyTorch's fused attention at 1k, 4k and 16k
+   tokens, d = 64 and 128, float16 and float32) and records the table for notebook 14 in
+   attention_ref/records/triton_bench.json (and in $OUT/triton_bench.json when $OUT is set:
+   commit the record, with the GPU, PyTorch and Triton versions it names);
 3. runs the catalog of notebook 14 (tests/catalog/nb14.py) through the checks on CUDA: every
    mistake must be named by its id, every alternative must pass, visibly and thoroughly
    (except the mistakes only the interpreter can see, INTERPRETER_ONLY: their verdict is
@@ -29,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # attention_ref from this checkout, installed or not
+RECORD = ROOT / "attention_ref" / "records" / "triton_bench.json"
 NOTEBOOK = ROOT / "solutions" / "14_triton_attention" / "14_triton_attention.ipynb"
 #: Mistakes the checks see only by watching Triton's interpreter (loads, tl.dot's work and
 #: dtypes, addresses): compiled, the output may be right (a read past a tensor's end may
@@ -123,7 +127,11 @@ def main() -> int:
         from attention_ref.bench import main as bench_main
 
         t = time.perf_counter()
-        results["bench"] = bench_main(["triton"]) in (0, None)
+        record = Path(os.environ.get("OUT") or RECORD.parent) / "triton_bench.json"
+        results["bench"] = bench_main(["triton", "--record", str(record)]) in (0, None)
+        if record != RECORD and record.exists():
+            RECORD.parent.mkdir(parents=True, exist_ok=True)
+            RECORD.write_text(record.read_text())
         print(f"bench: {time.perf_counter() - t:.1f} s")
     if not opts.skip_catalog:
         results["catalog"] = run_catalog()

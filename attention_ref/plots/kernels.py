@@ -61,3 +61,47 @@ def plot_kernel_tiles(n_q: int, n_k: int, block_m: int, block_n: int, *, causal=
         fontsize=8,
     )
     return ax
+
+
+_IMPL_STYLE = {
+    "fused": ("black", "PyTorch fused (SDPA)"),
+    "reference": ("tab:blue", "course's Triton kernels"),
+    "tuned": ("tab:green", "Triton forward, autotuned"),
+    "learner": ("tab:orange", "your kernel"),
+}
+
+
+def plot_triton_bench(rows, *, dtype="float16", d_head=64, title=None, axes=None):
+    """TFLOP/s against sequence length, one panel per pass (forward, backward, both), for
+    the rows of one dtype and head size (``attention_ref.triton_bench.TritonRow``): a line
+    per implementation, solid without a mask and dashed causal. Returns the axes."""
+    rows = [r for r in rows if r.dtype == dtype and r.d_head == d_head]
+    if not rows:
+        raise ValueError(f"no rows of dtype {dtype!r} and d_head {d_head} to plot")
+    passes = [p for p in ("fwd", "bwd", "fwd+bwd") if any(r.pass_ == p for r in rows)]
+    if axes is None:
+        _, axes = plt.subplots(1, len(passes), figsize=(4.2 * len(passes), 3.6), squeeze=False)
+        axes = axes[0]
+    names = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}
+    for ax, pass_ in zip(axes, passes, strict=False):
+        for impl, (color, label) in _IMPL_STYLE.items():
+            for causal, style in ((False, "-"), (True, "--")):
+                mine = [r for r in rows if (r.pass_, r.impl, r.causal) == (pass_, impl, causal)]
+                pts = sorted((r.n, r.tflops) for r in mine)
+                if pts:
+                    n, tflops = zip(*pts, strict=True)
+                    tag = f"{label}{', causal' if causal else ''}"
+                    ax.plot(n, tflops, style, marker="o", color=color, label=tag)
+        ax.set_xscale("log", base=2)
+        ns = sorted({r.n for r in rows})
+        ax.set_xticks(ns, [f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in ns])
+        ax.minorticks_off()
+        ax.set_xlabel("tokens")
+        ax.set_title(names[pass_])
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"TFLOP/s ({dtype}, d = {d_head})")
+    axes[0].legend(fontsize=7, loc="lower right")  # the forward panel has every kernel
+    if title:
+        axes[0].figure.suptitle(title, fontsize=10, y=1.02)
+    return axes
