@@ -79,6 +79,17 @@ def _ref():
     return triton_attention
 
 
+def _tuned() -> list[tuple]:
+    """The reference forward kernel under triton.autotune (notebook 14's GPU section): it
+    computes what triton_attention and triton_causal_split ask for."""
+    from .. import triton_tuning
+
+    return [
+        (triton_tuning.triton_attention_tuned, "the reference attention_ref.triton_attention"),
+        (triton_tuning.tuned_attention_kernel, "the reference attention_ref.triton_attention"),
+    ]
+
+
 def _notebook_12s() -> list[tuple]:
     """Notebook 12's FlashAttention, which notebook 14's kernels rewrite: its forward pass
     (whole, or its loop) and its backward pass (an autograd function, or a tiled loop that
@@ -741,6 +752,7 @@ def _check_skipping_and_memory(ctx, candidate, g, dev, pace: float) -> None:
     "triton_attention",
     forbidden=lambda: [
         (_ref().triton_attention, "the reference attention_ref.triton_attention"),
+        *_tuned(),
         *_full_attention(),
         *_notebook_12s(),
     ],
@@ -911,6 +923,7 @@ def _expect_split_work(ctx, rec: KernelLoads, q, k, bm, bn, case: str) -> None:
     forbidden=lambda: [
         (_ref().triton_causal_split, "the reference attention_ref.triton_causal_split"),
         (_ref().triton_attention, "the reference attention_ref.triton_attention"),
+        *_tuned(),
         *_full_attention(),
         *_notebook_12s(),
     ],
