@@ -57,6 +57,14 @@ def test_tiny_grammar_sampling_matches_probabilities():
     assert abs(avg - H) < 0.03
 
 
+def test_sample_many_draws_what_repeated_sample_draws():
+    # make_grammar_data draws with sample_many (fast); the data must be sample's, exactly
+    for g, n in ((english_grammar(), 3000), (tiny(), 5000)):
+        rng = np.random.default_rng(5)
+        one_by_one = [g.sample(rng) for _ in range(n)]  # (words, log p, categories) each
+        assert g.sample_many(np.random.default_rng(5), n) == one_by_one
+
+
 def test_probabilities_must_sum_to_one():
     with pytest.raises(ValueError, match="summing"):
         PCFG({"S": [(0.5, ("a",))]}, {})

@@ -418,7 +418,7 @@ class CrossAttentionReader(nn.Module):
         return self.scorer(self.norm(out), c_real)  # row i scored as context position i
 
 
-CROSS_CONFIG = dict(steps=120, batch_size=32, lr=3e-3, warmup=30, n_train=3000)
+CROSS_CONFIG = dict(steps=80, batch_size=32, lr=3e-3, warmup=30, n_train=3000)
 
 
 def train_cross_reader(

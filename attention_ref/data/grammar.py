@@ -83,6 +83,17 @@ class PCFG:
             c: {w: math.log(p) if p > 0 else -math.inf for w, p in ws.items()}
             for c, ws in lexicon.items()
         }
+        # sample_many's table: symbol -> (is a category, choices, cumulative, log p of each)
+        self._plan = {
+            **{
+                c: (1, self._words[c], self._wcum[c], [self._logp[c][w] for w in self._words[c]])
+                for c in lexicon
+            },
+            **{
+                nt: (0, opts, self._cum[nt], [math.log(p) for p, _ in opts])
+                for nt, opts in self.rules.items()
+            },
+        }
 
     # -------------------------------------------------------------------------- words
     def words(self) -> list[str]:
@@ -103,6 +114,46 @@ class PCFG:
         cats: list[str] = []
         logp = self._expand(self.start, rng, words, cats)
         return words, logp, cats
+
+    def sample_many(
+        self, rng: np.random.Generator, n: int
+    ) -> list[tuple[list[str], float, list[str]]]:
+        """``n`` sentences as ``n`` calls of :meth:`sample` draw them from ``rng``: the same
+        sentences, several times faster. Each choice takes the next uniform number of
+        ``rng``'s stream, here drawn in blocks (``rng.random(size)`` gives the same numbers
+        as that many calls of ``rng.random()``), and each symbol is looked up once. Unlike
+        :meth:`sample`, it leaves ``rng`` further on (the rest of the last block drawn)."""
+        plan, bisect_left = self._plan, bisect.bisect_left
+        buffer: list[float] = []
+
+        def uniform() -> float:
+            if not buffer:
+                buffer.extend(reversed(rng.random(4096).tolist()))
+            return buffer.pop()
+
+        def expand(sym: str, words: list, cats: list) -> float:
+            entry = plan.get(sym)
+            if entry is None:  # a literal word
+                words.append(sym)
+                cats.append(sym)
+                return 0.0
+            kind, opts, cum, logps = entry
+            i = min(bisect_left(cum, uniform() * cum[-1]), len(opts) - 1)
+            if kind:
+                words.append(opts[i])
+                cats.append(sym)
+                return logps[i]
+            total = 0
+            for s in opts[i][1]:
+                total += expand(s, words, cats)
+            return logps[i] + total
+
+        out = []
+        for _ in range(n):
+            words: list[str] = []
+            cats: list[str] = []
+            out.append((words, expand(self.start, words, cats), cats))
+        return out
 
     def _expand(self, sym: str, rng, words: list, cats: list) -> float:
         if sym in self.rules:
@@ -458,7 +509,7 @@ def entropy_floor(sentences: Sequence[Sentence]) -> float:
 def sample_sentences(grammar: PCFG, n: int, seed: int = 0) -> list[Sentence]:
     """``n`` sentences drawn from ``grammar`` with a seeded generator."""
     rng = np.random.default_rng(seed)
-    return [_annotate(*grammar.sample(rng)) for _ in range(n)]
+    return [_annotate(*drawn) for drawn in grammar.sample_many(rng, n)]
 
 
 def make_grammar_data(
