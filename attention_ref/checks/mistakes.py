@@ -1290,6 +1290,12 @@ _TABLE = """
 [triton_bwd_dk_dv_swapped] dK and dV are swapped: dV = P^T dO and dK = dS^T Q / sqrt(d); the
     function returns (dq, dk, dv) in that order, and each kernel stores into its own output.
   hint: check the order of the pointers DK and DV in the launch and of the returned tuple.
+[triton_bwd_dot_upcast] with float16 inputs, a tl.dot of the backward kernels multiplies a
+    float32 tile (p or dS not rounded to the inputs' dtype, or q, k, v or dO upcast): on a GPU
+    that is a TF32 product at half the speed of float16's tensor cores.
+  hint: keep q, k, v and dO in their dtype and round p and ds before their products:
+    tl.dot(tl.trans(p.to(do.dtype)), do), tl.dot(tl.trans(ds.to(q.dtype)), q), tl.dot(ds.to(
+    kt.dtype), tl.trans(kt)); the accumulators stay float32 (tl.dot returns float32).
 [triton_bwd_future_tiles] the backward kernels visit tiles that no query of the tile sees
     (causal): they are masked to 0, but their tl.dot products are computed for nothing.
   hint: in the dK/dV kernel start the loop over query tiles at max(start_n * BLOCK_N - (n_k -

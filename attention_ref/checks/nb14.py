@@ -1227,7 +1227,7 @@ BWD_KERNEL_MISTAKES = [
 #: the tensors given as views of another memory order: q, v: of (B, n, H, d); k: of
 #: (B, H, d, n_k); g (grad_out): of (B, H, d, n_q). out is contiguous (the forward made it).
 BWD_CASES = [
-    ("n=24 (tiles of 16: a tail of 8)", (1, 1, 24, 24, 16), False, F32, "", 16, 16),
+    ("2 batches, n=24 (tiles of 16: a tail of 8)", (2, 1, 24, 24, 16), False, F32, "", 16, 16),
     ("n_q=20, n_k=45, causal (query i sees keys j <= i + 25), k, v and grad_out transposed "
      "views", (1, 1, 20, 45, 16), True, F32, "kvg", 16, 16),
     ("n_q=36, n_k=20, causal (the first 16 queries see no key)", (1, 1, 36, 20, 16), True,
@@ -1236,7 +1236,7 @@ BWD_CASES = [
      16, 32),
     ("block_m=32, block_n=16, n_q=20, n_k=37, causal (j <= i + 17)", (1, 1, 20, 37, 16), True,
      F32, "", 32, 16),
-    ("float16, 2 batches, n=20, causal, grad_out a transposed view", (2, 1, 20, 20, 16), True,
+    ("float16, 2 heads, n=20, causal, grad_out a transposed view", (1, 2, 20, 20, 16), True,
      F16, "g", 16, 16),
     ("one token, causal", (1, 1, 1, 1, 16), True, F32, "", 16, 16),
 ]  # fmt: skip
@@ -1289,8 +1289,9 @@ def _bwd_pace(dev) -> float:
 def _expect_bwd_work(ctx, rec: KernelLoads, shape, causal, bm, bn, case: str) -> None:
     """In the interpreter: the tl.dot products do at least the five products of every
     (query, key) pair the mask allows (S, dP, dV, dK, dQ: else the gradients came from
-    PyTorch), and, causal, at most 8 per pair of the tiles that hold a pair the mask allows
-    (the reference does 7: 4 in the dK/dV kernel, 3 in the dQ kernel)."""
+    PyTorch), and, causal, at most 7 per pair of the tiles that hold a pair the mask allows
+    (4 in the dK/dV kernel, 3 in the dQ kernel; one kernel with atomics does 5): a tile
+    entirely in the future of its queries, or past the end of the keys, costs more."""
     if not rec.available:
         return
     B, H, n_q, n_k, d = shape
@@ -1309,13 +1310,13 @@ def _expect_bwd_work(ctx, rec: KernelLoads, shape, causal, bm, bn, case: str) ->
     if not causal:
         return
     tiles = _bwd_tile_pairs(n_q, n_k, bm, bn, True)
-    most = 8 * B * H * tiles * bm * bn * d
+    most = 7 * B * H * tiles * bm * bn * d
     if rec.work > most:
         ctx.fail(
             f"your kernels' tl.dot products did {rec.work} multiply-adds, where the "
             f"{B * H * tiles} pairs of (query tile, key tile) that hold a key some query sees "
-            f"take at most {most} (8 products of {bm} x {bn} x {d} each): the loops visit "
-            "tiles entirely in the future of their queries.",
+            f"take at most {most} (7 products of {bm} x {bn} x {d} each): the loops visit "
+            "tiles entirely in the future of their queries (or past the end of the keys).",
             case=case,
             mistake="triton_bwd_future_tiles",
         )
@@ -1361,6 +1362,14 @@ def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, de
             mistakes=mistakes, **tol,
         )  # fmt: skip
     _expect_bwd_work(ctx, rec, shape, causal, bm, bn, case)
+    upcast = sorted({pair for pair in rec.dtype_pairs if "fp32" in pair})
+    if dtype == F16 and upcast:
+        ctx.fail(
+            f"your kernels' tl.dot multiplied {' x '.join(upcast[0])} tiles although q, k, v and "
+            "grad_out are float16.",
+            case=case,
+            mistake="triton_bwd_dot_upcast",
+        )
 
 
 @exercise(

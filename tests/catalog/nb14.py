@@ -770,6 +770,8 @@ def _bwd_kv(Q, K, V, O_, DO, L_, Dl, DK, DV, DQ,
         ds = p * (dp - delta[:, None])
         if BUG == 9:  # dV from dS
             dv += tl.dot(tl.trans(ds.to(do.dtype)), do)
+        elif BUG == 15:  # dO upcast to p's float32 for the product
+            dv += tl.dot(tl.trans(p), do.to(tl.float32))
         else:
             dv += tl.dot(tl.trans(p.to(do.dtype)), do)
         if BUG == 5:  # the scale inside the loop, and again at the end
@@ -880,6 +882,7 @@ for _bug, _id, _name in [
     (12, "triton_bwd_future_tiles", "dkdv_every_query_tile"),
     (13, "triton_bwd_future_tiles", "dq_every_key_tile"),
     (14, "triton_bwd_scores_scale", "scores_unscaled"),
+    (15, "triton_bwd_dot_upcast", "do_upcast_for_dv"),
 ]:
 
     def _bwd_entry(q, k, v, out, lse, grad_out, causal=False, block_m=16, block_n=16, _bug=_bug):
