@@ -10,8 +10,12 @@
   loop is split in two);
 - :func:`triton_causal_split`: the causal forward pass as notebook 14's third exercise asks
   for it (``triton_attention(..., causal=True)``: its kernel splits the loop);
+- :func:`triton_attention_backward`: FlashAttention-2's backward pass (its Algorithm 2) as
+  three kernels: ``D = rowsum(dO * O)``; dK and dV, one program per tile of keys looping over
+  the tiles of queries; dQ, one program per tile of queries looping over the tiles of keys.
+  Each program owns the tile it writes (no atomics); the weights are recomputed from ``lse``;
 - :class:`TritonFlashAttention` / :func:`triton_flash_attention`: the autograd function that
-  pairs the kernel's forward pass with notebook 12's recomputing backward pass.
+  pairs the kernel's forward pass with the backward kernels.
 
 Device follows the inputs: CUDA tensors run the compiled kernel; on a machine without a
 CUDA device, importing this module selects Triton's interpreter (``TRITON_INTERPRET=1``,
@@ -31,8 +35,6 @@ INTERPRETED = use_interpreter_without_gpu()
 
 import triton  # noqa: E402 - the interpreter is chosen above, before triton is imported
 import triton.language as tl  # noqa: E402
-
-from .flash import _flash_backward  # noqa: E402
 
 #: The first Triton whose interpreter runs these kernels (3.1-3.6 fail on a loop bound
 #: computed from ``tl.program_id``; 3.1 also on masked loads).
@@ -291,10 +293,238 @@ def triton_causal_split(
     return triton_attention(q, k, v, True, block_m, block_n)
 
 
+# ----------------------------------------------------------------------------- backward
+@triton.jit
+def _bwd_delta_kernel(
+    Out, DO, Delta,
+    so_b, so_h, so_m, so_d,
+    sdo_b, sdo_h, sdo_m, sdo_d,
+    sd_b, sd_h, sd_m,
+    n_heads, n_q,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """D_i = rowsum(dO_i * O_i) in float32, one program per block of queries."""
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    rows = offs_m < n_q
+    o = tl.load(Out + b * so_b + h * so_h + offs_m[:, None] * so_m + offs_d[None, :] * so_d,
+                mask=rows[:, None], other=0.0)  # fmt: skip
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_m + offs_d[None, :] * sdo_d,
+                 mask=rows[:, None], other=0.0)  # fmt: skip
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(Delta + b * sd_b + h * sd_h + offs_m * sd_m, delta, mask=rows)
+
+
+@triton.jit
+def _bwd_weights(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL: tl.constexpr,
+                 PRECISION: tl.constexpr):  # fmt: skip
+    """The tile's weights recomputed from the saved log-sum-exp: P = exp(S - lse), 0 where a
+    query may not see a key (and past n_q or n_k)."""
+    s = tl.dot(q, kt, input_precision=PRECISION) * scale
+    allowed = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_k)
+    if CAUSAL:
+        allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + offset)
+    # lse = -inf (a query that sees no key) has every weight masked: exp(-inf + inf) is NaN
+    return tl.where(allowed, tl.exp(s - tl.where(allowed, lse[:, None], 0.0)), 0.0)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV,
+    sq_b, sq_h, sq_m, sq_d,
+    sk_b, sk_h, sk_n, sk_d,
+    sv_b, sv_h, sv_n, sv_d,
+    sdo_b, sdo_h, sdo_m, sdo_d,
+    sl_b, sl_h, sl_m,
+    sd_b, sd_h, sd_m,
+    sdk_b, sdk_h, sdk_n, sdk_d,
+    sdv_b, sdv_h, sdv_n, sdv_d,
+    n_heads, n_q, n_k, scale,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program per tile of BLOCK_N keys: dV = sum_i P^T dO, dK = sum_i dS^T Q * scale over
+    the tiles of queries that see some key of the tile."""
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    Q += b * sq_b + h * sq_h
+    DO += b * sdo_b + h * sdo_h
+    Lse += b * sl_b + h * sl_h
+    Delta += b * sd_b + h * sd_h
+    offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    cols = offs_n < n_k
+    kt = tl.load(K + b * sk_b + h * sk_h + offs_n[None, :] * sk_n + offs_d[:, None] * sk_d,
+                 mask=cols[None, :], other=0.0)  # fmt: skip
+    vt = tl.load(V + b * sv_b + h * sv_h + offs_n[None, :] * sv_n + offs_d[:, None] * sv_d,
+                 mask=cols[None, :], other=0.0)  # fmt: skip
+    dk = tl.zeros((BLOCK_N, D), tl.float32)
+    dv = tl.zeros((BLOCK_N, D), tl.float32)
+    offset = n_k - n_q  # query i sees key j <= i + offset when causal
+    lo = 0
+    if CAUSAL:
+        # the first query that sees the tile's first key: i = block * BLOCK_N - offset
+        lo = (tl.maximum(block * BLOCK_N - offset, 0) // BLOCK_M) * BLOCK_M
+    for start in range(lo, n_q, BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        rows = offs_m < n_q
+        q = tl.load(Q + offs_m[:, None] * sq_m + offs_d[None, :] * sq_d, mask=rows[:, None],
+                    other=0.0)  # fmt: skip
+        do = tl.load(DO + offs_m[:, None] * sdo_m + offs_d[None, :] * sdo_d,
+                     mask=rows[:, None], other=0.0)  # fmt: skip
+        lse = tl.load(Lse + offs_m * sl_m, mask=rows, other=0.0)
+        delta = tl.load(Delta + offs_m * sd_m, mask=rows, other=0.0)
+        p = _bwd_weights(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL, PRECISION)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dp = tl.dot(do, vt.to(do.dtype), input_precision=PRECISION)  # dO V^T
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+    dk = dk * scale
+    tl.store(DK + b * sdk_b + h * sdk_h + offs_n[:, None] * sdk_n + offs_d[None, :] * sdk_d,
+             dk.to(DK.dtype.element_ty), mask=cols[:, None])  # fmt: skip
+    tl.store(DV + b * sdv_b + h * sdv_h + offs_n[:, None] * sdv_n + offs_d[None, :] * sdv_d,
+             dv.to(DV.dtype.element_ty), mask=cols[:, None])  # fmt: skip
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, Lse, Delta, DQ,
+    sq_b, sq_h, sq_m, sq_d,
+    sk_b, sk_h, sk_n, sk_d,
+    sv_b, sv_h, sv_n, sv_d,
+    sdo_b, sdo_h, sdo_m, sdo_d,
+    sl_b, sl_h, sl_m,
+    sd_b, sd_h, sd_m,
+    sdq_b, sdq_h, sdq_m, sdq_d,
+    n_heads, n_q, n_k, scale,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program per tile of BLOCK_M queries: dQ = sum_j dS K * scale over the tiles of keys
+    up to the block's last diagonal."""
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    K += b * sk_b + h * sk_h
+    V += b * sv_b + h * sv_h
+    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    rows = offs_m < n_q
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + offs_d[None, :] * sq_d,
+                mask=rows[:, None], other=0.0)  # fmt: skip
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_m + offs_d[None, :] * sdo_d,
+                 mask=rows[:, None], other=0.0)  # fmt: skip
+    lse = tl.load(Lse + b * sl_b + h * sl_h + offs_m * sl_m, mask=rows, other=0.0)
+    delta = tl.load(Delta + b * sd_b + h * sd_h + offs_m * sd_m, mask=rows, other=0.0)
+    dq = tl.zeros((BLOCK_M, D), tl.float32)
+    offset = n_k - n_q
+    hi = n_k
+    if CAUSAL:
+        hi = tl.minimum(tl.maximum((block + 1) * BLOCK_M + offset, 0), n_k)
+    for start in range(0, hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        cols = offs_n < n_k
+        kt = tl.load(K + offs_n[None, :] * sk_n + offs_d[:, None] * sk_d, mask=cols[None, :],
+                     other=0.0)  # fmt: skip
+        vt = tl.load(V + offs_n[None, :] * sv_n + offs_d[:, None] * sv_d, mask=cols[None, :],
+                     other=0.0)  # fmt: skip
+        p = _bwd_weights(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL, PRECISION)
+        dp = tl.dot(do, vt.to(do.dtype), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=PRECISION)
+    dq = dq * scale
+    tl.store(DQ + b * sdq_b + h * sdq_h + offs_m[:, None] * sdq_m + offs_d[None, :] * sdq_d,
+             dq.to(DQ.dtype.element_ty), mask=rows[:, None])  # fmt: skip
+
+
+def triton_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    causal: bool = False,
+    block_m: int = 16,
+    block_n: int = 16,
+    *,
+    allow_tf32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward pass as Triton kernels: ``(dq, dk, dv)``.
+
+    Args:
+        q, k, v, causal: as :func:`triton_attention` (any strides; float16, or float32;
+            bfloat16 on a GPU only); ``out (B, H, n_q, d)`` and ``lse (B, H, n_q)``
+            float32 its results (``lse = -inf`` where a query sees no key: its gradients are
+            0); ``grad_out``: the gradient of the loss with respect to ``out``, ``out``'s
+            shape, any strides.
+        block_m, block_n: queries and keys per tile (powers of two, >= 16).
+
+    Three launches: ``D = rowsum(grad_out * out)`` (float32); dK and dV, one program per
+    tile of keys, looping over the tiles of queries that see some of its keys (causal: the
+    ones from the first query that sees its first key); dQ, one program per tile of
+    queries, looping over the tiles of keys up to the block's last diagonal. Each program
+    writes only its own tile (no atomics); the weights are recomputed, ``P = exp(S - lse)``.
+
+    Returns:
+        ``(dq, dk, dv)`` in the inputs' dtype, shaped as q, k, v.
+    """
+    _require_attention_inputs(q, k, v)
+    for name, blk in (("block_m", block_m), ("block_n", block_n)):
+        if not isinstance(blk, int) or blk < 16 or blk & (blk - 1):
+            raise ValueError(f"{name} must be a power of two >= 16; got {blk!r}")
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    for name, t, shape in (("out", out, q.shape), ("grad_out", grad_out, q.shape),
+                           ("lse", lse, q.shape[:3])):  # fmt: skip
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)}; got "
+                             f"{tuple(getattr(t, 'shape', ()))}")  # fmt: skip
+    dq = torch.zeros(B, H, n_q, d, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(B, H, n_k, d, dtype=k.dtype, device=q.device)
+    dv = torch.zeros(B, H, n_k, d, dtype=v.dtype, device=q.device)
+    if B * H * n_q == 0 or n_k == 0:
+        return dq, dk, dv
+    lse = lse.float()
+    delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+    precision = "tf32" if allow_tf32 and q.dtype == torch.float32 else "ieee"
+    _bwd_delta_kernel[(triton.cdiv(n_q, block_m), B * H)](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), *delta.stride(),
+        H, n_q, D=d, BLOCK_M=block_m,
+    )  # fmt: skip
+    common = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *lse.stride(),
+              *delta.stride())  # fmt: skip
+    meta = dict(D=d, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), PRECISION=precision)
+    _bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * H)](
+        q, k, v, grad_out, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(),
+        H, n_q, n_k, 1.0 / math.sqrt(d), **meta,
+    )  # fmt: skip
+    _bwd_dq_kernel[(triton.cdiv(n_q, block_m), B * H)](
+        q, k, v, grad_out, lse, delta, dq, *common, *dq.stride(),
+        H, n_q, n_k, 1.0 / math.sqrt(d), **meta,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
 class TritonFlashAttention(torch.autograd.Function):
     """``TritonFlashAttention.apply(q, k, v, causal=False)``: the output of
-    :func:`triton_attention` (saved with its ``lse`` for the backward pass) and notebook 12's
-    backward pass, which recomputes each tile's weights ``P = exp(S - lse)``."""
+    :func:`triton_attention` (saved with its ``lse`` for the backward pass) and the backward
+    kernels of :func:`triton_attention_backward`, which recompute each tile's weights
+    ``P = exp(S - lse)``."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False):
@@ -306,17 +536,12 @@ class TritonFlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        f32 = [t.float() for t in (q, k, v, out, grad_out)]  # float16 sums in float32
-        # A query that sees no key (causal, n_q > n_k) has lse = -inf: exp(s - lse) would be
-        # exp(-inf + inf) = NaN; against lse = +inf its weights are 0, and so its gradients.
-        lse = torch.where(torch.isfinite(lse), lse, math.inf)
-        dq, dk, dv = _flash_backward(
-            f32[0], f32[1], f32[2], f32[3], lse.unsqueeze(-1), f32[4], 64, ctx.causal, 64
-        )
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        dq, dk, dv = triton_attention_backward(q, k, v, out, lse, grad_out, ctx.causal)
+        return dq, dk, dv, None
 
 
 def triton_flash_attention(q, k, v, causal: bool = False) -> torch.Tensor:
-    """Differentiable attention with :func:`triton_attention`'s forward pass: ``out``."""
+    """Differentiable attention with :func:`triton_attention`'s forward pass and
+    :func:`triton_attention_backward`'s kernels: ``out``."""
     _require_attention_inputs(q, k, v)
     return TritonFlashAttention.apply(q, k, v, causal)

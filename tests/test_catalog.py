@@ -21,7 +21,12 @@ real_on_meta = _core.on_meta
 #: 15 s in make test's four lanes): make test runs the first catalogued mistake of each,
 #: make test-later (marked later) the other mistakes and every alternative (an alternative
 #: runs the whole kernel: 3 to 7.5 s quiet).
-SLOW_EXERCISES = ("triton_attention", "triton_causal_split", "triton_flash_attention")
+SLOW_EXERCISES = (
+    "triton_attention",
+    "triton_causal_split",
+    "triton_flash_attention",
+    "triton_attention_backward",
+)
 
 
 def _params(entries: list[Entry], first_in_make_test: bool = True) -> list:

@@ -242,6 +242,7 @@ def test_notebook_14s_triton_exercises_all_forbid_it():
         "triton_attention",
         "triton_causal_split",
         "triton_flash_attention",
+        "triton_attention_backward",
     }
     assert triton <= trusted.FUSED_ATTENTION_REMOVED_EXERCISES
     assert all(map(_forbids_fused, triton)), triton

@@ -45,6 +45,8 @@ INTERPRETER_ONLY = {
     "triton_store_out_of_bounds",
     "triton_split_missing",
     "triton_split_full_tile_masked",
+    "triton_bwd_future_tiles",
+    "triton_bwd_not_in_kernel",
 }
 
 

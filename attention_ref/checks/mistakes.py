@@ -1259,6 +1259,55 @@ _TABLE = """
     ctx.saved_tensors) and do = grad_out.float(), and return each gradient cast back to its
     input's dtype (dq.to(q.dtype), ...).
 
+[triton_bwd_no_delta] D is missing: dS = P * (dP - D) with D_i = rowsum(dO_i * O_i), the term
+    the softmax's normalisation contributes; without it dS = P * dP.
+  hint: a pre-pass kernel, one program per block of queries: delta = tl.sum(o.to(tl.float32) *
+    do.to(tl.float32), axis=1), stored in a float32 (B, H, n_q) buffer; each tile then takes
+    ds = p * (dp - delta[:, None]).
+[triton_bwd_delta_of_v] D is computed from V in place of O: D_i = rowsum(dO_i * O_i) needs the
+    forward pass's output out (the argument out), not the values v.
+  hint: pass out and its strides to the pre-pass kernel and load O there.
+[triton_bwd_weights_not_lse] the recomputed weights are not normalised: P must be exp(S * scale
+    - lse) with the saved log-sum-exp lse of the whole row; exp(S - rowmax) or exp(S) are P times
+    a per-query factor.
+  hint: load lse for the block's queries (mask the rows past n_q) and p = tl.exp(s - lse[:,
+    None]), with s = tl.dot(q, kt) * scale masked as the forward pass masks it.
+[triton_bwd_scale] dQ or dK has the wrong scale: S = Q K^T / sqrt(d), so dQ = dS K / sqrt(d) and
+    dK = dS^T Q / sqrt(d), each scaled exactly once (not left out, not twice).
+  hint: accumulate dk += tl.dot(tl.trans(ds), q) and dq += tl.dot(ds, k) over the loop, then
+    multiply each by scale = 1 / sqrt(d) once before the store.
+[triton_bwd_scores_scale] the recomputed scores are not the forward pass's: S must be Q K^T /
+    sqrt(d) (scaled once) before exp(S - lse), as lse was computed from the scaled scores.
+  hint: s = tl.dot(q, kt) * scale with scale = 1 / sqrt(d), and p = tl.exp(s - lse[:, None]).
+[triton_bwd_causal_mask] the backward kernels do not mask the future: a tile that crosses the
+    diagonal gives weight to keys after the query (P = exp(S - lse) is not 0 there).
+  hint: in both kernels mask each tile exactly as the forward kernel does: p = tl.where(allowed,
+    p, 0.0) with allowed = (offs_n[None, :] <= offs_m[:, None] + n_k - n_q) & (offs_n[None, :] <
+    n_k) & (offs_m[:, None] < n_q).
+[triton_bwd_dv_from_ds] dV is computed from dS: dV = P^T dO (the weights, not their gradient),
+    as out = P V.
+  hint: dv += tl.dot(tl.trans(p.to(do.dtype)), do), before dS is computed.
+[triton_bwd_dk_dv_swapped] dK and dV are swapped: dV = P^T dO and dK = dS^T Q / sqrt(d); the
+    function returns (dq, dk, dv) in that order, and each kernel stores into its own output.
+  hint: check the order of the pointers DK and DV in the launch and of the returned tuple.
+[triton_bwd_dot_upcast] with float16 inputs, a tl.dot of the backward kernels multiplies a
+    float32 tile (p or dS not rounded to the inputs' dtype, or q, k, v or dO upcast): on a GPU
+    that is a TF32 product at half the speed of float16's tensor cores.
+  hint: keep q, k, v and dO in their dtype and round p and ds before their products:
+    tl.dot(tl.trans(p.to(do.dtype)), do), tl.dot(tl.trans(ds.to(q.dtype)), q), tl.dot(ds.to(
+    kt.dtype), tl.trans(kt)); the accumulators stay float32 (tl.dot returns float32).
+[triton_bwd_future_tiles] the backward kernels visit tiles that no query of the tile sees
+    (causal): they are masked to 0, but their tl.dot products are computed for nothing.
+  hint: in the dK/dV kernel start the loop over query tiles at max(start_n * BLOCK_N - (n_k -
+    n_q), 0) // BLOCK_M * BLOCK_M (the first query that sees the tile's first key); in the dQ
+    kernel end the loop over key tiles at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q),
+    clamped to 0.
+[triton_bwd_not_in_kernel] the gradients are not computed by Triton kernels: the interpreter saw
+    fewer tl.dot multiply-adds than the five products every (query, key) pair needs (S, dP, dV,
+    dK, dQ), so the gradients came from PyTorch (autograd or tensor operations).
+  hint: launch your kernels (kernel[grid](...)) and compute the products inside them with
+    tl.dot.
+
 # --- 15 the attention of today's open models
 [window_not_causal] the window is symmetric or not causal: a query sees the keys after it
     (within the window) as well as before.

@@ -1144,3 +1144,284 @@ def check_triton_flash_attention(candidate, ctx: Context) -> None:
             # the forward pass runs the reference kernel (tiles of 16 by default)
             limit = _limit_scale(ctx, pace, shape, 16, 16)
             _function_case(ctx, cls, q, k, v, causal, label, limit)
+
+
+# ----------------------------------------------------------------------------- backward kernels
+def _bwd_visited(n_q, n_k, bm, bn, offset) -> torch.Tensor:
+    """(n_q, n_k) bool: the (query, key) pairs whose tiles a causal backward kernel visits
+    when its loop bounds use ``offset`` (the right one: n_k - n_q): key tile ``j0`` with query
+    tile ``i0`` when ``j0 < i0 + bm + offset``."""
+    i0 = torch.arange(n_q)[:, None] // bm * bm
+    j0 = torch.arange(n_k)[None, :] // bn * bn
+    return j0 < i0 + bm + offset
+
+
+def _bwd_tile_pairs(n_q, n_k, bm, bn, causal: bool) -> int:
+    """The (query tile, key tile) pairs of one (batch, head) the right kernels visit."""
+    tiles_q, tiles_k = -(-n_q // bm), -(-n_k // bn)
+    if not causal:
+        return tiles_q * tiles_k
+    return sum(
+        min(-(-max(min((t + 1) * bm + n_k - n_q, n_k), 0) // bn), tiles_k) for t in range(tiles_q)
+    )
+
+
+def _bwd_model(
+    q, k, v, out, lse, do, causal: bool, bm: int, bn: int, *, mask: str = "right",
+    weights: str = "lse", delta: str = "out", scale_power: int = 0, scores_scale: int = 1,
+    dv_from: str = "p",
+):  # fmt: skip
+    """``(dq, dk, dv)`` of a (possibly buggy) FlashAttention-2 backward pass in float64, from
+    the out and lse the learner is given. ``mask``: "right" (j <= i + n_k - n_q), "none" (no
+    mask, no tile skipped), "tiles" (no mask, the tiles skipped), "top_left" (j <= i, the
+    loop bounds without n_k - n_q too), "right_bounds" (the mask right, the loop bounds
+    without n_k - n_q); ``weights``: "lse", "max" (exp(S - rowmax)), "raw" (exp(S));
+    ``delta``: "out", "none", "v" (rowsum(dO * V) of the first n_q values); ``scale_power``:
+    dq and dk times scale to that power more; ``scores_scale``: the power of the scale in
+    the recomputed scores (0: left out, 2: twice); ``dv_from="ds"``: dV = dS^T dO."""
+    q, k, v, out, do = (t.detach().double().cpu() for t in (q, k, v, out, do))
+    lse = lse.detach().double().cpu()
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d)
+    offset = n_k - n_q
+    s = q @ k.transpose(-2, -1) * scale**scores_scale
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool)
+    if causal:
+        right = allowed.tril(offset)
+        allowed = {
+            "right": right,
+            "none": allowed,
+            "tiles": _bwd_visited(n_q, n_k, bm, bn, offset),
+            "top_left": allowed.tril(0),
+            "right_bounds": right & _bwd_visited(n_q, n_k, bm, bn, 0),
+        }[mask]
+    none = ~torch.isfinite(lse)[..., None]
+    if weights == "lse":
+        row = lse[..., None]
+    elif weights == "max":
+        row = s.masked_fill(~allowed, -math.inf).amax(-1, keepdim=True)
+    else:
+        row = torch.zeros_like(lse)[..., None]
+    row = torch.where(none | ~torch.isfinite(row), math.inf, row)
+    p = torch.exp(s - row).masked_fill(~allowed, 0.0)
+    dp = do @ v.transpose(-2, -1)
+    d_i = {
+        "out": lambda: (do * out).sum(-1, keepdim=True),
+        "none": lambda: torch.zeros_like(lse)[..., None],
+        "v": lambda: (do * v[..., :n_q, :]).sum(-1, keepdim=True),
+    }[delta]()
+    ds = p * (dp - d_i)
+    times = scale ** (1 + scale_power)
+    dq = ds @ k * times
+    dk = ds.transpose(-2, -1) @ q * times
+    dv = (p if dv_from == "p" else ds).transpose(-2, -1) @ do
+    return dq, dk, dv
+
+
+#: id, the options of _bwd_model that make the mistake; the condition on the case
+#: (n_q, n_k, causal) under which the mistake can be made at all
+BWD_KERNEL_MISTAKES = [
+    ("triton_bwd_no_delta", dict(delta="none"), None),
+    ("triton_bwd_delta_of_v", dict(delta="v"), lambda n_q, n_k, causal: n_q <= n_k),
+    ("triton_bwd_weights_not_lse", dict(weights="max"), None),
+    ("triton_bwd_weights_not_lse", dict(weights="raw"), None),
+    ("triton_bwd_scale", dict(scale_power=-1), None),
+    ("triton_bwd_scale", dict(scale_power=1), None),
+    ("triton_bwd_scores_scale", dict(scores_scale=0), None),
+    ("triton_bwd_scores_scale", dict(scores_scale=2), None),
+    ("triton_bwd_dv_from_ds", dict(dv_from="ds"), None),
+    ("triton_bwd_causal_mask", dict(mask="none"), lambda n_q, n_k, causal: causal),
+    ("triton_bwd_causal_mask", dict(mask="tiles"), lambda n_q, n_k, causal: causal),
+    ("triton_bwd_causal_offset", dict(mask="top_left"), lambda n_q, n_k, c: c and n_q != n_k),
+    ("triton_bwd_causal_offset", dict(mask="right_bounds"), lambda n_q, n_k, c: c and n_q != n_k),
+]
+
+#: label, (B, H, n_q, n_k, d), causal, dtype, layout, block_m, block_n. Layout: the letters of
+#: the tensors given as views of another memory order: q, v: of (B, n, H, d); k: of
+#: (B, H, d, n_k); g (grad_out): of (B, H, d, n_q). out is contiguous (the forward made it).
+BWD_CASES = [
+    ("2 batches, n=24 (tiles of 16: a tail of 8)", (2, 1, 24, 24, 16), False, F32, "", 16, 16),
+    ("n_q=20, n_k=45, causal (query i sees keys j <= i + 25), k, v and grad_out transposed "
+     "views", (1, 1, 20, 45, 16), True, F32, "kvg", 16, 16),
+    ("n_q=36, n_k=20, causal (the first 16 queries see no key)", (1, 1, 36, 20, 16), True,
+     F32, "", 16, 16),
+    ("n_q=30, n_k=21, block_n=32, q a transposed view", (1, 1, 30, 21, 16), False, F32, "q",
+     16, 32),
+    ("block_m=32, block_n=16, n_q=20, n_k=37, causal (j <= i + 17)", (1, 1, 20, 37, 16), True,
+     F32, "", 32, 16),
+    ("float16, 2 heads, n=20, causal, grad_out a transposed view", (1, 2, 20, 20, 16), True,
+     F16, "g", 16, 16),
+    ("one token, causal", (1, 1, 1, 1, 16), True, F32, "", 16, 16),
+]  # fmt: skip
+BWD_THOROUGH = [
+    ("2 x 2 heads, n=20, blocks of 32, causal, every input a transposed view",
+     (2, 2, 20, 20, 16), True, F32, "qkvg", 32, 32),
+    ("n_q=17, n_k=50, block_n=32, causal (the last block: one query), k and grad_out "
+     "transposed views", (1, 1, 17, 50, 16), True, F32, "kg", 16, 32),
+    ("n_q=40, n_k=23, causal (17 queries see no key), d=32", (1, 1, 40, 23, 32), True, F32, "",
+     16, 16),
+    ("float16, n_q=36, n_k=20, v a transposed view", (1, 1, 36, 20, 16), False, F16, "v", 16,
+     16),
+]  # fmt: skip
+#: the case the reference backward is timed on when a check starts (its pace per tile step)
+BWD_PACE_CASE = ((1, 1, 20, 20, 16), False, F32, "", 16, 16)
+
+
+def _bwd_inputs(g, shape, causal, dtype, layout: str, dev):
+    """q, k, v in their layouts, out and lse (exact, out in the inputs' dtype, lse float32,
+    -inf where a query sees no key) and grad_out."""
+    B, H, n_q, n_k, d = shape
+    q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
+    do = torch.randn(B, H, n_q, d, generator=g, dtype=F64).to(dtype)
+    if dtype == F32 and dev.type == "cuda":
+        do = _tf32_exact(do)
+    do = do.to(dev)
+    if "q" in layout:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    if "v" in layout:
+        v = v.transpose(1, 2).contiguous().transpose(1, 2)
+    if "k" in layout:
+        k = k.transpose(2, 3).contiguous().transpose(2, 3)
+    if "g" in layout:
+        do = do.transpose(2, 3).contiguous().transpose(2, 3)
+    out64, lse64 = _exact(q, k, v, causal)
+    return q, k, v, out64.to(dtype).to(dev), lse64.float().to(dev), do
+
+
+def _bwd_pace(dev) -> float:
+    """CPU seconds per tile step of the reference backward kernels on the first case."""
+    shape, causal, dtype, layout, bm, bn = BWD_PACE_CASE
+    args = _bwd_inputs(torch.Generator().manual_seed(0), shape, causal, dtype, layout, dev)
+    start = time.process_time()
+    _ref().triton_attention_backward(*args, causal, bm, bn)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.process_time() - start) / _steps(shape, bm, bn)
+
+
+def _expect_bwd_work(ctx, rec: KernelLoads, shape, causal, bm, bn, case: str) -> None:
+    """In the interpreter: the tl.dot products do at least the five products of every
+    (query, key) pair the mask allows (S, dP, dV, dK, dQ: else the gradients came from
+    PyTorch), and, causal, at most 7 per pair of the tiles that hold a pair the mask allows
+    (4 in the dK/dV kernel, 3 in the dQ kernel; one kernel with atomics does 5): a tile
+    entirely in the future of its queries, or past the end of the keys, costs more."""
+    if not rec.available:
+        return
+    B, H, n_q, n_k, d = shape
+    pairs = n_q * n_k
+    if causal:
+        pairs = int(torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q).sum())
+    least = 5 * B * H * pairs * d
+    if rec.work < least:
+        ctx.fail(
+            f"your function's tl.dot products did {rec.work} multiply-adds; the five products "
+            f"of each of the {B * H * pairs} (query, key) pairs (S, dP, dV, dK, dQ) take at "
+            f"least {least}.",
+            case=case,
+            mistake="triton_bwd_not_in_kernel",
+        )
+    if not causal:
+        return
+    tiles = _bwd_tile_pairs(n_q, n_k, bm, bn, True)
+    most = 7 * B * H * tiles * bm * bn * d
+    if rec.work > most:
+        ctx.fail(
+            f"your kernels' tl.dot products did {rec.work} multiply-adds, where the "
+            f"{B * H * tiles} pairs of (query tile, key tile) that hold a key some query sees "
+            f"take at most {most} (7 products of {bm} x {bn} x {d} each): the loops visit "
+            "tiles entirely in the future of their queries (or past the end of the keys).",
+            case=case,
+            mistake="triton_bwd_future_tiles",
+        )
+
+
+def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, dev, pace):
+    q, k, v, out, lse, do = _bwd_inputs(g, shape, causal, dtype, layout, dev)
+    case = (
+        f"{label}: q {tuple(q.shape)}, k and v {tuple(k.shape)} {dtype_name(dtype)}, "
+        f"causal={causal}, block_m={bm}, block_n={bn}"
+    )
+    limit = _limit_scale(ctx, pace, shape, bm, bn)
+    with watching(KernelLoads()) as rec:
+        got = ctx.call(candidate, q, k, v, out, lse, do, causal, bm, bn, case=case,
+                       limit_scale=limit)  # fmt: skip
+    _expect_in_bounds(ctx, rec, case)
+    grads = ctx.expect_tuple(got, ("dq", "dk", "dv"), case=case)
+    leaves = _leaves(q.double().cpu(), k.double().cpu(), v.double().cpu())
+    want = torch.autograd.grad(_exact(*leaves, causal)[0], leaves, do.double().cpu())
+    tol = dict(GRAD_TOL[dev.type])
+    if dtype == F16:
+        tol = {name: max(value, GRAD_TOL_F16[name]) for name, value in tol.items()}
+    n_q, n_k = shape[2], shape[3]
+    args = [t.cpu() for t in (q, k, v, out, lse, do)]
+    model = functools.cache(
+        lambda i: _bwd_model(*args, causal, bm, bn, **BWD_KERNEL_MISTAKES[i][1])
+    )
+    for index, name in ((2, "v"), (0, "q"), (1, "k")):
+        what = f"the gradient of {name} (d{name})"
+        ctx.expect_array(grads[index], (q, k, v)[index].new_empty(want[index].shape), what=what,
+                         case=case)  # fmt: skip
+        mistakes = [
+            Mistake.of(mid, model=lambda i=i, index=index: model(i)[index])
+            for i, (mid, _, when) in enumerate(BWD_KERNEL_MISTAKES)
+            if when is None or when(n_q, n_k, causal)
+        ]
+        if index:  # dk in dv's place, or dv in dk's
+            mistakes.append(
+                Mistake.of("triton_bwd_dk_dv_swapped", model=lambda i=index: want[3 - i])
+            )
+        ctx.expect_close(
+            grads[index].detach().double().cpu(), want[index], what=what, case=case,
+            mistakes=mistakes, **tol,
+        )  # fmt: skip
+    _expect_bwd_work(ctx, rec, shape, causal, bm, bn, case)
+    upcast = sorted({pair for pair in rec.dtype_pairs if "fp32" in pair})
+    if dtype == F16 and upcast:
+        ctx.fail(
+            f"your kernels' tl.dot multiplied {' x '.join(upcast[0])} tiles although q, k, v and "
+            "grad_out are float16.",
+            case=case,
+            mistake="triton_bwd_dot_upcast",
+        )
+
+
+@exercise(
+    "triton_attention_backward",
+    forbidden=lambda: [
+        (_ref().triton_attention_backward, "the reference attention_ref.triton_attention_backward"),
+        (_ref().TritonFlashAttention.backward, "the reference attention_ref.TritonFlashAttention"),
+        (_ref().triton_attention, "the reference attention_ref.triton_attention"),
+        *_full_attention(),
+        *_notebook_12s(),
+    ],
+    summary="FlashAttention-2's backward pass as Triton kernels: D, dK and dV, dQ",
+)
+def check_triton_attention_backward(candidate, ctx: Context) -> None:
+    """dq, dk, dv of every case against float64 autograd through plain attention (causal
+    and not, n_q != n_k both ways, tails, a query that sees no key, transposed views of q,
+    k, v and grad_out, other block sizes, float16), a wrong value named by a model of the
+    mistake; in the interpreter, the addresses and the work: the products of every pair
+    computed by tl.dot, and no tile in the future of its queries.
+
+    The graded (thorough) run checks other cases, not the self-check's again (nor the
+    defaults): the interpreter runs every program in Python."""
+    g = ctx.torch_gen(145)
+    dev = _device()
+    pace = _bwd_pace(dev)
+    for label, shape, causal, dtype, layout, bm, bn in BWD_THOROUGH if ctx.thorough else BWD_CASES:
+        _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, dev, pace)
+    if ctx.thorough:  # the self-check, which the graded cell runs first, checked the defaults
+        return
+    shape = (1, 1, 3, 5, 16)  # small: causal or not differ, the blocks cannot
+    args = _bwd_inputs(g, shape, False, F32, "", dev)
+    expect_spec_defaults(
+        ctx,
+        candidate,
+        lambda: args,
+        {"causal": False, "block_m": 16, "block_n": 16},
+        case="q, out, grad_out (1, 1, 3, 16), k, v (1, 1, 5, 16) float32, lse (1, 1, 3); "
+        "causal, block_m and block_n left out",
+        signature="triton_attention_backward(q, k, v, out, lse, grad_out, causal=False, "
+        "block_m=16, block_n=16)",
+        limit_scale=_limit_scale(ctx, pace, shape, 16, 16),
+    )

@@ -241,6 +241,7 @@ FUSED_ATTENTION_REMOVED_EXERCISES = frozenset(
         "triton_attention",
         "triton_causal_split",
         "triton_flash_attention",
+        "triton_attention_backward",
     }
 )
 #: What a fresh graded kernel runs, silently, before such a notebook's first cell.
@@ -255,7 +256,13 @@ REMOVE_FUSED_ATTENTION = (
 #: course notebook starts none (trust/no_exec.py): a new process would have PyTorch's
 #: fused attention whole, and no watch of the checks' in it.
 PROGRAMS_ALLOWED_EXERCISES = frozenset(
-    {"triton_softmax", "triton_attention", "triton_causal_split", "triton_flash_attention"}
+    {
+        "triton_softmax",
+        "triton_attention",
+        "triton_causal_split",
+        "triton_flash_attention",
+        "triton_attention_backward",
+    }
 )
 #: What such a kernel runs, silently, after the rest of its prelude.
 FORBID_NEW_PROGRAMS = (

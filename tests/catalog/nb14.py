@@ -673,3 +673,278 @@ def causal_split_three_wheres_per_tile(q, k, v, block_m=16, block_n=16):
     """The diagonal's tiles masked three times each: k's columns past n_k zeroed, a causal
     bias built before the score product, the keys past n_k after it (one tile each)."""
     return _causal_split(q, k, v, block_m, block_n, bug=12)
+
+
+# ------------------------------------------------------------------- triton_attention_backward
+@triton.jit
+def _bwd_pre(O_, DO, Dl, sob, soh, som, sod, sgb, sgh, sgm, sgd, n_heads, n_q,
+             D: tl.constexpr, BM: tl.constexpr, BUG: tl.constexpr):  # fmt: skip
+    bh = tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    rows = offs_m < n_q
+    o = tl.load(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+                mask=rows[:, None], other=0.0).to(tl.float32)  # fmt: skip
+    do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                 mask=rows[:, None], other=0.0).to(tl.float32)  # fmt: skip
+    delta = tl.sum(o * do, axis=1)
+    if BUG == 1:  # D left out
+        delta = delta * 0.0
+    tl.store(Dl + bh * n_q + offs_m, delta, mask=rows)
+
+
+@triton.jit
+def _bwd_p(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL: tl.constexpr,
+           BUG: tl.constexpr):  # fmt: skip
+    if BUG == 14:  # noqa: SIM108 - the scores recomputed without the scale
+        s = tl.dot(q, kt)
+    else:
+        s = tl.dot(q, kt) * scale
+    allowed = (offs_m[:, None] < n_q) & (offs_n[None, :] < n_k)
+    if CAUSAL:
+        if BUG == 6:  # the future tiles skipped, but no mask
+            allowed = allowed
+        elif BUG == 7:  # notebook 12's j <= i
+            allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+        else:
+            allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + offset)
+    if BUG == 3:  # lse forgotten
+        return tl.where(allowed, tl.exp(s), 0.0)
+    if BUG == 21:  # exp2, log2(e) folded in
+        return tl.where(allowed, tl.exp2((s - tl.where(allowed, lse[:, None], 0.0)) * LOG2E), 0.0)
+    return tl.where(allowed, tl.exp(s - tl.where(allowed, lse[:, None], 0.0)), 0.0)
+
+
+@triton.jit
+def _bwd_kv(Q, K, V, O_, DO, L_, Dl, DK, DV, DQ,
+            sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+            sob, soh, som, sod, sgb, sgh, sgm, sgd, slb, slh, slm,
+            n_heads, n_q, n_k, scale,
+            D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+            BUG: tl.constexpr, ATOMIC: tl.constexpr):  # fmt: skip
+    """dK, dV of one tile of keys (outputs contiguous, (B, H, n_k, D)); ATOMIC: dQ too, added
+    into a float32 buffer with tl.atomic_add."""
+    bh = tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    start_n = tl.program_id(0)
+    offs_n = start_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    cols = offs_n < n_k
+    kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                 mask=cols[None, :], other=0.0)  # fmt: skip
+    vt = tl.load(V + b * svb + h * svh + offs_n[None, :] * svn + offs_d[:, None] * svd,
+                 mask=cols[None, :], other=0.0)  # fmt: skip
+    dk = tl.zeros((BN, D), tl.float32)
+    dv = tl.zeros((BN, D), tl.float32)
+    offset = n_k - n_q
+    if BUG == 7:
+        offset = 0
+    lo = 0
+    if CAUSAL and BUG != 12:  # 12: every tile of queries visited
+        lo = (tl.maximum(start_n * BN - offset, 0) // BM) * BM
+    n_tiles = tl.cdiv(n_q - lo, BM)
+    for t in range(0, n_tiles):
+        if BUG == 21:  # noqa: SIM108 - the tiles of queries from the last to the first
+            start = lo + (n_tiles - 1 - t) * BM
+        else:
+            start = lo + t * BM
+        offs_m = start + tl.arange(0, BM)
+        rows = offs_m < n_q
+        if BUG == 10:  # q's rows past n_q loaded too
+            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd)
+        else:
+            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                        mask=rows[:, None], other=0.0)  # fmt: skip
+        do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                     mask=rows[:, None], other=0.0)  # fmt: skip
+        lse = tl.load(L_ + b * slb + h * slh + offs_m * slm, mask=rows, other=0.0)
+        if BUG == 20 or ATOMIC:  # D computed here, from this tile of queries' O and dO
+            o = tl.load(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
+                        mask=rows[:, None], other=0.0)  # fmt: skip
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        else:
+            delta = tl.load(Dl + bh * n_q + offs_m, mask=rows, other=0.0)
+        p = _bwd_p(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL, BUG)
+        dp = tl.dot(do, vt)
+        ds = p * (dp - delta[:, None])
+        if BUG == 9:  # dV from dS
+            dv += tl.dot(tl.trans(ds.to(do.dtype)), do)
+        elif BUG == 15:  # dO upcast to p's float32 for the product
+            dv += tl.dot(tl.trans(p), do.to(tl.float32))
+        else:
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+        if BUG == 5:  # the scale inside the loop, and again at the end
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
+        else:
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        if ATOMIC:
+            dq = tl.dot(ds.to(q.dtype), tl.trans(kt)) * scale
+            tl.atomic_add(DQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], dq,
+                          mask=rows[:, None])  # fmt: skip
+    if BUG != 4:  # 4: the scale left out
+        dk = dk * scale
+    base = bh * n_k * D + offs_n[:, None] * D + offs_d[None, :]
+    if BUG == 11:  # the tile stored whole, past n_k
+        tl.store(DK + base, dk.to(DK.dtype.element_ty))
+    else:
+        tl.store(DK + base, dk.to(DK.dtype.element_ty), mask=cols[:, None])
+    tl.store(DV + base, dv.to(DV.dtype.element_ty), mask=cols[:, None])
+
+
+@triton.jit
+def _bwd_q(Q, K, V, DO, L_, Dl, DQ,
+           sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+           sgb, sgh, sgm, sgd, slb, slh, slm,
+           n_heads, n_q, n_k, scale,
+           D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+           BUG: tl.constexpr):  # fmt: skip
+    bh = tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    offs_m = tl.program_id(0) * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    rows = offs_m < n_q
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=rows[:, None], other=0.0)  # fmt: skip
+    do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                 mask=rows[:, None], other=0.0)  # fmt: skip
+    lse = tl.load(L_ + b * slb + h * slh + offs_m * slm, mask=rows, other=0.0)
+    delta = tl.load(Dl + bh * n_q + offs_m, mask=rows, other=0.0)
+    dq = tl.zeros((BM, D), tl.float32)
+    offset = n_k - n_q
+    if BUG == 7:
+        offset = 0
+    hi = n_k
+    if CAUSAL and BUG != 13:  # 13: every tile of keys visited
+        hi = tl.minimum(tl.maximum((tl.program_id(0) + 1) * BM + offset, 0), n_k)
+    for start in range(0, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        cols = offs_n < n_k
+        kt = tl.load(K + b * skb + h * skh + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                     mask=cols[None, :], other=0.0)  # fmt: skip
+        vt = tl.load(V + b * svb + h * svh + offs_n[None, :] * svn + offs_d[:, None] * svd,
+                     mask=cols[None, :], other=0.0)  # fmt: skip
+        p = _bwd_p(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL, BUG)
+        ds = p * (tl.dot(do, vt) - delta[:, None])
+        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt))
+    if BUG != 4:
+        dq = dq * scale
+    if BUG == 5:
+        dq = dq * scale
+    tl.store(DQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=rows[:, None])  # fmt: skip
+
+
+def _attention_backward(q, k, v, out, lse, do, causal, bm, bn, bug=0, atomic=False):
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    dq = torch.zeros(B, H, n_q, d, dtype=torch.float32 if atomic else q.dtype, device=q.device)
+    dk = torch.empty(B, H, n_k, d, dtype=k.dtype, device=q.device)
+    dv = torch.empty_like(dk)
+    delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+    scale = 1 / math.sqrt(d)
+    if not atomic and bug != 20:
+        o = v if bug == 2 else out  # 2: D from the values
+        _bwd_pre[(triton.cdiv(n_q, bm), B * H)](
+            o, do, delta, *o.stride(), *do.stride(), H, n_q, D=d, BM=bm, BUG=bug
+        )  # fmt: skip
+    first, second = (dv, dk) if bug == 8 else (dk, dv)  # 8: dK and dV swapped
+    _bwd_kv[(triton.cdiv(n_k, bn), B * H)](
+        q, k, v, out, do, lse, delta, first, second, dq, *q.stride(), *k.stride(), *v.stride(),
+        *out.stride(), *do.stride(), *lse.stride(), H, n_q, n_k, scale,
+        D=d, BM=bm, BN=bn, CAUSAL=bool(causal), BUG=bug, ATOMIC=atomic,
+    )  # fmt: skip
+    if atomic:
+        return dq.to(q.dtype), dk, dv
+    if bug == 20:  # D in the dK/dV kernel only: the dQ kernel's from a pre-pass of its own
+        _bwd_pre[(triton.cdiv(n_q, bm), B * H)](
+            out, do, delta, *out.stride(), *do.stride(), H, n_q, D=d, BM=bm, BUG=0
+        )  # fmt: skip
+    _bwd_q[(triton.cdiv(n_q, bm), B * H)](
+        q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *lse.stride(), H, n_q, n_k, scale, D=d, BM=bm, BN=bn, CAUSAL=bool(causal), BUG=bug,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+for _bug, _id, _name in [
+    (1, "triton_bwd_no_delta", "delta_left_out"),
+    (2, "triton_bwd_delta_of_v", "delta_from_v"),
+    (3, "triton_bwd_weights_not_lse", "weights_without_lse"),
+    (4, "triton_bwd_scale", "scale_left_out"),
+    (5, "triton_bwd_scale", "scale_twice"),
+    (6, "triton_bwd_causal_mask", "no_causal_mask"),
+    (7, "triton_bwd_causal_offset", "notebook_12s_mask"),
+    (8, "triton_bwd_dk_dv_swapped", "dk_dv_swapped"),
+    (9, "triton_bwd_dv_from_ds", "dv_from_ds"),
+    (10, "triton_load_out_of_bounds", "q_rows_unmasked"),
+    (11, "triton_store_out_of_bounds", "dk_stored_whole"),
+    (12, "triton_bwd_future_tiles", "dkdv_every_query_tile"),
+    (13, "triton_bwd_future_tiles", "dq_every_key_tile"),
+    (14, "triton_bwd_scores_scale", "scores_unscaled"),
+    (15, "triton_bwd_dot_upcast", "do_upcast_for_dv"),
+]:
+
+    def _bwd_entry(q, k, v, out, lse, grad_out, causal=False, block_m=16, block_n=16, _bug=_bug):
+        return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n, _bug)
+
+    _bwd_entry.__name__ = f"attention_backward_{_name}"
+    mistake("triton_attention_backward", id=_id)(_bwd_entry)
+
+
+@mistake("triton_attention_backward", id="triton_bwd_not_in_kernel")
+def attention_backward_by_autograd(q, k, v, out, lse, grad_out, causal=False, block_m=16,
+                                   block_n=16):  # fmt: skip
+    """The gradients from PyTorch's autograd through attention written with tensors."""
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    s = leaves[0] @ leaves[1].mT / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        s = s.masked_fill(~keep, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(m), m, 0.0))
+    w = e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+    grads = torch.autograd.grad(w @ leaves[2], leaves, grad_out.float())
+    return tuple(g.to(q.dtype) for g in grads)
+
+
+@mistake("triton_attention_backward", id="reference_used")
+def attention_backward_notebook_12s(q, k, v, out, lse, grad_out, causal=False, block_m=16,
+                                    block_n=16):  # fmt: skip
+    """Notebook 12's backward pass (the reference's, kept in the package) in place of kernels."""
+    from attention_ref.flash import _flash_backward
+
+    lse = torch.where(torch.isfinite(lse), lse, math.inf)[..., None]
+    f = [t.float() for t in (q, k, v, out, grad_out)]
+    grads = _flash_backward(f[0], f[1], f[2], f[3], lse, f[4], 16, causal, 16)
+    return tuple(g.to(q.dtype) for g in grads)
+
+
+@alternative("triton_attention_backward")
+def attention_backward_three_kernels(q, k, v, out, lse, grad_out, causal=False, block_m=16,
+                                     block_n=16):  # fmt: skip
+    """A pre-pass for D, then dK and dV per tile of keys, then dQ per tile of queries."""
+    return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n)
+
+
+@alternative("triton_attention_backward")
+def attention_backward_delta_in_kernel(q, k, v, out, lse, grad_out, causal=False, block_m=16,
+                                       block_n=16):  # fmt: skip
+    """D computed inside the dK/dV kernel, per tile of queries, from O and dO."""
+    return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n, bug=20)
+
+
+@alternative("triton_attention_backward")
+def attention_backward_reversed_exp2(q, k, v, out, lse, grad_out, causal=False, block_m=16,
+                                     block_n=16):  # fmt: skip
+    """The tiles of queries from the last to the first, the weights with exp2."""
+    return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n, bug=21)
+
+
+@alternative("triton_attention_backward")
+def attention_backward_one_kernel_atomic(q, k, v, out, lse, grad_out, causal=False,
+                                         block_m=16, block_n=16):  # fmt: skip
+    """One kernel: dK and dV per tile of keys, dQ added into float32 with tl.atomic_add."""
+    return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n,
+                               atomic=True)  # fmt: skip
