@@ -1316,6 +1316,10 @@ _TABLE = """
     last tiles of keys its queries see are left out of dQ.
   hint: end the dQ kernel's loop at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q), clamped to 0:
     the keys the block's last query sees.
+[triton_bwd_nan] the gradients hold NaN or inf: a tl.dot carries a NaN of any element it reads
+    into a whole row or column, even one multiplied by a weight of 0 (0 * NaN is NaN).
+  hint: look for a tile's padding loaded as NaN or inf (other= of a masked tl.load must be 0.0),
+    a score exponentiated before its mask, or a division by a sum of 0.
 [triton_bwd_nan_no_key] the weights exp(s - lse) are computed before the mask: for a query that
     sees no key lse is -inf, so exp(s - lse) is inf and a mask by multiplication (inf * 0) or
     scores set to -inf (-inf - -inf) give NaN, which the products carry into dQ, dK and dV.

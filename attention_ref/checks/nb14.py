@@ -1346,12 +1346,13 @@ def _expect_bwd_work(ctx, rec: KernelLoads, shape, causal, bm, bn, case: str) ->
     dq_pairs = max(tiles * bm * bn, _bwd_tile_pairs(n_q, n_k, bm, bm, True) * bm * bm)
     most = B * H * (4 * tiles * bm * bn + 3 * dq_pairs) * d
     if rec.work > most:
+        either = f", the dQ kernel's 3 with tiles of {bn} or {bm} keys" if bm != bn else ""
         ctx.fail(
             f"your kernels' tl.dot products did {rec.work} multiply-adds, where the "
             f"{B * H * tiles} pairs of (query tile, key tile) that hold a key some query sees "
-            f"take at most {most} (7 products of {bm} x {bn} x {d} each, the dQ kernel's 3 "
-            f"with tiles of {bn} or {bm} keys): the loops visit tiles entirely in the future "
-            "of their queries (or past the end of the keys).",
+            f"take at most {most} (7 products of {bm} x {bn} x {d} each{either}): the loops "
+            "visit tiles entirely in the future of their queries (or past the end of the "
+            "keys).",
             case=case,
             mistake="triton_bwd_future_tiles",
         )
@@ -1420,8 +1421,16 @@ def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, de
     )
     for index, name in ((2, "v"), (0, "q"), (1, "k")):
         what = f"the gradient of {name} (d{name})"
-        ctx.expect_array(grads[index], (q, k, v)[index].new_empty(want[index].shape), what=what,
-                         case=case)  # fmt: skip
+        try:
+            ctx.expect_array(grads[index], (q, k, v)[index].new_empty(want[index].shape),
+                             what=what, case=case)  # fmt: skip
+        except CheckFailure as failure:  # NaN: the backward's own causes, not a softmax's
+            if tag("nan_or_inf") not in str(failure):
+                raise
+            values = grads[index].detach().double().cpu()
+            first = tuple(int(i) for i in torch.nonzero(~torch.isfinite(values))[0])
+            ctx.fail(f"{what} contains NaN or inf (first at index {first}).", case=case,
+                     mistake="triton_bwd_nan")  # fmt: skip
         mistakes = [
             Mistake.of(mid, model=lambda i=i, index=index: model(i)[index])
             for i, (mid, _, when) in enumerate(BWD_KERNEL_MISTAKES)

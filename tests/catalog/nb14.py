@@ -762,8 +762,12 @@ def _bwd_kv(Q, K, V, O_, DO, L_, Dl, DK, DV, DQ,
         else:
             q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
                         mask=rows[:, None], other=0.0)  # fmt: skip
-        do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-                     mask=rows[:, None], other=0.0)  # fmt: skip
+        if BUG == 25:  # dO's padding rows loaded as NaN: 0 * NaN in every product over queries
+            do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                         mask=rows[:, None], other=float("nan"))  # fmt: skip
+        else:
+            do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                         mask=rows[:, None], other=0.0)  # fmt: skip
         lse = tl.load(L_ + b * slb + h * slh + offs_m * slm, mask=rows, other=0.0)
         if BUG == 20 or ATOMIC:  # D computed here, from this tile of queries' O and dO
             o = tl.load(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
@@ -914,6 +918,7 @@ for _bug, _id, _name in [
     (18, "triton_bwd_nan_no_key", "mask_by_multiplication"),
     (19, "triton_bwd_dq_race", "dq_added_by_load_and_store"),
     (22, "triton_bwd_causal_offset", "dkdv_start_without_offset"),
+    (25, "triton_bwd_nan", "do_padding_loaded_as_nan"),
 ]:
 
     def _bwd_entry(q, k, v, out, lse, grad_out, causal=False, block_m=16, block_n=16, _bug=_bug):
