@@ -384,7 +384,8 @@ class KernelLoads:
       an access is left out, masked off, so that the interpreter neither reads nor writes
       memory it does not own, which would crash the process), or an element stored by two
       programs (the interpreter runs the programs one after another, so the last one wins;
-      on a GPU they run at once and race).
+      on a GPU they run at once and race), told apart when the program had loaded those
+      elements first (a read-modify-write: programs adding to one sum without atomics).
 
     In a graded kernel the watcher runs in the learner's process and its records travel back
     to the checker through the wire's ``dots`` field (``dots`` holds the dtype pairs and the
@@ -410,6 +411,7 @@ class KernelLoads:
         # (launch, program) -> {elements of a product: its tl.dot calls so far}
         self._dots_in: dict[tuple, dict[int, int]] = {}
         self._steps_seen: set[tuple] = set()  # (launch, program, other products, elements)
+        self._loads_of: tuple = (None, [])  # (launch, program), the addresses it loaded
 
     # -- the records as the wire carries them
     @property
@@ -466,6 +468,13 @@ class KernelLoads:
         width = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         on = np.ones(addr.shape, bool) if mask is None else np.broadcast_to(mask.data, addr.shape)
         used = addr[on]
+        if not store:
+            from triton.runtime import interpreter
+
+            key = (self._launches, tuple(interpreter.interpreter_builder.grid_idx))
+            if self._loads_of[0] != key:
+                self._loads_of = (key, [])
+            self._loads_of[1].append(used.ravel())
         if not used.size or not self._regions:
             return None
         low, high = int(used.min()), int(used.max()) + width
@@ -513,6 +522,15 @@ class KernelLoads:
         index = ((addr - owner[0]) // width).astype(np.int64)
         before = writers[index]
         clash = (before >= 0) & (before != me)
+        key = (self._launches, (x, y, z))
+        if clash.any() and self._loads_of[0] == key and self._loads_of[1]:
+            loaded = np.concatenate(self._loads_of[1])
+            if np.isin(addr[clash], loaded).all():  # a read-modify-write: a sum, not a leak
+                self._note(
+                    f"two programs add to the same {int(clash.sum())} elements of {owner[2]} by "
+                    "a tl.load and a tl.store (a read-modify-write, where a GPU races)"
+                )
+                clash[:] = False
         if clash.any():
             self._note(
                 f"two programs store to the same {int(clash.sum())} elements of {owner[2]} "

@@ -1223,7 +1223,8 @@ _TABLE = """
 [triton_load_out_of_bounds] {detail}: a tl.load without the mask of its rows or columns (q's rows
     past n_q, say) reads memory the kernel was not given; on a GPU that is garbage or a crash.
   hint: give every tl.load the mask of the elements that exist (mask=offs_m[:, None] < n_q for q,
-    offs_n < n_k for k and v) and other=0.0.
+    offs_n < n_k for k and v) and other=0.0; if it has one, look for offsets below 0 (a loop
+    that starts before row 0: clamp its start with tl.maximum(..., 0)).
 [triton_store_out_of_bounds] {detail}: a tl.store without the mask of its rows or columns writes
     outside the rows of its own program. Unwatched, the interpreter writes past the tensor (a crash
     or corrupted memory) or over another program's rows; it runs the programs one after another,
@@ -1247,11 +1248,14 @@ _TABLE = """
     Triton's tutorial 06 does) but exponentiated with tl.exp: the weights are too sharp.
   hint: with log2(e) in the scale use tl.exp2 everywhere (p, alpha), and lse = (m_i +
     tl.log2(l_i)) / log2(e); or leave log2(e) out and use tl.exp.
-[triton_bwd_causal_offset] the backward pass's causal mask or its loop's end ignores n_k - n_q
+[triton_bwd_causal_offset] the backward pass's causal mask or a loop bound ignores n_k - n_q
     (notebook 12's j <= i and min(n_k, i1), written for n_q = n_k): with n_q != n_k query i sees
-    keys j <= i + n_k - n_q, as in the forward kernel.
-  hint: end the loop over key tiles at min(n_k, i1 + n_k - n_q) and mask with keys > rows + n_k -
-    n_q, exactly as the forward pass masks.
+    keys j <= i + n_k - n_q, as in the forward kernel. The bound is the end of a loop over key
+    tiles (notebook 12's loop, the dQ kernel's) or the start of the dK/dV kernel's loop over
+    query tiles.
+  hint: mask with keys > rows + n_k - n_q, exactly as the forward pass masks; end a loop over key
+    tiles at min(n_k, i1 + n_k - n_q), and start the dK/dV kernel's loop over query tiles at
+    max(start_n * BLOCK_N - (n_k - n_q), 0) // BLOCK_M * BLOCK_M.
 [triton_bwd_float16_mixed] with float16 inputs the backward pass multiplies float16 tensors by
     float32 ones: the kernel's lse is float32 whatever the inputs' dtype, so the weights p =
     exp(s - lse) are float32, while q, k, v, out or grad_out are still float16.
@@ -1302,9 +1306,28 @@ _TABLE = """
     n_q), 0) // BLOCK_M * BLOCK_M (the first query that sees the tile's first key); in the dQ
     kernel end the loop over key tiles at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q),
     clamped to 0.
-[triton_bwd_not_in_kernel] the gradients are not computed by Triton kernels: the interpreter saw
-    fewer tl.dot multiply-adds than the five products every (query, key) pair needs (S, dP, dV,
-    dK, dQ), so the gradients came from PyTorch (autograd or tensor operations).
+[triton_bwd_dq_race] several programs add to the same rows of dQ by a tl.load and a tl.store:
+    the interpreter runs the programs one after another, so the sums come out right, but on a GPU
+    they run at once and race (one program's load misses another's store).
+  hint: add with tl.atomic_add (into a float32 buffer), or compute dQ in a kernel of its own, one
+    program per tile of queries.
+[triton_bwd_dq_end_block_n] the dQ kernel's causal loop over key tiles ends at (start_m + 1) *
+    BLOCK_N + n_k - n_q: its block of queries is BLOCK_M long, so with BLOCK_M > BLOCK_N the
+    last tiles of keys its queries see are left out of dQ.
+  hint: end the dQ kernel's loop at min(n_k, (start_m + 1) * BLOCK_M + n_k - n_q), clamped to 0:
+    the keys the block's last query sees.
+[triton_bwd_nan] the gradients hold NaN or inf: a tl.dot carries a NaN of any element it reads
+    into a whole row or column, even one multiplied by a weight of 0 (0 * NaN is NaN).
+  hint: look for a tile's padding loaded as NaN or inf (other= of a masked tl.load must be 0.0),
+    a score exponentiated before its mask, or a division by a sum of 0.
+[triton_bwd_nan_no_key] the weights exp(s - lse) are computed before the mask: for a query that
+    sees no key lse is -inf, so exp(s - lse) is inf and a mask by multiplication (inf * 0) or
+    scores set to -inf (-inf - -inf) give NaN, which the products carry into dQ, dK and dV.
+  hint: mask the weights with tl.where, and subtract a finite lse where the query sees no key:
+    p = tl.where(allowed, tl.exp(s - tl.where(allowed, lse[:, None], 0.0)), 0.0).
+[triton_bwd_not_in_kernel] the gradients are not computed by Triton kernels: PyTorch multiplied
+    matrices on your function's path (autograd or tensor products), or the interpreter saw fewer
+    tl.dot multiply-adds than the five products every (query, key) pair needs (S, dP, dV, dK, dQ).
   hint: launch your kernels (kernel[grid](...)) and compute the products inside them with
     tl.dot.
 

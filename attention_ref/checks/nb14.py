@@ -48,7 +48,7 @@ import time
 import numpy as np
 import torch
 
-from ..efficient import KernelLoads, PeakMemory
+from ..efficient import KernelLoads, OpRecorder, PeakMemory
 from ..trust.remote import watching
 from ._core import CheckFailure, Context, Mistake, exercise, naming
 from .mistakes import mistake_id, named, tag
@@ -133,11 +133,19 @@ def _as_contiguous_strides(x: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(x, x.shape, tuple(reversed(strides)))
 
 
-def _expect_in_bounds(ctx, rec: KernelLoads, case: str) -> None:
+def _expect_in_bounds(ctx, rec: KernelLoads, case: str, race: str | None = None) -> None:
     """In the interpreter: every element the kernel loaded or stored lies in the tensor its
     tile starts in, and no two programs stored the same element (the watcher left any other
-    access out, so that the interpreter did not crash on it)."""
+    access out, so that the interpreter did not crash on it). ``race``: the id of programs
+    adding to the same elements by a load and a store (a read-modify-write)."""
     for text in rec.out_of_bounds[:1]:
+        if race and "read-modify-write" in text:
+            ctx.fail(
+                f"{text[:1].upper() + text[1:]}: your kernel's programs add to the same "
+                "elements without tl.atomic_add.",
+                case=case,
+                mistake=race,
+            )
         store = "store" in text
         ctx.fail(
             f"your kernel {'writes' if store else 'reads'} memory outside the elements it was "
@@ -1169,7 +1177,7 @@ def _bwd_tile_pairs(n_q, n_k, bm, bn, causal: bool) -> int:
 def _bwd_model(
     q, k, v, out, lse, do, causal: bool, bm: int, bn: int, *, mask: str = "right",
     weights: str = "lse", delta: str = "out", scale_power: int = 0, scores_scale: int = 1,
-    dv_from: str = "p",
+    dv_from: str = "p", dq_end: str = "block_m",
 ):  # fmt: skip
     """``(dq, dk, dv)`` of a (possibly buggy) FlashAttention-2 backward pass in float64, from
     the out and lse the learner is given. ``mask``: "right" (j <= i + n_k - n_q), "none" (no
@@ -1178,7 +1186,9 @@ def _bwd_model(
     without n_k - n_q); ``weights``: "lse", "max" (exp(S - rowmax)), "raw" (exp(S));
     ``delta``: "out", "none", "v" (rowsum(dO * V) of the first n_q values); ``scale_power``:
     dq and dk times scale to that power more; ``scores_scale``: the power of the scale in
-    the recomputed scores (0: left out, 2: twice); ``dv_from="ds"``: dV = dS^T dO."""
+    the recomputed scores (0: left out, 2: twice); ``dv_from="ds"``: dV = dS^T dO;
+    ``dq_end="block_n"``: the dQ kernel's causal loop ends at (start_m + 1) * BLOCK_N + n_k -
+    n_q (the tiles of keys past it left out of dQ only)."""
     q, k, v, out, do = (t.detach().double().cpu() for t in (q, k, v, out, do))
     lse = lse.detach().double().cpu()
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -1213,6 +1223,10 @@ def _bwd_model(
     ds = p * (dp - d_i)
     times = scale ** (1 + scale_power)
     dq = ds @ k * times
+    if causal and dq_end == "block_n":
+        tile_q = torch.arange(n_q)[:, None] // bm
+        j0 = torch.arange(n_k)[None, :] // bn * bn
+        dq = (ds * (j0 < (tile_q + 1) * bn + offset)) @ k * times
     dk = ds.transpose(-2, -1) @ q * times
     dv = (p if dv_from == "p" else ds).transpose(-2, -1) @ do
     return dq, dk, dv
@@ -1232,6 +1246,8 @@ BWD_KERNEL_MISTAKES = [
     ("triton_bwd_dv_from_ds", dict(dv_from="ds"), None),
     ("triton_bwd_causal_mask", dict(mask="none"), lambda n_q, n_k, causal: causal),
     ("triton_bwd_causal_mask", dict(mask="tiles"), lambda n_q, n_k, causal: causal),
+    # before the offset's: it changes dQ alone (dV, checked first, was right)
+    ("triton_bwd_dq_end_block_n", dict(dq_end="block_n"), lambda n_q, n_k, causal: causal),
     ("triton_bwd_causal_offset", dict(mask="top_left"), lambda n_q, n_k, c: c and n_q != n_k),
     ("triton_bwd_causal_offset", dict(mask="right_bounds"), lambda n_q, n_k, c: c and n_q != n_k),
 ]
@@ -1243,11 +1259,11 @@ BWD_CASES = [
     ("2 batches, n=24 (tiles of 16: a tail of 8)", (2, 1, 24, 24, 16), False, F32, "", 16, 16),
     ("n_q=20, n_k=45, causal (query i sees keys j <= i + 25), k, v and grad_out transposed "
      "views", (1, 1, 20, 45, 16), True, F32, "kvg", 16, 16),
-    ("n_q=36, n_k=20, causal (the first 16 queries see no key)", (1, 1, 36, 20, 16), True,
+    ("n_q=37, n_k=20, causal (the first 17 queries see no key)", (1, 1, 37, 20, 16), True,
      F32, "", 16, 16),
     ("n_q=30, n_k=21, block_n=32, q a transposed view", (1, 1, 30, 21, 16), False, F32, "q",
      16, 32),
-    ("block_m=32, block_n=16, n_q=20, n_k=37, causal (j <= i + 17)", (1, 1, 20, 37, 16), True,
+    ("block_m=32, block_n=16, n_q=33, n_k=37, causal (j <= i + 4)", (1, 1, 33, 37, 16), True,
      F32, "", 32, 16),
     ("float16, 2 heads, n=20, causal, grad_out a transposed view", (1, 2, 20, 20, 16), True,
      F16, "g", 16, 16),
@@ -1260,6 +1276,8 @@ BWD_THOROUGH = [
      "transposed views", (1, 1, 17, 50, 16), True, F32, "kg", 16, 32),
     ("n_q=40, n_k=23, causal (17 queries see no key), d=32", (1, 1, 40, 23, 32), True, F32, "",
      16, 16),
+    ("block_m=32, block_n=16, n=40, causal (a block of queries spans two tiles of keys)",
+     (1, 1, 40, 40, 16), True, F32, "", 32, 16),
     ("float16, n_q=36, n_k=20, v a transposed view", (1, 1, 36, 20, 16), False, F16, "v", 16,
      16),
 ]  # fmt: skip
@@ -1303,8 +1321,9 @@ def _expect_bwd_work(ctx, rec: KernelLoads, shape, causal, bm, bn, case: str) ->
     """In the interpreter: the tl.dot products do at least the five products of every
     (query, key) pair the mask allows (S, dP, dV, dK, dQ: else the gradients came from
     PyTorch), and, causal, at most 7 per pair of the tiles that hold a pair the mask allows
-    (4 in the dK/dV kernel, 3 in the dQ kernel; one kernel with atomics does 5): a tile
-    entirely in the future of its queries, or past the end of the keys, costs more."""
+    (4 in the dK/dV kernel, 3 in the dQ kernel, whose tiles of keys may be BLOCK_N or
+    BLOCK_M wide; one kernel with atomics does 5): a tile entirely in the future of its
+    queries, or past the end of the keys, costs more."""
     if not rec.available:
         return
     B, H, n_q, n_k, d = shape
@@ -1323,15 +1342,56 @@ def _expect_bwd_work(ctx, rec: KernelLoads, shape, causal, bm, bn, case: str) ->
     if not causal:
         return
     tiles = _bwd_tile_pairs(n_q, n_k, bm, bn, True)
-    most = 7 * B * H * tiles * bm * bn * d
+    # the dQ kernel may walk its keys in tiles of BLOCK_M (a tile as square as its queries')
+    dq_pairs = max(tiles * bm * bn, _bwd_tile_pairs(n_q, n_k, bm, bm, True) * bm * bm)
+    most = B * H * (4 * tiles * bm * bn + 3 * dq_pairs) * d
     if rec.work > most:
+        either = f", the dQ kernel's 3 with tiles of {bn} or {bm} keys" if bm != bn else ""
         ctx.fail(
             f"your kernels' tl.dot products did {rec.work} multiply-adds, where the "
             f"{B * H * tiles} pairs of (query tile, key tile) that hold a key some query sees "
-            f"take at most {most} (7 products of {bm} x {bn} x {d} each): the loops visit "
-            "tiles entirely in the future of their queries (or past the end of the keys).",
+            f"take at most {most} (7 products of {bm} x {bn} x {d} each{either}): the loops "
+            "visit tiles entirely in the future of their queries (or past the end of the "
+            "keys).",
             case=case,
             mistake="triton_bwd_future_tiles",
+        )
+
+
+def _expect_no_torch_products(ctx, ops: OpRecorder, case: str) -> None:
+    """No PyTorch product of matrices (both sides wider than one row or column) on the
+    learner's path: the gradients' products belong in tl.dot (a row sum such as D by
+    torch.einsum is a product of vectors and is allowed). The interpreter runs tl.dot in
+    NumPy, so no product of a kernel shows up here."""
+    for op in ops.ops:
+        if not op.flops or not op.shapes:
+            continue
+        shape = op.shapes[0]
+        if len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1:
+            name = op.name.split(".")[1] if op.name.count(".") else op.name
+            ctx.fail(
+                f"your function multiplied matrices with PyTorch ({name}, a result of shape "
+                f"{tuple(shape)}): the gradients' products must be tl.dot in your kernels.",
+                case=case,
+                mistake="triton_bwd_not_in_kernel",
+            )
+
+
+def _name_nan_no_key(ctx, grads, lse, case: str) -> None:
+    """dq NaN or inf in rows of queries that see no key (lse = -inf), and only there: the
+    weights exp(s - lse) computed before the mask (inf, then inf * 0 = NaN, or NaN from
+    -inf - -inf). Elsewhere a NaN is left to the values' comparison."""
+    dq = grads[0]
+    if not isinstance(dq, torch.Tensor) or dq.shape != lse.shape + dq.shape[-1:]:
+        return
+    bad = ~torch.isfinite(dq.detach().double().cpu()).all(-1)
+    none = ~torch.isfinite(lse.detach().cpu())
+    if bool(bad.any()) and not bool((bad & ~none).any()):
+        ctx.fail(
+            f"dq holds NaN or inf in {int(bad.sum())} row(s), the rows of queries that see no "
+            "key (their lse is -inf).",
+            case=case,
+            mistake="triton_bwd_nan_no_key",
         )
 
 
@@ -1342,11 +1402,13 @@ def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, de
         f"causal={causal}, block_m={bm}, block_n={bn}"
     )
     limit = _limit_scale(ctx, pace, shape, bm, bn)
-    with watching(KernelLoads()) as rec:
+    with watching(KernelLoads()) as rec, watching(OpRecorder()) as ops:
         got = ctx.call(candidate, q, k, v, out, lse, do, causal, bm, bn, case=case,
                        limit_scale=limit)  # fmt: skip
-    _expect_in_bounds(ctx, rec, case)
+    _expect_in_bounds(ctx, rec, case, race="triton_bwd_dq_race")
+    _expect_no_torch_products(ctx, ops, case)
     grads = ctx.expect_tuple(got, ("dq", "dk", "dv"), case=case)
+    _name_nan_no_key(ctx, grads, lse, case)
     leaves = _leaves(q.double().cpu(), k.double().cpu(), v.double().cpu())
     want = torch.autograd.grad(_exact(*leaves, causal)[0], leaves, do.double().cpu())
     tol = dict(GRAD_TOL[dev.type])
@@ -1359,8 +1421,16 @@ def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, de
     )
     for index, name in ((2, "v"), (0, "q"), (1, "k")):
         what = f"the gradient of {name} (d{name})"
-        ctx.expect_array(grads[index], (q, k, v)[index].new_empty(want[index].shape), what=what,
-                         case=case)  # fmt: skip
+        try:
+            ctx.expect_array(grads[index], (q, k, v)[index].new_empty(want[index].shape),
+                             what=what, case=case)  # fmt: skip
+        except CheckFailure as failure:  # NaN: the backward's own causes, not a softmax's
+            if tag("nan_or_inf") not in str(failure):
+                raise
+            values = grads[index].detach().double().cpu()
+            first = tuple(int(i) for i in torch.nonzero(~torch.isfinite(values))[0])
+            ctx.fail(f"{what} contains NaN or inf (first at index {first}).", case=case,
+                     mistake="triton_bwd_nan")  # fmt: skip
         mistakes = [
             Mistake.of(mid, model=lambda i=i, index=index: model(i)[index])
             for i, (mid, _, when) in enumerate(BWD_KERNEL_MISTAKES)
@@ -1400,8 +1470,10 @@ def check_triton_attention_backward(candidate, ctx: Context) -> None:
     """dq, dk, dv of every case against float64 autograd through plain attention (causal
     and not, n_q != n_k both ways, tails, a query that sees no key, transposed views of q,
     k, v and grad_out, other block sizes, float16), a wrong value named by a model of the
-    mistake; in the interpreter, the addresses and the work: the products of every pair
-    computed by tl.dot, and no tile in the future of its queries.
+    mistake; in the interpreter, the addresses (a read-modify-write of several programs
+    named as a race) and the work: the products of every pair computed by tl.dot, no
+    PyTorch product of matrices on the learner's path, and no tile in the future of its
+    queries.
 
     The graded (thorough) run checks other cases, not the self-check's again (nor the
     defaults): the interpreter runs every program in Python."""

@@ -711,6 +711,8 @@ def _bwd_p(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL: tl.const
             allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + offset)
     if BUG == 3:  # lse forgotten
         return tl.where(allowed, tl.exp(s), 0.0)
+    if BUG == 18:  # the mask applied by multiplication, after exp(s - lse): inf * 0 = NaN
+        return tl.exp(s - lse[:, None]) * allowed.to(tl.float32)
     if BUG == 21:  # exp2, log2(e) folded in
         return tl.where(allowed, tl.exp2((s - tl.where(allowed, lse[:, None], 0.0)) * LOG2E), 0.0)
     return tl.where(allowed, tl.exp(s - tl.where(allowed, lse[:, None], 0.0)), 0.0)
@@ -741,7 +743,11 @@ def _bwd_kv(Q, K, V, O_, DO, L_, Dl, DK, DV, DQ,
     if BUG == 7:
         offset = 0
     lo = 0
-    if CAUSAL and BUG != 12:  # 12: every tile of queries visited
+    if CAUSAL and BUG == 22:  # the first query tile without n_k - n_q
+        lo = (start_n * BN // BM) * BM
+    elif CAUSAL and BUG == 24:  # the first query that sees the tile, not rounded to a tile
+        lo = tl.maximum(start_n * BN - offset, 0)
+    elif CAUSAL and BUG != 12:  # 12: every tile of queries visited
         lo = (tl.maximum(start_n * BN - offset, 0) // BM) * BM
     n_tiles = tl.cdiv(n_q - lo, BM)
     for t in range(0, n_tiles):
@@ -756,8 +762,12 @@ def _bwd_kv(Q, K, V, O_, DO, L_, Dl, DK, DV, DQ,
         else:
             q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
                         mask=rows[:, None], other=0.0)  # fmt: skip
-        do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-                     mask=rows[:, None], other=0.0)  # fmt: skip
+        if BUG == 25:  # dO's padding rows loaded as NaN: 0 * NaN in every product over queries
+            do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                         mask=rows[:, None], other=float("nan"))  # fmt: skip
+        else:
+            do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+                         mask=rows[:, None], other=0.0)  # fmt: skip
         lse = tl.load(L_ + b * slb + h * slh + offs_m * slm, mask=rows, other=0.0)
         if BUG == 20 or ATOMIC:  # D computed here, from this tile of queries' O and dO
             o = tl.load(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
@@ -778,7 +788,12 @@ def _bwd_kv(Q, K, V, O_, DO, L_, Dl, DK, DV, DQ,
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q) * scale
         else:
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
-        if ATOMIC:
+        if ATOMIC and BUG == 19:  # dQ added by a load and a store: programs race on a GPU
+            dq = tl.dot(ds.to(q.dtype), tl.trans(kt)) * scale
+            dq_ptrs = DQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :]
+            before = tl.load(dq_ptrs, mask=rows[:, None], other=0.0)
+            tl.store(dq_ptrs, before + dq, mask=rows[:, None])
+        elif ATOMIC:
             dq = tl.dot(ds.to(q.dtype), tl.trans(kt)) * scale
             tl.atomic_add(DQ + bh * n_q * D + offs_m[:, None] * D + offs_d[None, :], dq,
                           mask=rows[:, None])  # fmt: skip
@@ -815,7 +830,9 @@ def _bwd_q(Q, K, V, DO, L_, Dl, DQ,
     if BUG == 7:
         offset = 0
     hi = n_k
-    if CAUSAL and BUG != 13:  # 13: every tile of keys visited
+    if CAUSAL and BUG == 17:  # the block's end with BN: (start_m + 1) * BLOCK_N
+        hi = tl.minimum(tl.maximum((tl.program_id(0) + 1) * BN + offset, 0), n_k)
+    elif CAUSAL and BUG != 13:  # 13: every tile of keys visited
         hi = tl.minimum(tl.maximum((tl.program_id(0) + 1) * BM + offset, 0), n_k)
     for start in range(0, hi, BN):
         offs_n = start + tl.arange(0, BN)
@@ -836,6 +853,7 @@ def _bwd_q(Q, K, V, DO, L_, Dl, DQ,
 
 
 def _attention_backward(q, k, v, out, lse, do, causal, bm, bn, bug=0, atomic=False):
+    atomic = atomic or bug == 19
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     dq = torch.zeros(B, H, n_q, d, dtype=torch.float32 if atomic else q.dtype, device=q.device)
@@ -856,13 +874,25 @@ def _attention_backward(q, k, v, out, lse, do, causal, bm, bn, bug=0, atomic=Fal
     )  # fmt: skip
     if atomic:
         return dq.to(q.dtype), dk, dv
+    if bug == 16:  # dQ by autograd through a hand-written softmax, dK and dV from the kernel
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        s = leaves[0] @ leaves[1].mT * scale
+        if causal:
+            keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+            s = s.masked_fill(~keep, -math.inf)
+        m = s.amax(-1, keepdim=True)
+        e = torch.exp(s - torch.where(torch.isfinite(m), m, 0.0))
+        w = e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+        dq = torch.autograd.grad(w @ leaves[2], leaves[0], do.float())[0].to(q.dtype)
+        return dq, dk, dv
     if bug == 20:  # D in the dK/dV kernel only: the dQ kernel's from a pre-pass of its own
         _bwd_pre[(triton.cdiv(n_q, bm), B * H)](
             out, do, delta, *out.stride(), *do.stride(), H, n_q, D=d, BM=bm, BUG=0
         )  # fmt: skip
     _bwd_q[(triton.cdiv(n_q, bm), B * H)](
         q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-        *lse.stride(), H, n_q, n_k, scale, D=d, BM=bm, BN=bn, CAUSAL=bool(causal), BUG=bug,
+        *lse.stride(), H, n_q, n_k, scale, D=d, BM=bm, BN=bm if bug == 23 else bn,
+        CAUSAL=bool(causal), BUG=bug,
     )  # fmt: skip
     return dq, dk, dv
 
@@ -883,6 +913,12 @@ for _bug, _id, _name in [
     (13, "triton_bwd_future_tiles", "dq_every_key_tile"),
     (14, "triton_bwd_scores_scale", "scores_unscaled"),
     (15, "triton_bwd_dot_upcast", "do_upcast_for_dv"),
+    (16, "triton_bwd_not_in_kernel", "dq_by_autograd"),
+    (17, "triton_bwd_dq_end_block_n", "dq_end_with_block_n"),
+    (18, "triton_bwd_nan_no_key", "mask_by_multiplication"),
+    (19, "triton_bwd_dq_race", "dq_added_by_load_and_store"),
+    (22, "triton_bwd_causal_offset", "dkdv_start_without_offset"),
+    (25, "triton_bwd_nan", "do_padding_loaded_as_nan"),
 ]:
 
     def _bwd_entry(q, k, v, out, lse, grad_out, causal=False, block_m=16, block_n=16, _bug=_bug):
@@ -948,3 +984,19 @@ def attention_backward_one_kernel_atomic(q, k, v, out, lse, grad_out, causal=Fal
     """One kernel: dK and dV per tile of keys, dQ added into float32 with tl.atomic_add."""
     return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n,
                                atomic=True)  # fmt: skip
+
+
+@alternative("triton_attention_backward")
+def attention_backward_dq_key_tiles_of_block_m(q, k, v, out, lse, grad_out, causal=False,
+                                               block_m=16, block_n=16):  # fmt: skip
+    """The dQ kernel walks its keys in tiles of BLOCK_M (the dK/dV kernel in tiles of
+    BLOCK_N)."""
+    return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n, bug=23)
+
+
+@alternative("triton_attention_backward")
+def attention_backward_dkdv_start_mid_tile(q, k, v, out, lse, grad_out, causal=False,
+                                           block_m=16, block_n=16):  # fmt: skip
+    """The dK/dV kernel's loop starts at the first query that sees its tile, not rounded down
+    to a tile of queries."""
+    return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n, bug=24)
