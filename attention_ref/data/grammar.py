@@ -143,10 +143,9 @@ class PCFG:
                 words.append(opts[i])
                 cats.append(sym)
                 return logps[i]
-            total = 0
-            for s in opts[i][1]:
-                total += expand(s, words, cats)
-            return logps[i] + total
+            # sum(), as sample's does: from Python 3.12 it adds floats with compensation, so
+            # a loop of += would differ in the last bits there
+            return logps[i] + sum(expand(s, words, cats) for s in opts[i][1])
 
         out = []
         for _ in range(n):
