@@ -225,6 +225,26 @@ def _require_attention_inputs(q, k, v) -> None:
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
 
 
+def _require_blocks(block_m, block_n) -> None:
+    for name, blk in (("block_m", block_m), ("block_n", block_n)):
+        if not isinstance(blk, int) or blk < 16 or blk & (blk - 1):
+            raise ValueError(f"{name} must be a power of two >= 16; got {blk!r}")
+
+
+def _attention_results(q: torch.Tensor, k: torch.Tensor):
+    """``(out (B, H, n_q, d), lse (B, H, n_q) float32, done)`` for a forward launch: empty
+    buffers, or, with ``done``, the whole answer when there is nothing to launch (no query:
+    empty; no key: out 0 and lse -inf)."""
+    B, H, n_q, d = q.shape
+    out = torch.empty(B, H, n_q, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
+    if B * H * n_q == 0:
+        return out, lse, True
+    if k.shape[2] == 0:
+        return out.zero_(), lse.fill_(-math.inf), True
+    return out, lse, False
+
+
 def triton_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -257,17 +277,12 @@ def triton_attention(
         ``lse = log(sum_j exp(q_i . k_j / sqrt(d)))`` over the keys query ``i`` sees.
     """
     _require_attention_inputs(q, k, v)
-    for name, blk in (("block_m", block_m), ("block_n", block_n)):
-        if not isinstance(blk, int) or blk < 16 or blk & (blk - 1):
-            raise ValueError(f"{name} must be a power of two >= 16; got {blk!r}")
+    _require_blocks(block_m, block_n)
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
-    out = torch.empty(B, H, n_q, d, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-    if B * H * n_q == 0:
+    out, lse, done = _attention_results(q, k)
+    if done:
         return out, lse
-    if n_k == 0:
-        return out.zero_(), lse.fill_(-math.inf)
     precision = "tf32" if allow_tf32 and q.dtype == torch.float32 else "ieee"
     grid = (triton.cdiv(n_q, block_m), B * H)
     launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v}
@@ -484,9 +499,7 @@ def triton_attention_backward(
         ``(dq, dk, dv)`` in the inputs' dtype, shaped as q, k, v.
     """
     _require_attention_inputs(q, k, v)
-    for name, blk in (("block_m", block_m), ("block_n", block_n)):
-        if not isinstance(blk, int) or blk < 16 or blk & (blk - 1):
-            raise ValueError(f"{name} must be a power of two >= 16; got {blk!r}")
+    _require_blocks(block_m, block_n)
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     for name, t, shape in (("out", out, q.shape), ("grad_out", grad_out, q.shape),

@@ -126,12 +126,9 @@ def triton_attention_tuned(
         tuner = _DEFAULT_TUNER
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
-    out = torch.empty(B, H, n_q, d, dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
-    if B * H * n_q == 0:
+    out, lse, done = tri._attention_results(q, k)
+    if done:
         return out, lse
-    if n_k == 0:
-        return out.zero_(), lse.fill_(-math.inf)
     precision = "tf32" if allow_tf32 and q.dtype == torch.float32 else "ieee"
 
     def grid(meta):
