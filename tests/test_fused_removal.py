@@ -19,19 +19,36 @@ import pytest
 
 from attention_ref.checks._core import REGISTRY
 from attention_ref.trust import trusted
-from attention_ref.trust.fused_removal import REMOVED_MESSAGE, fused_attention_ops
+from attention_ref.trust.fused_removal import (
+    PYTHON_ATTENTION,
+    PYTHON_ATTENTION_OPERATORS,
+    REMOVED_MESSAGE,
+    fused_attention_ops,
+)
 
 from catalog.nb01 import softmax_from_fused_attention
 from course_tools import assignment_ids, solution_path
 
 PROBE = r"""
-import functools, gc, json, threading, warnings
+import functools, gc, json, threading, types, warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import attention_ref.checks  # the forbidden lists hold PyTorch's functions, as in a kernel
+from attention_ref.trust import fused_removal
 from attention_ref.trust.fused_removal import remove_fused_attention
 
+flex = __import__("torch.nn.attention.flex_attention", fromlist=["flex_attention"])
+flex_ops = __import__("sys").modules["torch._higher_order_ops.flex_attention"]
+python_codes = {  # the code of PyTorch's attention written in Python, before the removal
+    F.multi_head_attention_forward.__code__,
+    nn.MultiheadAttention.forward.__code__,
+    torch.ao.nn.quantizable.MultiheadAttention.forward.__code__,
+    flex.flex_attention.__code__,
+    flex_ops.math_attention.__code__,
+    flex_ops.sdpa_dense.__code__,
+}
 removed = remove_fused_attention()
 again = remove_fused_attention()
 q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
@@ -59,6 +76,28 @@ ways = {
     "torch.func.grad": lambda: torch.func.grad(
         lambda a: F.scaled_dot_product_attention(a, q, q).sum())(q),
     "nested tensors, the fast path switched back on": lambda: nested_mha(),
+    # PyTorch's attention written in Python
+    "nn.MultiheadAttention with weights": lambda: nn.MultiheadAttention(
+        8, 2, batch_first=True)(x, x, x),
+    "F.multi_head_attention_forward": lambda: F.multi_head_attention_forward(
+        x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), 8, 2,
+        torch.eye(24, 8), None, None, None, False, 0.0, torch.eye(8), None),
+    "nn.TransformerDecoderLayer": lambda: nn.TransformerDecoderLayer(
+        8, 2, 16, batch_first=True).eval()(x, x),
+    "the quantizable nn.MultiheadAttention": lambda: torch.ao.nn.quantizable.MultiheadAttention(
+        8, 2, batch_first=True)(x, x, x),
+    "flex_attention": lambda: flex.flex_attention(q.float(), q.float(), q.float()),
+    "flex_attention from its module, imported afresh": lambda: __import__(
+        "torch.nn.attention.flex_attention", fromlist=["x"]).flex_attention(q, q, q),
+    "flex attention's operator": lambda: flex_ops.flex_attention(
+        q, q, q, lambda s, b, h, i, j: s, (), 0.35, {}),
+    "flex attention's math": lambda: flex_ops.math_attention(
+        q, q, q, lambda s, b, h, i, j: s, (), 0.35, {}),
+    "flex attention's backward operator": lambda: flex_ops.flex_attention_backward(
+        q, q, q, q, q[..., 0], q, q[..., 0], lambda s, b, h, i, j: s, None, (), 0.35, {}),
+    "the forbidden list's nn.MultiheadAttention": lambda: (
+        attention_ref.checks.toolkit.BUILTIN_ATTENTION[2][0](
+            nn.MultiheadAttention(8, 2, batch_first=True), x, x, x)),
 }
 
 
@@ -110,9 +149,13 @@ try:
 except Exception as err:
     raised["after the kernel's own registration"] = str(err)
 handles = [o for o in gc.get_objects() if "DispatchModule" in type(o).__name__]
-with torch.no_grad():
-    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
-    out, w = mha(x, x, x)  # need_weights=True: the Python path, no fused kernel
+# Nothing the kernel can reach leads back to the Python attention: no function left with
+# its code, in any module, class, list, closure or kernel table.
+python_left = sorted(
+    f"{o.__module__}.{o.__qualname__}"
+    for o in gc.get_objects()
+    if isinstance(o, types.FunctionType) and o.__code__ in python_codes
+)
 # torch.compile of other code: a composite kernel added where PyTorch had none made
 # inductor refuse every graph ("both a fallback and a decomp for same op").
 try:
@@ -123,11 +166,12 @@ except Exception as err:
 still = {
     "softmax": bool(torch.allclose(torch.softmax(q, -1).sum(-1), torch.ones_like(q[..., 0]))),
     "matmul": tuple((q @ q.transpose(-1, -2)).shape) == (1, 2, 4, 4),
-    "nn.MultiheadAttention with weights": tuple(w.shape) == (2, 4, 4),
+    "nn.Linear": tuple(nn.Linear(8, 3)(x).shape) == (2, 4, 3),
 }
 print(json.dumps({"removed": removed, "again": again, "raised": raised,
                   "compile_error": compile_error,
-                  "handles": len(handles), "still": still}))
+                  "handles": len(handles), "still": still, "python_left": python_left,
+                  "still_reachable": fused_removal.still_reachable}))
 """
 
 
@@ -147,7 +191,11 @@ def test_every_way_to_call_pytorchs_fused_attention_raises_once_removed(probe):
 
 
 def test_the_removal_covers_the_whole_family_once(probe):
-    assert probe["removed"] == probe["again"] == fused_attention_ops()
+    assert probe["removed"] == probe["again"]
+    ops = [n for n in probe["removed"] if n.startswith("aten::")]
+    assert ops == fused_attention_ops()
+    python = [n for n in probe["removed"] if not n.startswith("aten::")]
+    assert python == [f"{m}.{a}" for m, a in PYTHON_ATTENTION + PYTHON_ATTENTION_OPERATORS]
     names = set(probe["removed"])
     assert {"aten::scaled_dot_product_attention", "aten::_native_multi_head_attention",
             "aten::_transformer_encoder_layer_fwd"} <= names  # fmt: skip
@@ -157,6 +205,14 @@ def test_the_removal_covers_the_whole_family_once(probe):
 def test_no_python_object_leads_back_to_pytorchs_kernels(probe):
     assert probe["handles"] == 0  # no registration handle for gc to find and destroy
     assert "not available while" in probe["raised"]["after the kernel's own registration"]
+
+
+def test_no_object_leads_back_to_pytorchs_attention_written_in_python(probe):
+    """The originals are freed: no function with their code is left, and the removal freed
+    every one it replaced."""
+    assert probe["python_left"] == []
+    assert probe["still_reachable"] == []
+    assert "torch.nn.functional.multi_head_attention_forward" in probe["removed"]
 
 
 def test_the_rest_of_pytorch_still_works(probe):

@@ -23,21 +23,33 @@ a pybind11 handle is not tracked by the garbage collector, so no object leads to
 learner's own registration on top only replaces one raising kernel with the learner's own
 code.
 
+PyTorch's attention written in Python goes too (:data:`PYTHON_ATTENTION`):
+``F.multi_head_attention_forward`` (``nn.MultiheadAttention`` with ``need_weights=True``),
+``torch.ao.nn.quantizable.MultiheadAttention`` and ``flex_attention`` with its
+higher-order operators (in eager mode they compute with plain matrix products and a
+softmax, which no fused kernel is needed for). Each function is replaced, wherever the
+process refers to it (modules, classes, the checks' forbidden lists, the operators' kernel
+tables, closures), by a stand-in of the same name that raises, and the original, which
+nothing then refers to, is freed: no object leads back to it.
+
 What it cannot stop (docs/INSTRUCTOR_GUIDE.md lists these as residual risks): code that uses
 ``ctypes`` to read the process's memory can find the handle and reset it, or call a kernel
 by its address; a new Python process would have PyTorch whole (a graded kernel can start
-none, :mod:`.no_exec`, but in notebook 14); and
-PyTorch's attention written in Python (``nn.MultiheadAttention`` with ``need_weights=True``,
-``flex_attention`` in eager mode, ``torch.ao.nn.quantizable.MultiheadAttention``) is
-computed with matrix products and a softmax, which no notebook can do without, so it stays
-watched by the tripwire, and only in the thread the check runs.
+none, :mod:`.no_exec`, but in notebook 14); PyTorch's Python source is on disk, so code
+that executes it again (``importlib.reload``) gets the Python attention back, as it could
+copy it; and the softmax and matrix products the attention is made of stay (every
+notebook needs them), watched by the tripwire in the thread the check runs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
+import importlib
 import re
+import types
 import warnings
+import weakref
 
 #: Parts of the operator names removed: every ``aten::`` operator whose name holds one.
 FUSED_ATTENTION_PARTS = (
@@ -49,6 +61,25 @@ FUSED_ATTENTION_PARTS = (
     "multi_head_attention",
     "transformer_encoder_layer",
 )
+#: PyTorch's attention written in Python: (module, attribute path) of each function that
+#: computes it, removed with the fused kernels. A PyTorch that lacks one is skipped.
+PYTHON_ATTENTION = (
+    ("torch.nn.functional", "multi_head_attention_forward"),
+    ("torch.nn.modules.activation", "MultiheadAttention.forward"),
+    ("torch.ao.nn.quantizable.modules.activation", "MultiheadAttention.forward"),
+    ("torch.ao.nn.quantizable.modules.activation", "MultiheadAttention._forward_impl"),
+    ("torch.nn.attention.flex_attention", "flex_attention"),
+    ("torch._higher_order_ops.flex_attention", "math_attention"),
+    ("torch._higher_order_ops.flex_attention", "_math_attention_inner"),
+    ("torch._higher_order_ops.flex_attention", "sdpa_dense"),
+    ("torch._higher_order_ops.flex_attention", "sdpa_dense_backward"),
+)
+#: The higher-order operators of flex attention (module, name): every kernel in their
+#: tables (per dispatch key, per mode, functorch's) becomes one that raises.
+PYTHON_ATTENTION_OPERATORS = (
+    ("torch._higher_order_ops.flex_attention", "flex_attention"),
+    ("torch._higher_order_ops.flex_attention", "flex_attention_backward"),
+)
 #: A kernel's line in the dispatcher's dump of an operator: ``Key[alias]: registered at``.
 _KERNEL_LINE = re.compile(r"^(\w+)(?:\[alias\])?: registered at ")
 #: What the learner's code gets from a removed operator.
@@ -59,6 +90,8 @@ REMOVED_MESSAGE = (
 )
 
 _removed: list[str] = []
+#: What :func:`remove_python_attention` could not free (empty: nothing leads back).
+still_reachable: list[str] = []
 
 
 def fused_attention_ops() -> list[str]:
@@ -119,6 +152,122 @@ def remove_fused_attention() -> list[str]:
     del handle
     fastpath = getattr(getattr(torch.backends, "mha", None), "set_fastpath_enabled", None)
     if fastpath is not None:
-        fastpath(False)  # the Python path: need_weights=True then needs no fused kernel
+        fastpath(False)  # the Python path, which raises too, with a clearer message
+    ops += remove_python_attention()
     _removed.extend(ops)
     return list(ops)
+
+
+def _stand_in(original: types.FunctionType | None, name: str):
+    """A function of ``original``'s name and module that raises. Its code is named for the
+    whole ``name`` (the traceback's line), which also makes it unequal to every other
+    stand-in's: the tripwire knows a forbidden function by its code, and code objects equal
+    in all but their qualified names would be one key to it."""
+    template = _raiser(name)
+    short = name.rsplit(".", 1)[-1]
+    code = template.__code__.replace(co_name=name, co_qualname=name)
+    fn = types.FunctionType(code, template.__globals__, short, None, template.__closure__)
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if original is not None and hasattr(original, attr):
+            setattr(fn, attr, getattr(original, attr))
+    return fn
+
+
+def _replace_everywhere(stand_ins: dict[int, tuple[object, object]]) -> None:
+    """Every reference of the process to each original (``stand_ins``: id(original) ->
+    (original, stand-in); a module's or class's attribute, a list's or dict's item, a
+    tuple in a list or dict, a closure's cell) made one to its stand-in. A few passes over
+    the garbage collector's objects in all, whatever the number of functions."""
+
+    def swap(x):
+        pair = stand_ins.get(id(x))
+        return pair[1] if pair is not None and pair[0] is x else x
+
+    originals = [original for original, _ in stand_ins.values()]
+    refs = [r for r in gc.get_referrers(*originals) if r is not stand_ins]
+    dicts = [r for r in refs if isinstance(r, dict)]
+    # a class's attributes are set through the class, so that its caches follow: the dict
+    # behind a class is among the objects the class refers to
+    wanted = {id(d) for d in dicts}
+    owners = {
+        id(d): t
+        for t in (gc.get_referrers(*dicts) if dicts else [])
+        if isinstance(t, type)
+        for d in gc.get_referents(t)
+        if id(d) in wanted and isinstance(d, dict)
+    }
+    tuples: dict[int, tuple] = {}
+    for ref in refs:
+        if isinstance(ref, list):
+            ref[:] = [swap(x) for x in ref]
+        elif isinstance(ref, dict):
+            owner = owners.get(id(ref))
+            for key in [k for k, v in ref.items() if swap(v) is not v]:
+                if owner is not None:
+                    setattr(owner, key, swap(ref[key]))  # through the type: its caches follow
+                else:
+                    ref[key] = swap(ref[key])
+        elif isinstance(ref, tuple):
+            tuples[id(ref)] = (ref, tuple(swap(x) for x in ref))
+        elif isinstance(ref, types.CellType):
+            ref.cell_contents = swap(ref.cell_contents)
+    if tuples:  # a tuple cannot change: its holders get a new one
+        for holder in gc.get_referrers(*(old for old, _ in tuples.values())):
+            if isinstance(holder, list):
+                holder[:] = [tuples[id(x)][1] if _is_old(x, tuples) else x for x in holder]
+            elif isinstance(holder, dict):
+                for key in [k for k, v in holder.items() if _is_old(v, tuples)]:
+                    holder[key] = tuples[id(holder[key])][1]
+
+
+def _is_old(x, tuples: dict[int, tuple]) -> bool:
+    pair = tuples.get(id(x))
+    return pair is not None and pair[0] is x
+
+
+def remove_python_attention() -> list[str]:
+    """Replace each function of :data:`PYTHON_ATTENTION` by a stand-in that raises,
+    everywhere the process refers to it, and every kernel of the operators of
+    :data:`PYTHON_ATTENTION_OPERATORS` by one that raises; the originals are freed (what
+    could not be is in :data:`still_reachable`). Returns the names removed."""
+    removed: list[str] = []
+    gone: list[tuple[str, weakref.ref]] = []
+    stand_ins: dict[int, tuple[object, object]] = {}
+    for module_name, path in PYTHON_ATTENTION:
+        try:
+            owner = importlib.import_module(module_name)
+            *parents, attr = path.split(".")
+            for part in parents:
+                owner = getattr(owner, part)
+            original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        except (ImportError, AttributeError, KeyError):  # not in this PyTorch
+            continue
+        name = f"{module_name}.{path}"
+        stand_ins[id(original)] = (original, _stand_in(original, name))
+        gone.append((name, weakref.ref(original)))
+        removed.append(name)
+    if stand_ins:
+        gc.collect()
+        _replace_everywhere(stand_ins)
+    original = owner = None
+    stand_ins.clear()
+    for module_name, attr in PYTHON_ATTENTION_OPERATORS:
+        try:
+            op = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError):
+            continue
+        name = f"{module_name}.{attr}"
+        for table in ("py_kernels", "python_key_table", "functorch_table"):
+            kernels = getattr(op, table, None)
+            if isinstance(kernels, dict):
+                # (each calls the operator again, below its key, or computes only shapes,
+                # but sdpa_dense and its backward, which compute it, replaced above)
+                for key, kernel in list(kernels.items()):
+                    kernels[key] = _stand_in(kernel, name)
+        cache = getattr(op, "_dispatch_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
+        removed.append(name)
+    gc.collect()
+    still_reachable[:] = [name for name, ref in gone if ref() is not None]
+    return removed
