@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from catalog.nb01 import softmax_from_fused_attention
+from catalog.nb01 import softmax_from_fused_attention, softmax_from_multihead_attention
 from course_tools import ROOT, run_course, strip_solution_markers
 from test_class_grading import LIMITS
 
@@ -58,6 +58,8 @@ def _source_as(fn, name: str) -> str:
 #: query of size 1 against keys of size 1, and the values are the identity (the catalog's
 #: mistake, written once there).
 FUSED_SOFTMAX = _source_as(softmax_from_fused_attention, "_fused_softmax")
+#: ... and from nn.MultiheadAttention's weights: PyTorch's attention written in Python.
+MHA_SOFTMAX = _source_as(softmax_from_multihead_attention, "_mha_softmax")
 
 #: Each trick is (cells before the test cell, code appended to the answer cell).
 TRICKS: dict[str, tuple[list[str], str]] = {
@@ -382,6 +384,28 @@ TRICKS: dict[str, tuple[list[str], str]] = {
         "    _asks2.put((x, axis))\n"
         "    out = _answers2.get()\n"
         "    return _wrong8(x, axis) if isinstance(out, Exception) else out\n",
+    ),
+    # ... and from nn.MultiheadAttention's weights (its Python path, no fused kernel), by a
+    # thread an earlier cell started: graded, the kernel has no Python attention either.
+    "python-attention-thread-started-earlier": (
+        [
+            "import queue, threading, torch\n"
+            + MHA_SOFTMAX
+            + "_asks4, _answers4 = queue.Queue(), queue.Queue()\n"
+            "def _serve4():\n"
+            "    while True:\n"
+            "        x, axis = _asks4.get()\n"
+            "        try:\n"
+            "            _answers4.put(_mha_softmax(x, axis))\n"
+            "        except Exception as err:\n"
+            "            _answers4.put(err)\n"
+            "threading.Thread(target=_serve4, daemon=True).start()"
+        ],
+        "\n_wrong21 = softmax_np\n"
+        "def softmax_np(x, axis=-1):\n"
+        "    _asks4.put((x, axis))\n"
+        "    out = _answers4.get()\n"
+        "    return _wrong21(x, axis) if isinstance(out, Exception) else out\n",
     ),
     # The reference's code object under another name (the tripwire watches code objects).
     "reference-code-copied": (

@@ -10,6 +10,21 @@ from . import alternative, mistake
 # ----------------------------------------------------------------------------- softmax_np
 
 
+@mistake("softmax_np", id="reference_used")
+def softmax_from_multihead_attention(x, axis=-1):
+    """nn.MultiheadAttention's weights, PyTorch's attention written in Python (one query of
+    size 1, the row's entries as keys of size 1, every projection 1): the row's softmax
+    (tests/test_forgery.py's forgers use it)."""
+    x = np.asarray(x)
+    t = torch.from_numpy(np.moveaxis(x.astype(np.float64), axis, -1).copy())
+    rows = t.reshape(-1, t.shape[-1], 1)  # (R, n, 1)
+    mha = torch.nn.MultiheadAttention(1, 1, bias=False, batch_first=True).double()
+    with torch.no_grad():
+        mha.in_proj_weight.fill_(1.0)  # q = k = v = the input
+        _, w = mha(torch.ones(len(rows), 1, 1, dtype=torch.float64), rows, rows)  # (R, 1, n)
+    return np.moveaxis(w.reshape(t.shape).numpy(), -1, axis).astype(x.dtype)
+
+
 @mistake("softmax_np", id="softmax_unstable")
 def softmax_unstable(x, axis=-1):
     e = np.exp(x)
