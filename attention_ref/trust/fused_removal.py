@@ -247,7 +247,6 @@ def remove_python_attention() -> list[str]:
         gone.append((name, weakref.ref(original)))
         removed.append(name)
     if stand_ins:
-        gc.collect()
         _replace_everywhere(stand_ins)
     original = owner = None
     stand_ins.clear()
