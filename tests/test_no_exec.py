@@ -104,7 +104,7 @@ def test_the_filter_refuses_exactly_execve_execveat_and_other_abis(machine):
         assert verdict(arch, 0x40000000 | 520) == refuse  # x32's execve
 
 
-def test_every_course_notebook_but_14_is_graded_by_a_kernel_that_starts_no_program():
+def test_every_course_notebook_is_graded_by_a_kernel_that_starts_no_program_but_14_on_a_gpu():
     from attention_ref.checks._core import REGISTRY
 
     by_notebook: dict[str, list[str]] = {}
@@ -112,5 +112,11 @@ def test_every_course_notebook_but_14_is_graded_by_a_kernel_that_starts_no_progr
         by_notebook.setdefault(ex.run.__module__.rsplit(".nb", 1)[1], []).append(name)
     assert len(by_notebook) == 15
     for nb, exercises in by_notebook.items():
-        assert trusted.forbids_new_programs(exercises) == (nb != "14"), nb
+        assert trusted.forbids_new_programs(exercises), nb  # Triton's interpreter: none
+        assert trusted.forbids_new_programs(exercises, gpu=True) == (nb != "14"), nb
     assert not trusted.forbids_new_programs([])  # an instructor's own assignment
+    assert not trusted.kernel_sees_a_gpu(sandboxed=True)  # the sandbox's /dev has none
+    # how the grader tells a sandboxed kernel (attention_ref/course/cell_limits.py)
+    from attention_ref.trust import sandbox
+
+    assert hasattr(sandbox.kernel_manager_class(), "checker_socket")

@@ -225,7 +225,11 @@ def execute_preprocessor(kernel_manager_class=None, trusted=None):
             ]
             self.warm_meta = trusted.needs_meta_device(checked)
             self.remove_fused = trusted.removes_fused_attention(checked)
-            self.no_exec = trusted.forbids_new_programs(checked)
+            # (the sandbox's kernel manager is the one given a checker's socket to bind in)
+            sandboxed = hasattr(kernel_manager_class, "checker_socket")
+            self.no_exec = trusted.forbids_new_programs(
+                checked, gpu=trusted.kernel_sees_a_gpu(sandboxed)
+            )
             # Records are keyed by this run's secret and the cell: a late record of another
             # run can never be taken for this one's (the kernel never sees the key).
             self.run_key = secrets.token_hex(8)

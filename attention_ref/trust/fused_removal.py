@@ -35,10 +35,11 @@ nothing then refers to, is freed: no object leads back to it.
 What it cannot stop (docs/INSTRUCTOR_GUIDE.md lists these as residual risks): code that uses
 ``ctypes`` to read the process's memory can find the handle and reset it, or call a kernel
 by its address; a new Python process would have PyTorch whole (a graded kernel can start
-none, :mod:`.no_exec`, but in notebook 14); PyTorch's Python source is on disk, so code
-that executes it again (``importlib.reload``) gets the Python attention back, as it could
-copy it; and the softmax and matrix products the attention is made of stay (every
-notebook needs them), watched by the tripwire in the thread the check runs.
+none, :mod:`.no_exec`, but notebook 14's outside the sandbox on a GPU); PyTorch's Python
+source is on disk, so code that executes it again (``importlib.reload``) gets the Python
+attention back, as code that copies it would; and the softmax and matrix products that
+attention is made of stay (every notebook needs them), watched by the tripwire in the
+thread the check runs.
 """
 
 from __future__ import annotations

@@ -251,10 +251,11 @@ REMOVE_FUSED_ATTENTION = (
 )
 
 
-#: The exercises whose notebooks' graded kernels may start programs: notebook 14's (on a
-#: GPU, Triton compiles its kernels with ``ptxas``, a program). A kernel grading any other
-#: course notebook starts none (trust/no_exec.py): a new process would have PyTorch's
-#: fused attention whole, and no watch of the checks' in it.
+#: The exercises whose notebooks' graded kernels may start programs where the kernel sees a
+#: GPU: notebook 14's (there, Triton compiles its kernels with ``ptxas``, a program; on a
+#: CPU its interpreter starts none). Every other graded kernel starts none
+#: (trust/no_exec.py): a new process would have PyTorch's fused attention whole, and no
+#: watch of the checks' in it.
 PROGRAMS_ALLOWED_EXERCISES = frozenset(
     {
         "triton_softmax",
@@ -270,11 +271,24 @@ FORBID_NEW_PROGRAMS = (
 )
 
 
-def forbids_new_programs(exercises: Any) -> bool:
+def forbids_new_programs(exercises: Any, gpu: bool = False) -> bool:
     """Whether a notebook that checks ``exercises`` (the course's) is graded by a kernel
-    that can start no program: none of them in :data:`PROGRAMS_ALLOWED_EXERCISES`."""
+    that can start no program: all of them do without (``gpu``: the kernel sees a CUDA
+    device, where :data:`PROGRAMS_ALLOWED_EXERCISES` compile kernels with a program)."""
     exercises = list(exercises)
-    return bool(exercises) and not any(e in PROGRAMS_ALLOWED_EXERCISES for e in exercises)
+    if not exercises:
+        return False  # an instructor's own assignment
+    return not (gpu and any(e in PROGRAMS_ALLOWED_EXERCISES for e in exercises))
+
+
+def kernel_sees_a_gpu(sandboxed: bool) -> bool:
+    """Whether a graded kernel can reach a CUDA device: never in the sandbox (its ``/dev``
+    has none, so Triton runs its interpreter there), otherwise where this machine has one."""
+    if sandboxed:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def removes_fused_attention(exercises: Any) -> bool:
