@@ -109,8 +109,10 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
     assert mine["attention_ref.efficient:naive_attention"] == {1}  # sdpa's answer too
     assert mine["attention_ref.efficient:_online_attention"] == {12}  # a private helper
     assert "attention_ref.masking:masked_softmax" not in mine  # kept: 01's sdpa computes it
-    # A class's methods stay: the reference modules are built in the kernel.
-    assert not any("." in name.split(":")[1] for name in mine), sorted(mine)
+    # A class's methods stay (the reference modules are built in the kernel), but those
+    # that nothing in the kernel builds: notebook 03's SelfAttention.
+    methods = {name: nbs for name, nbs in mine.items() if "." in name.split(":")[1]}
+    assert methods == {"attention_ref.self_attention:SelfAttention.forward": {3}}, methods
     assert "_forbidden_attention" not in checks["attention_ref.checks.nb01"]
     assert "attention" in checks["attention_ref.checks._models"]  # a whole sdpa_np
     table = {

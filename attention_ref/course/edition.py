@@ -77,10 +77,18 @@ BUILT_ON: dict[tuple[str, str], int] = {
     (f"{PACKAGE}.training", "masked_cross_entropy"): 7,
     (f"{PACKAGE}.kv_cache", "cached_self_attention"): 11,
 }
+#: A notebook's own classes' methods that its edition withholds all the same (notebook,
+#: module, qualified name): those of a class that nothing in the graded kernel builds
+#: (neither the notebook's demonstrations, which use the learner's class, nor a check, which
+#: builds no reference part into the learner's module). Every other method stays: see
+#: :func:`own_references`.
+WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
+    {(3, f"{PACKAGE}.self_attention", "SelfAttention.forward")}
+)
 #: A notebook's own exercises' functions that its edition keeps (notebook, module,
 #: qualified name), each with the reason. Every other function that answers one of a
-#: notebook's own exercises is withheld from its edition. (Methods stay: see
-#: :func:`own_references`.)
+#: notebook's own exercises is withheld from its edition. (Methods stay, but
+#: :data:`WITHHELD_OWN_METHODS`: see :func:`own_references`.)
 KEPT_OWN: dict[tuple[int, str, str], str] = {
     # Notebook 01's sdpa, which notebook 02 builds on, computes it whenever it has a mask.
     (2, f"{PACKAGE}.masking", "masked_softmax"): "notebook 01's sdpa computes it with a mask",
@@ -288,8 +296,9 @@ def own_references(source: Path | None = None) -> Own:
         # modules (a reference part inside the learner's module, a reference model trained),
         # and a correct class of the learner's, whose parts may differ, cannot stand in for
         # its method (the catalog's correct alternatives broke demonstrations of notebooks
-        # 03-07 and 11 that way).
-        if "." not in qual and (notebook, module, qual) not in KEPT_OWN:
+        # 03-07 and 11 that way), but where nothing builds them (WITHHELD_OWN_METHODS).
+        key = (notebook, module, qual)
+        if ("." not in qual or key in WITHHELD_OWN_METHODS) and key not in KEPT_OWN:
             owners = table.setdefault(module, {})
             owners[qual] = owners.get(qual, frozenset()) | {notebook}
     # a helper is withheld where every one of its users is
