@@ -121,7 +121,11 @@ def offset_rotation(
     """
     if isinstance(k, bool) or not isinstance(k, int | float | np.integer | np.floating):
         raise TypeError(f"k must be a number; got {describe(k)}")
-    angles = float(k) * frequencies(d_model, base)  # (d/2,)
+    d_model = _require_even_d(d_model)
+    # The frequencies of frequencies(), computed here: notebook 05's grading edition
+    # withholds frequencies (its exercise's answer), and its demonstration calls this.
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
+    angles = float(k) * torch.pow(_require_base(base), -two_i / d_model)  # (d/2,): k * w_i
     c, s = torch.cos(angles), torch.sin(angles)
     blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)  # (d/2, 2, 2)
     return torch.block_diag(*blocks).to(device=device, dtype=dtype)  # (d, d)

@@ -90,14 +90,7 @@ WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
 #: notebook's own exercises is withheld from its edition. (Methods stay, but
 #: :data:`WITHHELD_OWN_METHODS`: see :func:`own_references`.)
 KEPT_OWN: dict[tuple[int, str, str], str] = {
-    # Notebook 01's sdpa, which notebook 02 builds on, computes it whenever it has a mask.
-    (2, f"{PACKAGE}.masking", "masked_softmax"): "notebook 01's sdpa computes it with a mask",
-    # Notebook 04 shows how heads split and merge before its exercises ask for them.
-    (4, f"{PACKAGE}.multihead", "split_heads"): "shown before notebook 04's exercises",
-    (4, f"{PACKAGE}.multihead", "merge_heads"): "shown before notebook 04's exercises",
     # The reference takes more than the exercise asks for, and the notebook uses it.
-    (5, f"{PACKAGE}.positional", "sinusoidal_encoding"): "notebook 05 asks it for float64",
-    (5, f"{PACKAGE}.positional", "frequencies"): "the kept sinusoidal_encoding uses it",
     (8, f"{PACKAGE}.training", "masked_cross_entropy"): "notebook 08 trains with label smoothing",
     (15, f"{PACKAGE}.experts", "route"): "notebook 15 passes it DeepSeek's correction bias",
 }
