@@ -90,8 +90,6 @@ KEPT_OWN: dict[tuple[int, str, str], str] = {
     # The reference takes more than the exercise asks for, and the notebook uses it.
     (5, f"{PACKAGE}.positional", "sinusoidal_encoding"): "notebook 05 asks it for float64",
     (5, f"{PACKAGE}.positional", "frequencies"): "the kept sinusoidal_encoding uses it",
-    (8, f"{PACKAGE}.training", "masked_cross_entropy"): "notebook 08 trains with label smoothing",
-    (15, f"{PACKAGE}.experts", "route"): "notebook 15 passes it DeepSeek's correction bias",
 }
 
 
