@@ -109,6 +109,8 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
     assert mine["attention_ref.efficient:naive_attention"] == {1}  # sdpa's answer too
     assert mine["attention_ref.efficient:_online_attention"] == {12}  # a private helper
     assert "attention_ref.masking:masked_softmax" not in mine  # kept: 01's sdpa computes it
+    assert mine["attention_ref.training:masked_cross_entropy"] == {8}  # 08: F.cross_entropy
+    assert mine["attention_ref.experts:route"] == {15}  # 15's DeepSeek-V3 runs the port
     # A class's methods stay: the reference modules are built in the kernel.
     assert not any("." in name.split(":")[1] for name in mine), sorted(mine)
     assert "_forbidden_attention" not in checks["attention_ref.checks.nb01"]
