@@ -46,7 +46,7 @@ from torch import nn
 
 from ._validate import require_tensor
 from .convert import _permute_heads, float64_internals, rope_base
-from .experts import ClampedSwiGLU, MoEFeedForward, route
+from .experts import ClampedSwiGLU, MoEFeedForward, deepseek_port_route, route
 from .latent_attention import MultiHeadLatentAttention
 from .modern import RMSNorm, SwiGLU
 from .sliding_window import (
@@ -430,7 +430,9 @@ def float64_internals_moe(hf_model: nn.Module) -> nn.Module:
     model's dtype), and the router of each sparse block too: Mixtral's and Qwen3-MoE's
     compute ``softmax(router_logits, dtype=float32)``, so in a float64 model the gates carry
     float32 rounding. Their forward is replaced, on this model's instances only, by the same
-    routing (:func:`~attention_ref.experts.route`) in the model's dtype. Returns the model."""
+    routing (:func:`~attention_ref.experts.route`; DeepSeek-V3's, whose logits are float32,
+    :func:`~attention_ref.experts.deepseek_port_route`) in the model's dtype. Returns the
+    model."""
     float64_internals(hf_model)
     if hasattr(hf_model, "set_experts_implementation"):  # 5.x: grouped matmuls, no float64
         hf_model.set_experts_implementation("eager")
@@ -457,10 +459,10 @@ def _deepseek_router_forward(router: nn.Module, cfg):
 
     def forward(x: torch.Tensor):
         logits = x.reshape(-1, cfg.hidden_size) @ router.weight.T  # (N, E), the model's dtype
-        gates, experts, _ = route(
-            logits, cfg.num_experts_per_tok, "deepseek_v3", norm_topk_prob=cfg.norm_topk_prob,
-            correction_bias=router.e_score_correction_bias, n_group=cfg.n_group,
-            topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
+        gates, experts, _ = deepseek_port_route(
+            logits, router.e_score_correction_bias, cfg.num_experts_per_tok,
+            norm_topk_prob=cfg.norm_topk_prob, n_group=cfg.n_group, topk_group=cfg.topk_group,
+            routed_scaling_factor=cfg.routed_scaling_factor,
         )  # fmt: skip
         return (logits, gates, experts) if three else (experts, gates)
 

@@ -18,7 +18,8 @@ How the gates come from the router's logits ``z`` (one row per token), as each m
   load and down for one above it, by the sign of the error, not by gradient) and
   group-limited: the experts form ``n_group`` groups, a group scores the sum of its two best
   ``s + b``, only the ``topk_group`` best groups compete (the others' experts score 0, as in
-  ``transformers``' port; DeepSeek's own gate gives them -inf, see :func:`route`); the
+  ``transformers``' port, :func:`deepseek_port_route`; DeepSeek's own gate gives them
+  -inf, :func:`deepseek_route`); the
   *gates* are the selected ``s`` (without ``b``), normalised to sum to 1
   (``norm_topk_prob``), times ``routed_scaling_factor``. Shared experts (one SwiGLU of
   ``n_shared`` times the width) see every token and are added ungated;
@@ -121,14 +122,56 @@ def route(
         return gates, experts, probs
     if router != "deepseek_v3":
         raise ValueError(f"router must be one of {ROUTERS}; got {router!r}")
+    return deepseek_port_route(
+        logits, correction_bias, top_k, norm_topk_prob=norm_topk_prob, n_group=n_group,
+        topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
+    )  # fmt: skip
+
+
+def deepseek_port_route(
+    logits: torch.Tensor,
+    bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    norm_topk_prob: bool = True,
+    n_group: int = 1,
+    topk_group: int = 1,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's router as ``transformers``' ``DeepseekV3TopkRouter`` ports it (4.57),
+    the routing of :class:`MoEFeedForward` with ``router="deepseek_v3"`` and of
+    :func:`route` for that router.
+
+    Args:
+        logits: ``(N, E)``, one row per token.
+        bias: ``(E,)``, the selection bias (``e_score_correction_bias``), or None (no bias).
+        top_k: experts per token.
+        norm_topk_prob: divide the chosen scores by their sum (plus ``1e-20``).
+        n_group, topk_group: the experts form ``n_group`` groups of ``E / n_group`` (by
+            index), a group scored by the sum of its two best ``sigmoid(logits) + bias``
+            (its best, if it has one expert); only the ``topk_group`` best groups compete.
+        routed_scaling_factor: multiplies the gates.
+
+    Returns:
+        ``(gates (N, top_k), experts (N, top_k) long, scores (N, E))`` as
+        :func:`deepseek_route`'s, but for one thing: the experts outside the best groups
+        score 0 here, where DeepSeek's own gate gives them ``-inf``. The two pick different
+        experts where an eligible expert's ``s + b < 0``: an expert outside the best groups
+        then beats it here. In the logits' dtype and on their device.
+    """
+    require_tensor("logits", logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (tokens, experts); got shape {tuple(logits.shape)}")
+    E = logits.shape[1]
+    if not 1 <= _positive("top_k", top_k) <= E:
+        raise ValueError(f"top_k must be between 1 and the number of experts {E}; got {top_k}")
+    if bias is not None:
+        require_tensor("bias", bias)
+        if tuple(bias.shape) != (E,):
+            raise ValueError(f"bias must be ({E},), one per expert; got shape {tuple(bias.shape)}")
     _check_groups(E, n_group, topk_group)
     scores = logits.sigmoid()  # (N, E)
-    choice = scores if correction_bias is None else scores + correction_bias  # selection only
-    # Experts outside the best groups score 0, as transformers' DeepseekV3TopkRouter does, so
-    # that the course's model matches it. DeepSeek's own gate (inference/model.py, and
-    # deepseek_route below) masks them with -inf: the two pick different experts where an
-    # in-group expert's s + b < 0, since an expert outside the best groups then still beats it
-    # here.
+    choice = scores if bias is None else scores + bias  # (N, E): the bias steers selection only
     experts = _group_limited_top_k(choice, top_k, n_group, topk_group, outside=0.0)  # (N, k)
     gates = scores.gather(1, experts)  # (N, k): the scores, not the biased choice
     if norm_topk_prob:
@@ -252,7 +295,8 @@ class MoEFeedForward(nn.Module):
     ``experts`` (``n_experts`` of ``expert(d_model, d_ff)``, :class:`SwiGLU` by default),
     ``e_score_correction_bias`` (buffer ``(n_experts,)``, DeepSeek-V3 only), ``shared``
     (``expert(d_model, n_shared * d_ff)`` or None). The routing options are those of
-    :func:`route`.
+    :func:`route`: ``router="deepseek_v3"`` routes with :func:`deepseek_port_route`, the
+    others with :func:`route`, given only the exercise's arguments (``norm_topk_prob``).
 
     forward(x ``(..., d_model)``) returns ``(..., d_model)``. After each call,
     ``last_routing`` holds ``(gates, experts, probs)`` (for :func:`load_balancing_loss`)
@@ -304,10 +348,14 @@ class MoEFeedForward(nn.Module):
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (..., d_model={self.d_model}); got {tuple(x.shape)}")
         flat = x.reshape(-1, self.d_model)  # (N, D)
-        gates, experts, probs = route(
-            self.gate(flat), self.top_k, self.router,
-            correction_bias=self.e_score_correction_bias, **self.options,
-        )  # fmt: skip
+        logits = self.gate(flat)  # (N, E)
+        if self.router == "deepseek_v3":
+            gates, experts, probs = deepseek_port_route(
+                logits, self.e_score_correction_bias, self.top_k, **self.options
+            )
+        else:  # route's own arguments only: a kernel grading notebook 15 runs the learner's
+            norm = self.options["norm_topk_prob"]
+            gates, experts, probs = route(logits, self.top_k, self.router, norm_topk_prob=norm)
         out = torch.zeros_like(flat)  # (N, D)
         counts = torch.zeros(self.n_experts, dtype=torch.long, device=x.device)
         for e, expert in enumerate(self.experts):
@@ -337,6 +385,7 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "route",
     "deepseek_route",
+    "deepseek_port_route",
     "update_bias",
     "load_balancing_loss",
     "router_z_loss",

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention_ref.experts import ClampedSwiGLU, MoEFeedForward, load_balancing_loss, route
+from attention_ref import experts as experts_module
+from attention_ref.experts import (
+    ClampedSwiGLU,
+    MoEFeedForward,
+    deepseek_port_route,
+    deepseek_route,
+    load_balancing_loss,
+    route,
+)
 
 
 def _logits(N: int = 10, E: int = 8, seed: int = 0) -> torch.Tensor:
@@ -56,6 +64,44 @@ def test_deepseek_selects_only_within_the_best_groups():
 def test_deepseek_normalised_gates_sum_to_the_scaling_factor():
     gates = route(_logits(), 3, "deepseek_v3", routed_scaling_factor=2.5)[0]
     torch.testing.assert_close(gates.sum(-1), torch.full((10,), 2.5, dtype=torch.float64))
+
+
+def test_the_port_is_deepseeks_gate_but_for_the_experts_outside_the_best_groups():
+    # transformers' port scores the experts outside the best groups 0, DeepSeek's gate -inf:
+    # the same choice while every eligible s + b > 0 (no bias), not once a bias of -1 makes
+    # every s + b negative. route's "deepseek_v3" is the port.
+    z = _logits(N=30, E=8, seed=3)
+    chosen = {}
+    for name, bias in (("none", torch.zeros(8)), ("low", torch.full((8,), -1.0))):
+        bias = bias.double()
+        port = deepseek_port_route(z, bias, 3, n_group=4, topk_group=2, routed_scaling_factor=2.5)
+        gate = deepseek_route(z, bias, 3, n_group=4, topk_group=2, routed_scaling_factor=2.5)
+        again = route(z, 3, "deepseek_v3", correction_bias=bias, n_group=4, topk_group=2,
+                      routed_scaling_factor=2.5)  # fmt: skip
+        for a, b in zip(port, again, strict=True):
+            assert torch.equal(a, b)
+        chosen[name] = (port[1].sort(-1).values, gate[1].sort(-1).values)
+        if name == "none":
+            torch.testing.assert_close(port[0].sum(-1), gate[0].sum(-1))
+    assert torch.equal(*chosen["none"])
+    assert not torch.equal(*chosen["low"])
+
+
+def test_moe_gives_route_only_the_exercises_arguments(monkeypatch):
+    # A kernel grading notebook 15 runs the learner's route in MoEFeedForward: it takes the
+    # exercise's arguments only, and DeepSeek-V3 (the port) never calls it.
+    calls = []
+
+    def spec_route(logits, top_k, router="mixtral", *, norm_topk_prob=True):
+        calls.append(router)
+        return route(logits, top_k, router, norm_topk_prob=norm_topk_prob)
+
+    monkeypatch.setattr(experts_module, "route", spec_route)
+    x = torch.randn(2, 3, 12, dtype=torch.float64)
+    for router in ("mixtral", "qwen3", "gpt_oss"):
+        _moe(router=router, norm_topk_prob=False)(x)
+    _moe(router="deepseek_v3", n_group=2, topk_group=1, routed_scaling_factor=2.5)(x)
+    assert calls == ["mixtral", "qwen3", "gpt_oss"]
 
 
 def _moe(**kw) -> MoEFeedForward:

@@ -635,6 +635,9 @@ def _deepseek_bias(rng: np.random.Generator, E: int, kind: str) -> torch.Tensor:
     forbidden=lambda: [
         (ref_experts.deepseek_route, "the reference attention_ref.deepseek_route"),
         (ref_experts.route, "the reference attention_ref.route"),
+        # transformers' port of the router, which notebook 15's DeepSeek-V3 runs in its
+        # kernel: the answer wherever every eligible expert has s + b > 0
+        (ref_experts.deepseek_port_route, "attention_ref.experts.deepseek_port_route"),
     ],
     summary="DeepSeek-V3's router: sigmoid scores, a selection bias, group-limited top-k",
 )

@@ -89,11 +89,7 @@ WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
 #: qualified name), each with the reason. Every other function that answers one of a
 #: notebook's own exercises is withheld from its edition. (Methods stay, but
 #: :data:`WITHHELD_OWN_METHODS`: see :func:`own_references`.)
-KEPT_OWN: dict[tuple[int, str, str], str] = {
-    # The reference takes more than the exercise asks for, and the notebook uses it.
-    (8, f"{PACKAGE}.training", "masked_cross_entropy"): "notebook 08 trains with label smoothing",
-    (15, f"{PACKAGE}.experts", "route"): "notebook 15 passes it DeepSeek's correction bias",
-}
+KEPT_OWN: dict[tuple[int, str, str], str] = {}  # none since issue 40: see the guide
 
 
 def _module_name(rel: Path) -> str:
