@@ -1,11 +1,11 @@
 """The grading editions (attention_ref/course/edition.py, ``build-grading``): a kernel that
 grades notebook NN holds no reference function of its own exercises (but any that KEPT_OWN
 lists with a reason, none today; its classes' methods stay but WITHHELD_OWN_METHODS), no
-reference of a later notebook's (but those notebook NN builds on), nor the checks' own models of the answers; earlier
-notebooks' references stay; a stand-in runs the learner's own function or says why it
-cannot. That the solutions still earn every mark graded this way, with no cell failing, is
-tests/test_grading.py's, and that a wrong answer borrowing the checks' models or a stand-in
-gains nothing is tests/test_forgery.py's."""
+reference of a later notebook's (but those notebook NN builds on), nor the checks' own
+models of the answers; earlier notebooks' references stay; a stand-in runs the learner's own
+function or says why it cannot. That the solutions still earn every mark graded this way,
+with no cell failing, is tests/test_grading.py's, and that a wrong answer borrowing the
+checks' models or a stand-in gains nothing is tests/test_forgery.py's."""
 
 from __future__ import annotations
 
