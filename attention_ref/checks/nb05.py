@@ -141,6 +141,8 @@ def _raised(fn: Callable, *args):
     forbidden=lambda: [
         (ref.sinusoidal_encoding, "the reference attention_ref.sinusoidal_encoding"),
         (ref.frequencies, "the reference attention_ref.positional.frequencies"),
+        # its rotation by k positions turns row 0 of the table into row k
+        (ref.offset_rotation, "attention_ref.offset_rotation, whose angles are the table's"),
     ],
     summary="the fixed sinusoidal positional encoding table",
 )

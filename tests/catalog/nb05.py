@@ -25,6 +25,17 @@ def _angles(n_positions, d_model, exponent):
     return pos / 10000.0**exponent
 
 
+@mistake("sinusoidal_encoding", id="reference_used")
+def pe_from_offset_rotation(n_positions, d_model):
+    """Row p of the table is row 0 turned by the course's rotation by p positions."""
+    import attention_ref as ar
+
+    row0 = torch.zeros(d_model, dtype=torch.float64)
+    row0[1::2] = 1.0  # (d,): sin 0 = 0, cos 0 = 1
+    rows = [ar.offset_rotation(p, d_model) @ row0 for p in range(n_positions)]  # (d,) each
+    return torch.stack(rows).float() if rows else torch.zeros(0, d_model)
+
+
 @mistake("sinusoidal_encoding", id="pe_swapped")
 def pe_swapped(n_positions, d_model):
     _require_even(d_model)
