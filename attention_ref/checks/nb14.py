@@ -11,7 +11,10 @@ computation and of realistic mistakes (the accumulator or the sum not rescaled, 
 not carried, the tail of the keys not masked, strides assumed contiguous, the causal mask's
 off-by-ones at the tile borders, the log-sum-exp in base 2, ...). Known differences of the
 backends are tolerances, never the learner's fault: on a GPU, ``tl.dot`` on float32 inputs
-uses TF32 by default (about 1e-3 relative error), so float32 is held to 1e-2 there.
+uses TF32 by default (about 1e-3 relative error), so float32 is held to 1e-2 there. Each
+check calls one small case twice, on other values of the same shape, dtype and strides: each
+answer must be its own input's (a result kept by shape is named) and the first must not change
+when the second call comes (one buffer returned by every call).
 
 Watching in the interpreter: :class:`~attention_ref.efficient.KernelLoads` checks every
 address a load or store touches against the memory of the tensor its tile starts in (an
@@ -1299,9 +1302,10 @@ def _bwd_model(
     n_q (the tiles of keys past it left out of dQ only); ``do_strides``: grad_out read with
     out's strides ("out": in every kernel, "out_in_delta": in D's pre-pass only); ``mask=
     "strict"``: j < i + n_k - n_q."""
-    misread = torch.as_strided(do, do.shape, out.stride(), do.storage_offset())
-    do_delta = misread if do_strides == "out_in_delta" else do
-    do = misread if do_strides == "out" else do
+    do_delta = do
+    if do_strides != "own":
+        misread = torch.as_strided(do, do.shape, out.stride(), do.storage_offset())
+        do_delta, do = (misread, do) if do_strides == "out_in_delta" else (misread, misread)
     q, k, v, out, do, do_delta = (t.detach().double().cpu() for t in (q, k, v, out, do, do_delta))
     lse = lse.detach().double().cpu()
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -1643,10 +1647,13 @@ def check_triton_attention_backward(candidate, ctx: Context) -> None:
     mistake; in the interpreter, the addresses (a read-modify-write of several programs
     named as a race) and the work: the products of every pair computed by tl.dot, no
     PyTorch product of matrices on the learner's path, and no tile in the future of its
-    queries.
+    queries. A float16 case has grad_out as large as a loss scale makes it (D = rowsum(dO *
+    O) past float16's range: D must be float32), and the one-token case is called again on
+    other values (a result kept from an earlier call of that shape is named).
 
     The graded (thorough) run checks other cases, not the self-check's again (nor the
-    defaults): the interpreter runs every program in Python."""
+    defaults; the one-token case alone, twice): the interpreter runs every program in
+    Python."""
     g = ctx.torch_gen(145)
     dev = _device()
     pace = _bwd_pace(dev)
