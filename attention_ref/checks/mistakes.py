@@ -1330,6 +1330,32 @@ _TABLE = """
     tl.dot multiply-adds than the five products every (query, key) pair needs (S, dP, dV, dK, dQ).
   hint: launch your kernels (kernel[grid](...)) and compute the products inside them with
     tl.dot.
+[triton_bwd_delta_float16] D = rowsum(dO * O) is computed or kept in float16 (the products and
+    the sum in the inputs' dtype, or a float16 buffer for D): where grad_out is as large as a
+    loss scale makes it, D passes float16's 65,504 although dO and O do not, and becomes inf, so
+    dS = P * (dP - D) and dQ and dK are inf or NaN in those rows.
+  hint: upcast before the product and sum in float32: delta = tl.sum(o.to(tl.float32) *
+    do.to(tl.float32), axis=1), stored in a float32 (B, H, n_q) buffer.
+[triton_bwd_do_strides_of_out] grad_out is addressed with out's strides (one set of strides for
+    O and dO, as they have the same shape): grad_out may be any view (a transposed one here), and
+    is then read in the wrong order, in D or in every kernel.
+  hint: pass grad_out.stride() (all four) to every kernel that loads dO, next to out.stride(),
+    and use each tensor's own strides in its pointers.
+[triton_bwd_causal_mask_strict] the backward kernels' causal mask is strict (j < i + n_k - n_q):
+    a query does not see the key on its own diagonal, which the forward pass (and its lse)
+    counted.
+  hint: mask exactly as the forward kernel does: allowed = offs_n[None, :] <= offs_m[:, None] +
+    n_k - n_q (and offs_n < n_k, offs_m < n_q).
+[result_cached_by_shape] called on other inputs of the shape (and dtype and strides) it has seen
+    before, your function returned what it returned for the earlier inputs: a result kept from
+    an earlier call (cached by shape) is not this input's.
+  hint: compute every result from the inputs of that call; cache only what depends on the shape
+    alone (a compiled kernel, a launch grid), never a result.
+[result_buffer_reused] a result your function returned changed when it was called again: it
+    returns one buffer that every call of that shape overwrites, so an earlier caller's result
+    becomes the later call's.
+  hint: return a new tensor each call (torch.empty(...) inside the function), not a buffer kept
+    between calls.
 
 # --- 15 the attention of today's open models
 [window_not_causal] the window is symmetric or not causal: a query sees the keys after it

@@ -11,7 +11,10 @@ computation and of realistic mistakes (the accumulator or the sum not rescaled, 
 not carried, the tail of the keys not masked, strides assumed contiguous, the causal mask's
 off-by-ones at the tile borders, the log-sum-exp in base 2, ...). Known differences of the
 backends are tolerances, never the learner's fault: on a GPU, ``tl.dot`` on float32 inputs
-uses TF32 by default (about 1e-3 relative error), so float32 is held to 1e-2 there.
+uses TF32 by default (about 1e-3 relative error), so float32 is held to 1e-2 there. Each
+check calls one small case twice, on other values of the same shape, dtype and strides: each
+answer must be its own input's (a result kept by shape is named) and the first must not change
+when the second call comes (one buffer returned by every call).
 
 Watching in the interpreter: :class:`~attention_ref.efficient.KernelLoads` checks every
 address a load or store touches against the memory of the tensor its tile starts in (an
@@ -158,6 +161,34 @@ def _expect_in_bounds(ctx, rec: KernelLoads, case: str, race: str | None = None)
         )
 
 
+#: The label of a case's second call, on other values of the first's shape, dtype and strides
+#: (a result cached by shape, or one buffer returned by every call, shows there).
+AGAIN = "again, on other values of the same shape, dtype and strides"
+
+
+def _copies(results) -> tuple:
+    """What a call returned, copied as it came back (to see a later call change it)."""
+    return tuple(t.detach().cpu().clone() for t in results)
+
+
+def _cached(earlier: torch.Tensor) -> Mistake:
+    """The earlier call's result, given back for other inputs of its shape."""
+    return Mistake.of("result_cached_by_shape", model=lambda: earlier.detach().double().cpu())
+
+
+def _expect_kept(ctx, results, copies, case: str) -> None:
+    """The results of the earlier call (``results``) are as they came back (``copies``) after
+    the later call: a function that returns one buffer each call overwrites changes them."""
+    for got, copy in zip(results, copies, strict=True):
+        if not torch.allclose(got.detach().cpu(), copy, rtol=0, atol=0, equal_nan=True):
+            ctx.fail(
+                "what your function returned for the earlier inputs changed when it was called "
+                "again on other inputs of that shape.",
+                case=case,
+                mistake="result_buffer_reused",
+            )
+
+
 #: A call of the learner's kernel may take this many times what the reference takes for the
 #: same number of tile steps (measured unwatched, on the same machine, in CPU time): the
 #: tripwire makes the interpreter about 3.5 times slower, a kernel that skips no tile does
@@ -249,40 +280,60 @@ def check_triton_softmax(candidate, ctx: Context) -> None:
     transposed input and large entries; a wrong value named by a model of the mistake."""
     g = ctx.torch_gen(141)
     dev = _device()
-    for label, rows, cols, dtype, transposed, scale in SOFTMAX_CASES + (
-        SOFTMAX_THOROUGH if ctx.thorough else []
-    ):
-        x = scale * torch.randn(cols, rows, generator=g, dtype=F64)
-        x = x.to(dtype).to(dev)
-        x = x.t() if transposed else x.t().contiguous()
-        case = f"{label}: x {tuple(x.shape)} {dtype_name(dtype)}, strides {x.stride()}"
-        with watching(KernelLoads()) as rec:
-            got = ctx.call(candidate, x, case=case)
-        _expect_in_bounds(ctx, rec, case)
-        expected = torch.softmax(x.double(), -1)
-        if isinstance(got, torch.Tensor) and got.shape == x.shape:
-            _name_overflow(ctx, got, x, case)
-        ctx.expect_array(got, x.new_empty(x.shape), what="the result", case=case)
-        mistakes = [
-            Mistake.of(i, model=lambda kw=kw: _softmax_model(x, **kw)) for i, kw in SOFTMAX_MISTAKES
-        ]
-        if transposed:
-            mistakes.append(
-                Mistake.of(
-                    "triton_strides_contiguous",
-                    model=lambda: _softmax_model(_as_contiguous_strides(x)),
-                )
+    cases = SOFTMAX_CASES + (SOFTMAX_THOROUGH if ctx.thorough else [])
+    for index, (label, rows, cols, dtype, transposed, scale) in enumerate(cases):
+        x = _softmax_input(g, rows, cols, dtype, transposed, scale, dev)
+        got, _ = _softmax_case(ctx, candidate, x, label, transposed, dev)
+        if not index:
+            first = (x, got, _copies([got]))  # x kept: no later input takes its memory
+    # the first case's shape, dtype and strides again, on other values
+    label, rows, cols, dtype, transposed, scale = cases[0]
+    x = _softmax_input(g, rows, cols, dtype, transposed, scale, dev)
+    _, case = _softmax_case(
+        ctx, candidate, x, f"{label}, {AGAIN}", transposed, dev, extra=[_cached(first[1])]
+    )
+    _expect_kept(ctx, [first[1]], first[2], case)
+
+
+def _softmax_input(g, rows, cols, dtype, transposed, scale, dev) -> torch.Tensor:
+    x = scale * torch.randn(cols, rows, generator=g, dtype=F64)
+    x = x.to(dtype).to(dev)
+    return x.t() if transposed else x.t().contiguous()
+
+
+def _softmax_case(ctx, candidate, x, label, transposed, dev, extra=()):
+    """One call of the learner's softmax, watched, against float64 (``extra``: more models of
+    mistakes, first): ``(the result, the case's description)``."""
+    dtype = x.dtype
+    case = f"{label}: x {tuple(x.shape)} {dtype_name(dtype)}, strides {x.stride()}"
+    with watching(KernelLoads()) as rec:
+        got = ctx.call(candidate, x, case=case)
+    _expect_in_bounds(ctx, rec, case)
+    expected = torch.softmax(x.double(), -1)
+    if isinstance(got, torch.Tensor) and got.shape == x.shape:
+        _name_overflow(ctx, got, x, case)
+    ctx.expect_array(got, x.new_empty(x.shape), what="the result", case=case)
+    mistakes = list(extra) + [
+        Mistake.of(i, model=lambda kw=kw: _softmax_model(x, **kw)) for i, kw in SOFTMAX_MISTAKES
+    ]
+    if transposed:
+        mistakes.append(
+            Mistake.of(
+                "triton_strides_contiguous",
+                model=lambda: _softmax_model(_as_contiguous_strides(x)),
             )
-            mistakes.append(
-                Mistake.of(
-                    "triton_unit_column_stride",
-                    model=lambda: _softmax_model(torch.as_strided(x, x.shape, (x.stride(0), 1))),
-                )
+        )
+        mistakes.append(
+            Mistake.of(
+                "triton_unit_column_stride",
+                model=lambda: _softmax_model(torch.as_strided(x, x.shape, (x.stride(0), 1))),
             )
-        ctx.expect_close(
-            got.double(), expected, what="the result", case=case, mistakes=mistakes,
-            **_tol(dtype, dev),
-        )  # fmt: skip
+        )
+    ctx.expect_close(
+        got.double(), expected, what="the result", case=case, mistakes=mistakes,
+        **_tol(dtype, dev),
+    )  # fmt: skip
+    return got, case
 
 
 # ----------------------------------------------------------------------------- triton_attention
@@ -399,6 +450,8 @@ ATTENTION_MISTAKES = [
 #: options that make a mistake only when causal
 _CAUSAL_ONLY = {"mask", "stop_before_block", "end_shift"}
 
+#: The case that the check of triton_attention calls again, on other values (the cheapest).
+ATTENTION_AGAIN = ("one token", (1, 1, 1, 1, 16), False, F32, "", 16, 16, 1.0)
 #: label, (B, H, n_q, n_k, d), causal, dtype, layout, block_m, block_n, scale of q and k.
 #: Layout "bnhd": q, k, v are transposed views of (B, n, H, d) tensors (strides not those
 #: of a contiguous (B, H, n, d) tensor); "kt": k is a transposed view of (B, H, d, n_k).
@@ -435,7 +488,7 @@ ATTENTION_CASES = [
         16,
         1.0,
     ),
-    ("one token", (1, 1, 1, 1, 16), False, F32, "", 16, 16, 1.0),
+    ATTENTION_AGAIN,
     ("one token, causal", (1, 1, 1, 1, 16), True, F32, "", 16, 16, 1.0),
     (
         # two batches: a kernel that offsets (batch, head) by bh * stride_h reads wrong here
@@ -586,11 +639,11 @@ def _lse_parts(q, k, v, causal):
 
 def _attention_case(
     ctx, candidate, q, k, v, causal, bm, bn, label, limit_scale=1.0, *, split=False, extra=()
-) -> KernelLoads:
+) -> tuple[KernelLoads, tuple, str]:
     """One call of the learner's kernel, watched: its output and lse against float64, a wrong
     value named by a model of the mistake (``extra``: more models); the watcher (what the
-    kernel loaded). ``split``: the kernel is triton_causal_split's, called without
-    ``causal``."""
+    kernel loaded), the results ``(out, lse)`` and the case's description. ``split``: the
+    kernel is triton_causal_split's, called without ``causal``."""
     case = _describe(label, q, k, None if split else causal, bm, bn)
     dev = q.device
     args = (q, k, v, bm, bn) if split else (q, k, v, causal, bm, bn)
@@ -651,7 +704,26 @@ def _attention_case(
             case=case,
             mistake="triton_dot_upcast",
         )
-    return rec
+    return rec, (out, lse), case
+
+
+def _attention_again(ctx, candidate, g, dev, pace, row, first=None, *, split=False) -> None:
+    """The case ``row`` (a row of ATTENTION_CASES) called twice, on other values of the same
+    shape, dtype and strides: each answer must be its own input's, and the first must not
+    change when the second call comes (``first``: the first call's inputs and results, where
+    the row ran already)."""
+    label, shape, causal, dtype, layout, bm, bn, scale = row
+    limit = _limit_scale(ctx, pace, shape, bm, bn)
+    if first is None:
+        inputs = _attention_inputs(g, shape, dtype, layout, scale, dev)
+        _, results, _ = _attention_case(ctx, candidate, *inputs, causal, bm, bn, label, limit,
+                                        split=split)  # fmt: skip
+        first = (inputs, results, _copies(results))
+    inputs, results, copies = first  # the first inputs kept: no later input takes their memory
+    q, k, v = _attention_inputs(g, shape, dtype, layout, scale, dev)
+    _, _, case = _attention_case(ctx, candidate, q, k, v, causal, bm, bn, f"{label}, {AGAIN}",
+                                 limit, split=split, extra=[_cached(results[0])])  # fmt: skip
+    _expect_kept(ctx, results, copies, case)
 
 
 def _check_blind_blocks(ctx, candidate, g, dev, pace) -> None:
@@ -669,7 +741,7 @@ def _check_blind_blocks(ctx, candidate, g, dev, pace) -> None:
         ("the last 16 of those queries alone (n_q = n_k = 16), causal", last),
     ):
         limit = _limit_scale(ctx, pace, (1, 1, qs.shape[2], n_k, d), bs, bs)
-        rec = _attention_case(ctx, candidate, qs, k, v, True, bs, bs, label, limit)
+        rec, _, _ = _attention_case(ctx, candidate, qs, k, v, True, bs, bs, label, limit)
         loads.append(rec.loaded if rec.available else None)
     if None in loads:
         return
@@ -780,10 +852,15 @@ def check_triton_attention(candidate, ctx: Context) -> None:
     dev = _device()
     cases = ATTENTION_THOROUGH if ctx.thorough else ATTENTION_CASES
     pace = _reference_pace(*ATTENTION_CASES[0][1:7], dev)
-    for label, shape, causal, dtype, layout, bm, bn, scale in cases:
+    first = None
+    for row in cases:
+        label, shape, causal, dtype, layout, bm, bn, scale = row
         q, k, v = _attention_inputs(g, shape, dtype, layout, scale, dev)
         limit = _limit_scale(ctx, pace, shape, bm, bn)
-        _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit)
+        _, results, _ = _attention_case(ctx, candidate, q, k, v, causal, bm, bn, label, limit)
+        if row == ATTENTION_AGAIN:
+            first = ((q, k, v), results, _copies(results))
+    _attention_again(ctx, candidate, g, dev, pace, ATTENTION_AGAIN, first)
     _check_skipping_and_memory(ctx, candidate, g, dev, pace)
     _check_blind_blocks(ctx, candidate, g, dev, pace)
     shape = (1, 1, 20, 20, 16)
@@ -862,6 +939,8 @@ SPLIT_MISTAKES = [
     ("triton_split_without_offset", dict(lo_offset=False)),
 ]
 
+#: The case that the check of triton_causal_split calls again, on other values (the cheapest).
+SPLIT_AGAIN = ("one token", (1, 1, 1, 1, 32), F32, "", 16, 16)
 #: label, (B, H, n_q, n_k, d), dtype, layout, block_m, block_n (d != block_n everywhere: the
 #: watcher counts the score tiles by their number of elements, block_m * block_n, in any
 #: shape, and a tl.where on the output's block_m * d must not count). The first case has
@@ -880,7 +959,7 @@ SPLIT_CASES = [
     ("block_m=16, block_n=32, n_q=40, n_k=100 (j <= i + 60: the split falls inside a tile)",
      (1, 1, 40, 100, 16), F32, "", 16, 32),
     ("float16, 2 batches, n=48", (2, 1, 48, 48, 32), F16, "", 16, 16),
-    ("one token", (1, 1, 1, 1, 32), F32, "", 16, 16),
+    SPLIT_AGAIN,
 ]  # fmt: skip
 SPLIT_THOROUGH = [
     ("2 x 2 heads, n=72, blocks of 32, transposed views of (B, n, H, d)", (2, 2, 72, 72, 16),
@@ -950,7 +1029,9 @@ def check_triton_causal_split(candidate, ctx: Context) -> None:
     g = ctx.torch_gen(144)
     dev = _device()
     pace = _reference_pace(*ATTENTION_CASES[0][1:7], dev)
-    for label, shape, dtype, layout, bm, bn in SPLIT_THOROUGH if ctx.thorough else SPLIT_CASES:
+    first = None
+    for row in SPLIT_THOROUGH if ctx.thorough else SPLIT_CASES:
+        label, shape, dtype, layout, bm, bn = row
         q, k, v = _attention_inputs(g, shape, dtype, layout, 1.0, dev)
         qc, kc, vc = (t.cpu() for t in (q, k, v))
         extra = [
@@ -958,10 +1039,15 @@ def check_triton_causal_split(candidate, ctx: Context) -> None:
             for mid, kw in SPLIT_MISTAKES
         ]
         limit = _limit_scale(ctx, pace, shape, bm, bn)
-        rec = _attention_case(
+        rec, results, case = _attention_case(
             ctx, candidate, q, k, v, True, bm, bn, label, limit, split=True, extra=extra
         )
-        _expect_split_work(ctx, rec, q, k, bm, bn, _describe(label, q, k, None, bm, bn))
+        _expect_split_work(ctx, rec, q, k, bm, bn, case)
+        if row == SPLIT_AGAIN:
+            first = ((q, k, v), results, _copies(results))
+    label, shape, dtype, layout, bm, bn = SPLIT_AGAIN
+    again = (label, shape, True, dtype, layout, bm, bn, 1.0)
+    _attention_again(ctx, candidate, g, dev, pace, again, first, split=True)
     shape = (1, 1, 20, 20, 32)
     q, k, v = _attention_inputs(g, shape, F32, "", 1.0, dev)
     expect_spec_defaults(
@@ -976,6 +1062,8 @@ def check_triton_causal_split(candidate, ctx: Context) -> None:
 
 
 # ----------------------------------------------------------------------------- autograd function
+#: The case that the check of triton_flash_attention calls again, on other values.
+FUNCTION_AGAIN = ("one token, causal", (1, 1, 1, 1, 16), True, F32)
 #: label, (B, H, n_q, n_k, d), causal, dtype (causal with n_q > n_k: the first queries see no
 #: key, their lse is -inf, and their gradients must be 0, not NaN)
 FUNCTION_CASES = [
@@ -984,7 +1072,7 @@ FUNCTION_CASES = [
     ("n_q=20, n_k=37", (1, 2, 20, 37, 16), False, F32),
     ("n_q=20, n_k=45, causal", (1, 1, 20, 45, 16), True, F32),
     ("n_q=45, n_k=20, causal: 25 queries see no key", (1, 1, 45, 20, 16), True, F32),
-    ("one token, causal", (1, 1, 1, 1, 16), True, F32),
+    FUNCTION_AGAIN,
     ("float16, n_q=24, n_k=40, causal", (1, 1, 24, 40, 16), True, F16),
 ]
 FUNCTION_THOROUGH = [
@@ -1069,7 +1157,10 @@ BWD_MISTAKES = FLASH_BWD_MISTAKES + [
 ]
 
 
-def _function_case(ctx, cls, q, k, v, causal, label, limit_scale=1.0) -> None:
+def _function_case(ctx, cls, q, k, v, causal, label, limit_scale=1.0, earlier=None):
+    """The output and the gradients of one case against float64 autograd: ``(out, dq, dk,
+    dv)`` and the case's description. ``earlier``: what an earlier call of that shape
+    returned, a result cached by shape if it comes back."""
     case = (
         f"{label}: q {tuple(q.shape)}, k, v {tuple(k.shape)} {dtype_name(q.dtype)}, causal={causal}"
     )
@@ -1080,8 +1171,10 @@ def _function_case(ctx, cls, q, k, v, causal, label, limit_scale=1.0) -> None:
     if q.dtype == F16:
         tol = {name: max(value, GRAD_TOL_F16[name]) for name, value in tol.items()}
     ctx.expect_array(out, q.new_empty(want_out.shape), what="the output", case=case)
-    ctx.expect_close(out.detach().double().cpu(), want_out, what="the output", case=case, **tol)
-    g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel())
+    cached = [_cached(earlier[0])] if earlier else []
+    ctx.expect_close(out.detach().double().cpu(), want_out, what="the output", case=case,
+                     mistakes=cached, **tol)  # fmt: skip
+    g = torch.Generator().manual_seed(ctx.seed * 31 + q.numel() + (earlier is not None))
     do64 = torch.randn(want_out.shape, generator=g, dtype=F64)
     if q.dtype == F16:
         do64 = do64.to(F16).double()  # the gradient the learner is given, exactly
@@ -1120,10 +1213,13 @@ def _function_case(ctx, cls, q, k, v, causal, label, limit_scale=1.0) -> None:
             for other in range(3)
             if other != index and want[other].shape == want[index].shape
         ]
+        if earlier:
+            mistakes.insert(0, _cached(earlier[1 + index]))
         ctx.expect_close(
             grads[index].detach().double().cpu(), want[index], what=what, case=case,
             mistakes=mistakes, **tol,
         )  # fmt: skip
+    return (out, *grads), case
 
 
 @exercise(
@@ -1147,11 +1243,26 @@ def check_triton_flash_attention(candidate, ctx: Context) -> None:
     pace = _reference_pace(FUNCTION_CASES[0][1], FUNCTION_CASES[0][2], F32, "", 16, 16, dev)
     with reference_functions(candidate, triton_attention=_ref().triton_attention):
         # The graded (thorough) run: other cases only, as for triton_attention.
-        for label, shape, causal, dtype in FUNCTION_THOROUGH if ctx.thorough else FUNCTION_CASES:
+        first = None
+        for row in FUNCTION_THOROUGH if ctx.thorough else FUNCTION_CASES:
+            label, shape, causal, dtype = row
             q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
             # the forward pass runs the reference kernel (tiles of 16 by default)
             limit = _limit_scale(ctx, pace, shape, 16, 16)
-            _function_case(ctx, cls, q, k, v, causal, label, limit)
+            results, _ = _function_case(ctx, cls, q, k, v, causal, label, limit)
+            if row == FUNCTION_AGAIN:
+                first = ((q, k, v), results, _copies(results))
+        # that case again, on other values: each answer its own input's, the first unchanged
+        label, shape, causal, dtype = FUNCTION_AGAIN
+        limit = _limit_scale(ctx, pace, shape, 16, 16)
+        if first is None:
+            q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
+            results, _ = _function_case(ctx, cls, q, k, v, causal, label, limit)
+            first = ((q, k, v), results, _copies(results))
+        q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
+        _, case = _function_case(ctx, cls, q, k, v, causal, f"{label}, {AGAIN}", limit,
+                                 earlier=first[1])  # fmt: skip
+        _expect_kept(ctx, first[1], first[2], case)
 
 
 # ----------------------------------------------------------------------------- backward kernels
@@ -1177,7 +1288,7 @@ def _bwd_tile_pairs(n_q, n_k, bm, bn, causal: bool) -> int:
 def _bwd_model(
     q, k, v, out, lse, do, causal: bool, bm: int, bn: int, *, mask: str = "right",
     weights: str = "lse", delta: str = "out", scale_power: int = 0, scores_scale: int = 1,
-    dv_from: str = "p", dq_end: str = "block_m",
+    dv_from: str = "p", dq_end: str = "block_m", do_strides: str = "own",
 ):  # fmt: skip
     """``(dq, dk, dv)`` of a (possibly buggy) FlashAttention-2 backward pass in float64, from
     the out and lse the learner is given. ``mask``: "right" (j <= i + n_k - n_q), "none" (no
@@ -1188,8 +1299,14 @@ def _bwd_model(
     dq and dk times scale to that power more; ``scores_scale``: the power of the scale in
     the recomputed scores (0: left out, 2: twice); ``dv_from="ds"``: dV = dS^T dO;
     ``dq_end="block_n"``: the dQ kernel's causal loop ends at (start_m + 1) * BLOCK_N + n_k -
-    n_q (the tiles of keys past it left out of dQ only)."""
-    q, k, v, out, do = (t.detach().double().cpu() for t in (q, k, v, out, do))
+    n_q (the tiles of keys past it left out of dQ only); ``do_strides``: grad_out read with
+    out's strides ("out": in every kernel, "out_in_delta": in D's pre-pass only); ``mask=
+    "strict"``: j < i + n_k - n_q."""
+    do_delta = do
+    if do_strides != "own":
+        misread = torch.as_strided(do, do.shape, out.stride(), do.storage_offset())
+        do_delta, do = (misread, do) if do_strides == "out_in_delta" else (misread, misread)
+    q, k, v, out, do, do_delta = (t.detach().double().cpu() for t in (q, k, v, out, do, do_delta))
     lse = lse.detach().double().cpu()
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d)
@@ -1203,6 +1320,7 @@ def _bwd_model(
             "none": allowed,
             "tiles": _bwd_visited(n_q, n_k, bm, bn, offset),
             "top_left": allowed.tril(0),
+            "strict": allowed.tril(offset - 1),
             "right_bounds": right & _bwd_visited(n_q, n_k, bm, bn, 0),
         }[mask]
     none = ~torch.isfinite(lse)[..., None]
@@ -1216,7 +1334,7 @@ def _bwd_model(
     p = torch.exp(s - row).masked_fill(~allowed, 0.0)
     dp = do @ v.transpose(-2, -1)
     d_i = {
-        "out": lambda: (do * out).sum(-1, keepdim=True),
+        "out": lambda: (do_delta * out).sum(-1, keepdim=True),
         "none": lambda: torch.zeros_like(lse)[..., None],
         "v": lambda: (do * v[..., :n_q, :]).sum(-1, keepdim=True),
     }[delta]()
@@ -1250,11 +1368,22 @@ BWD_KERNEL_MISTAKES = [
     ("triton_bwd_dq_end_block_n", dict(dq_end="block_n"), lambda n_q, n_k, causal: causal),
     ("triton_bwd_causal_offset", dict(mask="top_left"), lambda n_q, n_k, c: c and n_q != n_k),
     ("triton_bwd_causal_offset", dict(mask="right_bounds"), lambda n_q, n_k, c: c and n_q != n_k),
+    ("triton_bwd_causal_mask_strict", dict(mask="strict"), lambda n_q, n_k, causal: causal),
+    # where grad_out's strides are not out's (the check leaves these out elsewhere)
+    ("triton_bwd_do_strides_of_out", dict(do_strides="out"), None),
+    ("triton_bwd_do_strides_of_out", dict(do_strides="out_in_delta"), None),
 ]
 
+#: grad_out's larger rows in a case of layout "s" (its other rows: 100): with values about 8,
+#: D = rowsum(dO * O) is about 100,000 there, past float16's 65,504, and about 13,000 in the
+#: others; dQ, dK and dV stay within float16.
+LOSS_SCALE = 800.0
+#: The case that the check of triton_attention_backward calls again, on other values.
+BWD_AGAIN = ("one token, causal", (1, 1, 1, 1, 16), True, F32, "", 16, 16)
 #: label, (B, H, n_q, n_k, d), causal, dtype, layout, block_m, block_n. Layout: the letters of
 #: the tensors given as views of another memory order: q, v: of (B, n, H, d); k: of
-#: (B, H, d, n_k); g (grad_out): of (B, H, d, n_q). out is contiguous (the forward made it).
+#: (B, H, d, n_k); g (grad_out): of (B, H, d, n_q); and "s": grad_out as large as a loss scale
+#: makes it (see LOSS_SCALE). out is contiguous (the forward made it).
 BWD_CASES = [
     ("2 batches, n=24 (tiles of 16: a tail of 8)", (2, 1, 24, 24, 16), False, F32, "", 16, 16),
     ("n_q=20, n_k=45, causal (query i sees keys j <= i + 25), k, v and grad_out transposed "
@@ -1267,7 +1396,10 @@ BWD_CASES = [
      F32, "", 32, 16),
     ("float16, 2 heads, n=20, causal, grad_out a transposed view", (1, 2, 20, 20, 16), True,
      F16, "g", 16, 16),
-    ("one token, causal", (1, 1, 1, 1, 16), True, F32, "", 16, 16),
+    BWD_AGAIN,
+    ("float16, n=16, grad_out's rows about 100 and 800 in turn (a loss scale's size), v about "
+     "8: D = rowsum(dO * O) past float16's 65,504 in every other row", (1, 1, 16, 16, 16),
+     False, F16, "s", 16, 16),
 ]  # fmt: skip
 BWD_THOROUGH = [
     ("2 x 2 heads, n=20, blocks of 32, causal, every input a transposed view",
@@ -1280,6 +1412,9 @@ BWD_THOROUGH = [
      (1, 1, 40, 40, 16), True, F32, "", 32, 16),
     ("float16, n_q=36, n_k=20, v a transposed view", (1, 1, 36, 20, 16), False, F16, "v", 16,
      16),
+    ("float16, n_q=16, n_k=32, causal, grad_out's rows about 100 and 800 in turn (a loss "
+     "scale's size), v about 8: D = rowsum(dO * O) past float16's 65,504 in every other row",
+     (1, 1, 16, 32, 16), True, F16, "s", 16, 16),
 ]  # fmt: skip
 #: the case the reference backward is timed on when a check starts (its pace per tile step)
 BWD_PACE_CASE = ((1, 1, 20, 20, 16), False, F32, "", 16, 16)
@@ -1287,7 +1422,9 @@ BWD_PACE_CASE = ((1, 1, 20, 20, 16), False, F32, "", 16, 16)
 
 def _bwd_inputs(g, shape, causal, dtype, layout: str, dev):
     """q, k, v in their layouts, out and lse (exact, out in the inputs' dtype, lse float32,
-    -inf where a query sees no key) and grad_out."""
+    -inf where a query sees no key) and grad_out (layout "s": as large as a loss scale makes
+    it, and v's values about 8, so that D = rowsum(dO * O) of every other query is past
+    float16's 65,504)."""
     B, H, n_q, n_k, d = shape
     q, k, v = _attention_inputs(g, shape, dtype, "", 1.0, dev)
     do = torch.randn(B, H, n_q, d, generator=g, dtype=F64).to(dtype)
@@ -1300,6 +1437,10 @@ def _bwd_inputs(g, shape, causal, dtype, layout: str, dev):
         v = v.transpose(1, 2).contiguous().transpose(1, 2)
     if "k" in layout:
         k = k.transpose(2, 3).contiguous().transpose(2, 3)
+    if "s" in layout:  # values about 8, grad_out's rows about 100 and 800 in turn
+        v = (v.double() + 8.0).to(dtype)
+        rows = torch.tensor([100.0, LOSS_SCALE]).repeat(n_q)[:n_q, None]
+        do = (rows * (1.0 + do.double().cpu() / 4)).to(dtype).to(dev)
     if "g" in layout:
         do = do.transpose(2, 3).contiguous().transpose(2, 3)
     out64, lse64 = _exact(q, k, v, causal)
@@ -1395,7 +1536,11 @@ def _name_nan_no_key(ctx, grads, lse, case: str) -> None:
         )
 
 
-def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, dev, pace):
+def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, dev, pace,
+              earlier=None):  # fmt: skip
+    """One call of the learner's backward, watched, against float64 autograd: ``(its inputs,
+    (dq, dk, dv), the case's description)``. ``earlier``: the gradients an earlier call of that
+    shape returned, a result cached by shape if they come back."""
     q, k, v, out, lse, do = _bwd_inputs(g, shape, causal, dtype, layout, dev)
     case = (
         f"{label}: q {tuple(q.shape)}, k and v {tuple(k.shape)} {dtype_name(dtype)}, "
@@ -1414,6 +1559,8 @@ def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, de
     tol = dict(GRAD_TOL[dev.type])
     if dtype == F16:
         tol = {name: max(value, GRAD_TOL_F16[name]) for name, value in tol.items()}
+    if "s" in layout:  # the gradients are about LOSS_SCALE times larger, their rounding too
+        tol["atol"] *= LOSS_SCALE
     n_q, n_k = shape[2], shape[3]
     args = [t.cpu() for t in (q, k, v, out, lse, do)]
     model = functools.cache(
@@ -1428,13 +1575,17 @@ def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, de
             if tag("nan_or_inf") not in str(failure):
                 raise
             values = grads[index].detach().double().cpu()
+            if index != 2:  # dV = P^T dO has no D
+                _name_delta_float16(ctx, index, values, out, do, n_k, causal, what, case)
             first = tuple(int(i) for i in torch.nonzero(~torch.isfinite(values))[0])
             ctx.fail(f"{what} contains NaN or inf (first at index {first}).", case=case,
                      mistake="triton_bwd_nan")  # fmt: skip
-        mistakes = [
+        mistakes = [_cached(earlier[index])] if earlier else []
+        mistakes += [
             Mistake.of(mid, model=lambda i=i, index=index: model(i)[index])
-            for i, (mid, _, when) in enumerate(BWD_KERNEL_MISTAKES)
-            if when is None or when(n_q, n_k, causal)
+            for i, (mid, opts, when) in enumerate(BWD_KERNEL_MISTAKES)
+            if (when is None or when(n_q, n_k, causal))
+            and ("do_strides" not in opts or do.stride() != out.stride())
         ]
         if index:  # dk in dv's place, or dv in dk's
             mistakes.append(
@@ -1452,6 +1603,29 @@ def _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, de
             "grad_out are float16.",
             case=case,
             mistake="triton_bwd_dot_upcast",
+        )
+    return (q, k, v, out, lse, do), grads, case
+
+
+def _name_delta_float16(ctx, index, values, out, do, n_k, causal, what, case) -> None:
+    """dq (``index`` 0) or dk (1) NaN or inf in exactly the rows that D = rowsum(dO * O) made
+    inf in float16 (dq: the queries whose D is past float16's range and that see a key; dk:
+    the keys such a query sees): D computed or kept in float16."""
+    d = (do.detach().double().cpu() * out.detach().double().cpu()).sum(-1)  # (B, H, n_q)
+    over = d.abs() >= 65520.0  # rounds to inf in float16 (its largest value: 65,504)
+    if not bool(over.any()):
+        return
+    sees = torch.ones(out.shape[2], n_k, dtype=torch.bool)  # the keys each query sees
+    if causal:
+        sees = sees.tril(n_k - out.shape[2])
+    expected = (over[..., :, None] & sees).any(-2) if index else over & sees.any(-1)
+    if torch.equal(~torch.isfinite(values).all(-1), expected):
+        ctx.fail(
+            f"{what} holds NaN or inf in exactly the {int(expected.sum())} rows that D = "
+            f"rowsum(dO * O) makes inf in float16: D is {float(d.abs().max()):,.0f} at most "
+            "here, past float16's largest value, 65,504.",
+            case=case,
+            mistake="triton_bwd_delta_float16",
         )
 
 
@@ -1473,15 +1647,34 @@ def check_triton_attention_backward(candidate, ctx: Context) -> None:
     mistake; in the interpreter, the addresses (a read-modify-write of several programs
     named as a race) and the work: the products of every pair computed by tl.dot, no
     PyTorch product of matrices on the learner's path, and no tile in the future of its
-    queries.
+    queries. A float16 case has grad_out as large as a loss scale makes it (D = rowsum(dO *
+    O) past float16's range: D must be float32), and the one-token case is called again on
+    other values (a result kept from an earlier call of that shape is named).
 
     The graded (thorough) run checks other cases, not the self-check's again (nor the
-    defaults): the interpreter runs every program in Python."""
+    defaults; the one-token case alone, twice): the interpreter runs every program in
+    Python."""
     g = ctx.torch_gen(145)
     dev = _device()
     pace = _bwd_pace(dev)
-    for label, shape, causal, dtype, layout, bm, bn in BWD_THOROUGH if ctx.thorough else BWD_CASES:
-        _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, dev, pace)
+    first = None
+    for row in BWD_THOROUGH if ctx.thorough else BWD_CASES:
+        label, shape, causal, dtype, layout, bm, bn = row
+        inputs, grads, _ = _bwd_case(
+            ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, dev, pace
+        )
+        if row == BWD_AGAIN:
+            first = (inputs, grads, _copies(grads))
+    # that case again, on other values: each answer its own input's, the first unchanged
+    label, shape, causal, dtype, layout, bm, bn = BWD_AGAIN
+    if first is None:
+        inputs, grads, _ = _bwd_case(
+            ctx, candidate, shape, causal, dtype, layout, bm, bn, label, g, dev, pace
+        )
+        first = (inputs, grads, _copies(grads))
+    _, _, case = _bwd_case(ctx, candidate, shape, causal, dtype, layout, bm, bn,
+                           f"{label}, {AGAIN}", g, dev, pace, earlier=first[1])  # fmt: skip
+    _expect_kept(ctx, first[1], first[2], case)
     if ctx.thorough:  # the self-check, which the graded cell runs first, checked the defaults
         return
     shape = (1, 1, 3, 5, 16)  # small: causal or not differ, the blocks cannot

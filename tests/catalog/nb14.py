@@ -685,10 +685,13 @@ def _bwd_pre(O_, DO, Dl, sob, soh, som, sod, sgb, sgh, sgm, sgd, n_heads, n_q,
     offs_d = tl.arange(0, D)
     rows = offs_m < n_q
     o = tl.load(O_ + b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :] * sod,
-                mask=rows[:, None], other=0.0).to(tl.float32)  # fmt: skip
+                mask=rows[:, None], other=0.0)  # fmt: skip
     do = tl.load(DO + b * sgb + h * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-                 mask=rows[:, None], other=0.0).to(tl.float32)  # fmt: skip
-    delta = tl.sum(o * do, axis=1)
+                 mask=rows[:, None], other=0.0)  # fmt: skip
+    if BUG == 29:  # noqa: SIM108 - D in the inputs' dtype (float16 stays float16)
+        delta = tl.sum(o * do, axis=1)
+    else:
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     if BUG == 1:  # D left out
         delta = delta * 0.0
     tl.store(Dl + bh * n_q + offs_m, delta, mask=rows)
@@ -707,6 +710,8 @@ def _bwd_p(q, kt, lse, offs_m, offs_n, n_q, n_k, offset, scale, CAUSAL: tl.const
             allowed = allowed
         elif BUG == 7:  # notebook 12's j <= i
             allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+        elif BUG == 26:  # strict: the diagonal left out
+            allowed = allowed & (offs_n[None, :] < offs_m[:, None] + offset)
         else:
             allowed = allowed & (offs_n[None, :] <= offs_m[:, None] + offset)
     if BUG == 3:  # lse forgotten
@@ -861,15 +866,20 @@ def _attention_backward(q, k, v, out, lse, do, causal, bm, bn, bug=0, atomic=Fal
     dv = torch.empty_like(dk)
     delta = torch.empty(B, H, n_q, dtype=torch.float32, device=q.device)
     scale = 1 / math.sqrt(d)
-    if not atomic and bug != 20:
+    # 27: dO addressed with out's strides everywhere; 28: in D's pre-pass only
+    s_do = out.stride() if bug == 27 else do.stride()
+    if bug == 30:  # D by PyTorch in the inputs' dtype (float16), a float16 buffer
+        delta = (do * out).sum(-1)
+    elif not atomic and bug != 20:
         o = v if bug == 2 else out  # 2: D from the values
+        s_pre = o.stride() if bug == 28 else s_do
         _bwd_pre[(triton.cdiv(n_q, bm), B * H)](
-            o, do, delta, *o.stride(), *do.stride(), H, n_q, D=d, BM=bm, BUG=bug
+            o, do, delta, *o.stride(), *s_pre, H, n_q, D=d, BM=bm, BUG=bug
         )  # fmt: skip
     first, second = (dv, dk) if bug == 8 else (dk, dv)  # 8: dK and dV swapped
     _bwd_kv[(triton.cdiv(n_k, bn), B * H)](
         q, k, v, out, do, lse, delta, first, second, dq, *q.stride(), *k.stride(), *v.stride(),
-        *out.stride(), *do.stride(), *lse.stride(), H, n_q, n_k, scale,
+        *out.stride(), *s_do, *lse.stride(), H, n_q, n_k, scale,
         D=d, BM=bm, BN=bn, CAUSAL=bool(causal), BUG=bug, ATOMIC=atomic,
     )  # fmt: skip
     if atomic:
@@ -890,7 +900,7 @@ def _attention_backward(q, k, v, out, lse, do, causal, bm, bn, bug=0, atomic=Fal
             out, do, delta, *out.stride(), *do.stride(), H, n_q, D=d, BM=bm, BUG=0
         )  # fmt: skip
     _bwd_q[(triton.cdiv(n_q, bm), B * H)](
-        q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *s_do,
         *lse.stride(), H, n_q, n_k, scale, D=d, BM=bm, BN=bm if bug == 23 else bn,
         CAUSAL=bool(causal), BUG=bug,
     )  # fmt: skip
@@ -919,6 +929,11 @@ for _bug, _id, _name in [
     (19, "triton_bwd_dq_race", "dq_added_by_load_and_store"),
     (22, "triton_bwd_causal_offset", "dkdv_start_without_offset"),
     (25, "triton_bwd_nan", "do_padding_loaded_as_nan"),
+    (26, "triton_bwd_causal_mask_strict", "causal_mask_strict"),
+    (27, "triton_bwd_do_strides_of_out", "do_with_out_strides"),
+    (28, "triton_bwd_do_strides_of_out", "do_with_out_strides_in_delta"),
+    (29, "triton_bwd_delta_float16", "delta_summed_in_float16"),
+    (30, "triton_bwd_delta_float16", "delta_by_torch_in_float16"),
 ]:
 
     def _bwd_entry(q, k, v, out, lse, grad_out, causal=False, block_m=16, block_n=16, _bug=_bug):
@@ -1000,3 +1015,98 @@ def attention_backward_dkdv_start_mid_tile(q, k, v, out, lse, grad_out, causal=F
     """The dK/dV kernel's loop starts at the first query that sees its tile, not rounded down
     to a tile of queries."""
     return _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n, bug=24)
+
+
+# ----------------------------------------------------------- every exercise: results kept by shape
+def _shape_key(args) -> tuple:
+    """What a cache keyed by the inputs' shapes sees: each tensor's shape, dtype and strides,
+    and the other arguments as they are."""
+    return tuple(
+        (tuple(a.shape), a.dtype, a.stride()) if isinstance(a, torch.Tensor) else a for a in args
+    )
+
+
+def _kept_by_shape(compute):
+    """``compute`` behind a cache of its results keyed by the inputs' shapes: the first call of
+    a shape computes, every later call of that shape returns the first's result."""
+    kept = {}
+
+    def call(*args):
+        key = _shape_key(args)
+        if key not in kept:
+            kept[key] = compute(*args)
+        return kept[key]
+
+    return call
+
+
+_softmax_kept = _kept_by_shape(_softmax)
+_attention_kept = _kept_by_shape(_attention)
+_split_kept = _kept_by_shape(_causal_split)
+_backward_kept = _kept_by_shape(_attention_backward)
+
+
+@mistake("triton_softmax", id="result_cached_by_shape")
+def softmax_cached_by_shape(x):
+    """The result of the first call of each shape, kept and given back (to save the launch)."""
+    return _softmax_kept(x)
+
+
+@mistake("triton_attention", id="result_cached_by_shape")
+def attention_cached_by_shape(q, k, v, causal=False, block_m=16, block_n=16):
+    return _attention_kept(q, k, v, causal, block_m, block_n)
+
+
+@mistake("triton_causal_split", id="result_cached_by_shape")
+def causal_split_cached_by_shape(q, k, v, block_m=16, block_n=16):
+    return _split_kept(q, k, v, block_m, block_n)
+
+
+@mistake("triton_attention_backward", id="result_cached_by_shape")
+def attention_backward_cached_by_shape(q, k, v, out, lse, grad_out, causal=False, block_m=16,
+                                       block_n=16):  # fmt: skip
+    return _backward_kept(q, k, v, out, lse, grad_out, causal, block_m, block_n)
+
+
+_gradients_kept: dict = {}
+
+
+@mistake("triton_flash_attention", id="result_cached_by_shape")
+class TritonAttentionGradientsCachedByShape(TritonFlashAttention):
+    """The gradients of the first backward pass of each shape, kept and given back."""
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        key = _shape_key((q, k, v, do, ctx.causal))
+        if key not in _gradients_kept:
+            dq, dk, dv = _backward(q, k, v, out, lse, do, ctx.causal)
+            _gradients_kept[key] = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None)
+        return _gradients_kept[key]
+
+
+_buffers: dict = {}
+
+
+@mistake("triton_softmax", id="result_buffer_reused")
+def softmax_into_one_buffer(x):
+    """The output buffer allocated once per shape and returned by every call (to save the
+    allocation): a later call overwrites what an earlier one returned."""
+    key = ("softmax", *_shape_key([x]))
+    y = _buffers.setdefault(key, torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    rows, n = x.shape
+    _softmax_rows[(rows,)](x, y, n, *x.stride(), *y.stride(), BLOCK=triton.next_power_of_2(n),
+                           BUG=0)  # fmt: skip
+    return y
+
+
+@mistake("triton_attention_backward", id="result_buffer_reused")
+def attention_backward_into_kept_buffers(q, k, v, out, lse, grad_out, causal=False, block_m=16,
+                                         block_n=16):  # fmt: skip
+    """dq, dk and dv copied into buffers allocated once per shape and returned every call."""
+    grads = _attention_backward(q, k, v, out, lse, grad_out, causal, block_m, block_n)
+    key = ("backward", *_shape_key([q, k, v, out, lse, grad_out, causal, block_m, block_n]))
+    kept = _buffers.setdefault(key, tuple(torch.empty_like(g) for g in grads))
+    for buffer, g in zip(kept, grads, strict=True):
+        buffer.copy_(g)
+    return kept
