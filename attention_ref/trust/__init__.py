@@ -32,8 +32,9 @@ What a graded notebook goes through, in order (nbgrader_config.py wires it up):
    package from ``attention_ref.course.edition``, no network, capped memory, processes and
    disk); the checker's socket is its one way out.
 5. The kernel's prelude (``attention_ref.course.cell_limits`` runs :mod:`.trusted`'s
-   strings, before the learner's first cell): PyTorch's fused attention removed
-   (:mod:`.fused_removal`), the meta device warmed, new programs refused (:mod:`.no_exec`).
+   strings, before the learner's first cell): PyTorch's attention removed, its fused kernels
+   and its Python (:mod:`.fused_removal`), the meta device warmed, new programs refused
+   (:mod:`.no_exec`).
 6. Each graded test cell: the grader tells the checker the cell and the checks its source
    makes (:func:`.trusted.expected_checks`). In the kernel, ``check(...)`` does not judge:
    :mod:`.agent` connects to the checker and serves it. The checker (:func:`.checker.judge`)

@@ -14,7 +14,8 @@ the same kernel, with the same losses.
 
 What it costs a learner: a shell command (``!ls``) or a ``subprocess`` in a graded kernel
 fails with ``PermissionError``; nothing a notebook of the course needs. Notebook 14 is left
-out (Triton compiles its kernels on a GPU with ``ptxas``, a program).
+out only where its kernel sees a GPU (Triton compiles its kernels there with ``ptxas``, a
+program): never in the sandbox, whose ``/dev`` has none (``trusted.kernel_sees_a_gpu``).
 """
 
 from __future__ import annotations
