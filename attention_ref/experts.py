@@ -105,12 +105,7 @@ def route(
         softmax (sigmoid for DeepSeek) scores the load-balancing loss reads. Computed in the
         logits' dtype.
     """
-    require_tensor("logits", logits)
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be (tokens, experts); got shape {tuple(logits.shape)}")
-    E = logits.shape[1]
-    if not 1 <= _positive("top_k", top_k) <= E:
-        raise ValueError(f"top_k must be between 1 and the number of experts {E}; got {top_k}")
+    _require_logits(logits, top_k)
     if router == "gpt_oss":
         top, experts = logits.topk(top_k, dim=-1)  # (N, k): the largest logits
         return top.softmax(dim=-1), experts, logits.softmax(dim=-1)
@@ -126,6 +121,18 @@ def route(
         logits, correction_bias, top_k, norm_topk_prob=norm_topk_prob, n_group=n_group,
         topk_group=topk_group, routed_scaling_factor=routed_scaling_factor,
     )  # fmt: skip
+
+
+def _require_logits(logits: torch.Tensor, top_k: int) -> int:
+    """The number of experts E of router ``logits`` ``(N, E)``; a clear error for other
+    logits, or a ``top_k`` not in ``1 .. E``."""
+    require_tensor("logits", logits)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (tokens, experts); got shape {tuple(logits.shape)}")
+    E = logits.shape[1]
+    if not 1 <= _positive("top_k", top_k) <= E:
+        raise ValueError(f"top_k must be between 1 and the number of experts {E}; got {top_k}")
+    return E
 
 
 def deepseek_port_route(
@@ -159,12 +166,7 @@ def deepseek_port_route(
         experts where an eligible expert's ``s + b < 0``: an expert outside the best groups
         then beats it here. In the logits' dtype and on their device.
     """
-    require_tensor("logits", logits)
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be (tokens, experts); got shape {tuple(logits.shape)}")
-    E = logits.shape[1]
-    if not 1 <= _positive("top_k", top_k) <= E:
-        raise ValueError(f"top_k must be between 1 and the number of experts {E}; got {top_k}")
+    E = _require_logits(logits, top_k)
     if bias is not None:
         require_tensor("bias", bias)
         if tuple(bias.shape) != (E,):
