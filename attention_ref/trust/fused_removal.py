@@ -181,8 +181,7 @@ def _replace_everywhere(stand_ins: dict[int, tuple[object, object]]) -> None:
     the garbage collector's objects in all, whatever the number of functions."""
 
     def swap(x):
-        pair = stand_ins.get(id(x))
-        return pair[1] if pair is not None and pair[0] is x else x
+        return _swapped(x, stand_ins)
 
     originals = [original for original, _ in stand_ins.values()]
     refs = [r for r in gc.get_referrers(*originals) if r is not stand_ins]
@@ -215,15 +214,18 @@ def _replace_everywhere(stand_ins: dict[int, tuple[object, object]]) -> None:
     if tuples:  # a tuple cannot change: its holders get a new one
         for holder in gc.get_referrers(*(old for old, _ in tuples.values())):
             if isinstance(holder, list):
-                holder[:] = [tuples[id(x)][1] if _is_old(x, tuples) else x for x in holder]
+                holder[:] = [_swapped(x, tuples) for x in holder]
             elif isinstance(holder, dict):
-                for key in [k for k, v in holder.items() if _is_old(v, tuples)]:
-                    holder[key] = tuples[id(holder[key])][1]
+                for key in [k for k, v in holder.items() if _swapped(v, tuples) is not v]:
+                    holder[key] = _swapped(holder[key], tuples)
 
 
-def _is_old(x, tuples: dict[int, tuple]) -> bool:
-    pair = tuples.get(id(x))
-    return pair is not None and pair[0] is x
+def _swapped(x, table: dict[int, tuple[object, object]]):
+    """What ``table`` (id(old) -> (old, new)) puts in place of ``x``: its new object if
+    ``x`` is one of the old ones (by identity, not a later object given the same id), else
+    ``x``."""
+    pair = table.get(id(x))
+    return pair[1] if pair is not None and pair[0] is x else x
 
 
 def remove_python_attention() -> list[str]:
