@@ -78,12 +78,21 @@ BUILT_ON: dict[tuple[str, str], int] = {
     (f"{PACKAGE}.kv_cache", "cached_self_attention"): 11,
 }
 #: A notebook's own classes' methods that its edition withholds all the same (notebook,
-#: module, qualified name): those of a class that nothing in the graded kernel builds
+#: module, qualified name): those of a class that nothing in the graded kernel runs
 #: (neither the notebook's demonstrations, which use the learner's class, nor a check, which
 #: builds no reference part into the learner's module). Every other method stays: see
 #: :func:`own_references`.
 WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
-    {(3, f"{PACKAGE}.self_attention", "SelfAttention.forward")}
+    {
+        (3, f"{PACKAGE}.self_attention", "SelfAttention.forward"),
+        # notebook 04's demonstrations run the learner's module with the reference's weights
+        (4, f"{PACKAGE}.multihead", "MultiHeadAttention.forward"),
+        # autograd Functions that only the learner's own run in the kernel
+        (12, f"{PACKAGE}.flash", "FlashAttention.forward"),
+        (12, f"{PACKAGE}.flash", "FlashAttention.backward"),
+        (14, f"{PACKAGE}.triton_attention", "TritonFlashAttention.forward"),
+        (14, f"{PACKAGE}.triton_attention", "TritonFlashAttention.backward"),
+    }
 )
 #: A notebook's own exercises' functions that its edition keeps (notebook, module,
 #: qualified name), each with the reason. Every other function that answers one of a
