@@ -36,6 +36,7 @@ from torch import nn
 from ._validate import describe, require_tensor
 from .multihead import MultiHeadAttention
 from .positional import sinusoidal_encoding
+from .weights import with_weights_of
 
 
 def init_embedding(embed: nn.Embedding) -> nn.Embedding:
@@ -238,3 +239,22 @@ class Encoder(nn.Module):
             x, w = layer(x, mask)  # (B, S, D), (B, H, S, S)
             weights.append(w)
         return self.final_norm(x), weights
+
+
+def with_layers_of(encoder: Encoder, layer: type[nn.Module]) -> Encoder:
+    """``encoder`` with each of its layers replaced, in place, by a module of the class
+    ``layer`` (the learner's ``EncoderLayer(d_model, n_heads, d_ff, dropout=..., norm_first=...)``)
+    holding that layer's weights (:func:`~attention_ref.weights.with_weights_of`): the same
+    model, computed by the learner's code. Returns ``encoder``."""
+    if not isinstance(getattr(encoder, "layers", None), nn.ModuleList):
+        raise TypeError(
+            f"encoder must be an Encoder, whose layers are an nn.ModuleList; got "
+            f"{type(encoder).__name__}"
+        )
+    for i, old in enumerate(encoder.layers):
+        d_model, n_heads = old.self_attn.d_model, old.self_attn.n_heads
+        d_ff, dropout = old.ff.linear1.out_features, old.dropout1.p
+        encoder.layers[i] = with_weights_of(
+            old, layer, d_model, n_heads, d_ff, dropout=dropout, norm_first=old.norm_first
+        )
+    return encoder

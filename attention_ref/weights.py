@@ -59,7 +59,8 @@ def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """``module.load_state_dict(state)`` for every declaration a spec allows: a weight behind
     a parametrization (``weight_norm`` stores it as ``original0``, ``original1``) is set
     through it, lazy layers take their shapes from ``state``, and the module's own buffers
-    that ``state`` does not name (a call counter, a cached mask) are left as they are.
+    that ``state`` does not name (a call counter, a cached mask) are left as they are. A
+    parameter the module holds under two names is loaded by either.
 
     Raises:
         ValueError: if ``state`` names a tensor the module does not have, a parameter of the
@@ -80,6 +81,10 @@ def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
         else:
             plain[name] = value
     missing, unexpected = module.load_state_dict(plain, strict=False)
+    # A parameter reachable under two names (a layer kept in a Sequential and as an
+    # attribute) is loaded when either name is in ``state``.
+    aliases = dict(module.named_parameters(remove_duplicate=False))
+    covered |= {id(aliases[n]) for n in plain if n in aliases}
     params = dict(module.named_parameters())
     missing = [n for n in missing if n in params and id(params[n]) not in covered]
     if missing or unexpected:
@@ -88,6 +93,32 @@ def load_weights(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
             + (f"; not loaded: {', '.join(missing)}" if missing else "")
             + (f"; no such tensor in the module: {', '.join(unexpected)}" if unexpected else "")
         )
+
+
+def with_weights_of(reference: nn.Module, cls, *args, **kwargs) -> nn.Module:
+    """``cls(*args, **kwargs)`` (the learner's class) holding ``reference``'s weights
+    (:func:`load_weights`), on its device, in its dtype and in its mode (training or eval):
+    the learner's module standing in for the course's, with the same numbers.
+
+    The learner's own initial weights, which are replaced, are drawn from a forked random
+    state: the caller's seeded draws that follow are the same however ``cls`` draws them.
+
+    Raises:
+        TypeError: if ``reference`` is not an ``nn.Module`` or ``cls(...)`` does not build one.
+        ValueError: as :func:`load_weights`, when their parameters do not match by name.
+    """
+    if not isinstance(reference, nn.Module):
+        raise TypeError(f"reference must be an nn.Module; got {type(reference).__name__}")
+    with torch.random.fork_rng(devices=[]):
+        module = cls(*args, **kwargs)
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{getattr(cls, '__name__', cls)}(...) built a {type(module).__name__}, "
+                        "not an nn.Module")  # fmt: skip
+    first = next(iter(reference.parameters()), None)
+    if first is not None:
+        module = module.to(device=first.device, dtype=first.dtype)
+    load_weights(module, reference.state_dict())
+    return module.train(reference.training)
 
 
 def set_parametrized(layer: nn.Module, leaf: str, value: torch.Tensor) -> torch.Tensor:

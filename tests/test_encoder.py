@@ -247,3 +247,22 @@ def test_encoder_embedding_follows_the_papers_scheme():
     token_rms = tokens.pow(2).mean().sqrt().item()
     position_rms = enc.pe[:50].pow(2).mean().sqrt().item()
     assert 0.9 < token_rms < 1.1 and 0.65 < position_rms < 0.75
+
+
+def test_with_layers_of_puts_the_learners_layers_in_with_the_same_weights():
+    """Graded, notebook 06's encoders run the learner's EncoderLayer: the same model."""
+    from attention_ref.encoder import Encoder, EncoderLayer, with_layers_of
+
+    class Mine(EncoderLayer):
+        pass
+
+    torch.manual_seed(0)
+    enc = Encoder(12, 8, 2, 16, n_layers=2, norm_first=True).eval()
+    src = torch.tensor([[3, 4, 5, 0], [1, 2, 0, 0]])
+    before, _ = enc(src)
+    assert with_layers_of(enc, Mine) is enc
+    assert all(type(layer) is Mine and layer.norm_first for layer in enc.layers)
+    after, _ = enc(src)
+    torch.testing.assert_close(after, before)
+    with pytest.raises(TypeError, match="layers are an nn.ModuleList"):
+        with_layers_of(nn.Linear(2, 2), Mine)

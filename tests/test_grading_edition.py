@@ -119,12 +119,15 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
     assert mine["attention_ref.experts:route"] == {15}
     # A class's methods stay (the reference modules are built in the kernel), but those
     # that nothing in the kernel runs: notebook 03's SelfAttention, 04's MultiHeadAttention
-    # (its demonstrations run the learner's with the reference's weights), the autograd
+    # and 06's FeedForward and EncoderLayer (their demonstrations run the learner's with the
+    # reference's weights; the layer's check builds its part of PyTorch's modules), the autograd
     # Functions of notebooks 12 and 14 (with the helper only they use)
     methods = {name: nbs for name, nbs in mine.items() if "." in name.split(":")[1]}
     assert methods == {
         "attention_ref.self_attention:SelfAttention.forward": {3},
         "attention_ref.multihead:MultiHeadAttention.forward": {4},
+        "attention_ref.encoder:FeedForward.forward": {6},
+        "attention_ref.encoder:EncoderLayer.forward": {6},
         "attention_ref.flash:FlashAttention.forward": {12},
         "attention_ref.flash:FlashAttention.backward": {12},
         "attention_ref.triton_attention:TritonFlashAttention.forward": {14},

@@ -280,3 +280,54 @@ def test_load_weights_is_load_state_dict_for_every_declaration_the_spec_allows()
     del renamed.w_o
     with pytest.raises(ValueError, match="not loaded: w_out.weight.*no such tensor.*w_o.weight"):
         load_weights(renamed, ref.state_dict())
+
+
+def test_load_weights_loads_a_parameter_held_under_two_names_by_either():
+    """Notebook 06's catalog: a FeedForward whose layers sit in a Sequential and also as
+    linear1 and linear2 takes the reference's weights by the spec's names."""
+    from attention_ref.encoder import FeedForward
+    from attention_ref.weights import load_weights
+
+    class Aliased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+            self.linear1, self.linear2 = self.net[0], self.net[2]
+
+        def forward(self, x):
+            return self.net(x)
+
+    torch.manual_seed(0)
+    ref, mine = FeedForward(4, 8), Aliased()
+    load_weights(mine, ref.state_dict())
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(mine(x), ref(x))
+    with pytest.raises(ValueError, match="not loaded: net.2.weight, net.2.bias"):
+        load_weights(mine, {k: v for k, v in ref.state_dict().items() if "linear2" not in k})
+
+
+def test_with_weights_of_builds_the_learners_class_with_the_references_numbers():
+    """The learner's module holds the reference's weights, dtype and mode, and building it
+    leaves the caller's seeded random draws as they were."""
+    from attention_ref.weights import with_weights_of
+
+    class Drawing(MultiHeadAttention):  # a learner's class that draws more at init
+        def __init__(self, d_model, n_heads):
+            super().__init__(d_model, n_heads)
+            torch.randn(1000)
+
+    torch.manual_seed(0)
+    ref = MultiHeadAttention(8, 2).double().eval()
+    torch.manual_seed(1)
+    mine = with_weights_of(ref, Drawing, 8, 2)
+    after = torch.rand(1)
+    torch.manual_seed(1)
+    assert torch.equal(after, torch.rand(1))  # the draws after it are the seed's
+    assert isinstance(mine, Drawing) and not mine.training
+    assert mine.w_q.weight.dtype == torch.float64
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    torch.testing.assert_close(mine(x, x, x)[0], ref(x, x, x)[0])
+    with pytest.raises(TypeError, match="reference must be an nn.Module"):
+        with_weights_of("not a module", Drawing, 8, 2)
+    with pytest.raises(TypeError, match="not an nn.Module"):
+        with_weights_of(ref, lambda *a: object())

@@ -12,6 +12,7 @@ cannot see each other (positions, padding), dropout random in training mode only
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -460,12 +461,27 @@ def _ref_layer(D, H, Fd, norm_first, P64) -> ref.EncoderLayer:
     return layer
 
 
+def _feed_forward_part(D: int, Fd: int, p: float) -> nn.Module:
+    """The reference feed-forward network built of PyTorch's modules alone, with
+    ``FeedForward``'s parameter names (``linear1``, ReLU, ``dropout``, ``linear2``, applied in
+    that order): the part this check puts in the learner's layer, where notebook 06's graded
+    kernel has no ``FeedForward.forward`` of the course's to run."""
+    return nn.Sequential(
+        OrderedDict(
+            linear1=nn.Linear(D, Fd),
+            relu=nn.ReLU(),
+            dropout=nn.Dropout(p),
+            linear2=nn.Linear(Fd, D),
+        )
+    )
+
+
 def _layer_build(cls, ctx, layer: tuple, P, dtype, case, dropout=None) -> nn.Module:
     D, H, Fd, norm_first = layer
     kwargs = {k: v for k, v in (("dropout", dropout), ("norm_first", norm_first)) if v is not None}
     parts = {
         "self_attn": lambda p: ref_mha.MultiHeadAttention(D, H, dropout=p),
-        "ff": lambda p: ref.FeedForward(D, Fd, p),
+        "ff": lambda p: _feed_forward_part(D, Fd, p),
     }
     likely = {"missing norm2": "each sublayer has its own LayerNorm: norm1 and norm2."}
     args = (D, H, Fd), kwargs, P, dtype, case, LAYER_SPECS, (1, 2, D), parts, likely

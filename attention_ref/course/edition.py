@@ -87,6 +87,11 @@ WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
         (3, f"{PACKAGE}.self_attention", "SelfAttention.forward"),
         # notebook 04's demonstrations run the learner's module with the reference's weights
         (4, f"{PACKAGE}.multihead", "MultiHeadAttention.forward"),
+        # notebook 06's demonstrations, graded, run the learner's classes with the reference's
+        # weights (weights.with_weights_of), and the encoder layer's check puts in a
+        # feed-forward part built of PyTorch's modules alone
+        (6, f"{PACKAGE}.encoder", "FeedForward.forward"),
+        (6, f"{PACKAGE}.encoder", "EncoderLayer.forward"),
         # autograd Functions that only the learner's own run in the kernel
         (12, f"{PACKAGE}.flash", "FlashAttention.forward"),
         (12, f"{PACKAGE}.flash", "FlashAttention.backward"),
