@@ -120,7 +120,8 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
     # A class's methods stay (the reference modules are built in the kernel), but those
     # that nothing in the kernel runs: notebook 03's SelfAttention, 04's MultiHeadAttention
     # and 06's FeedForward and EncoderLayer (their demonstrations run the learner's with the
-    # reference's weights; the layer's check builds its part of PyTorch's modules), the autograd
+    # reference's weights; the layer's check builds its part of PyTorch's modules), 11's
+    # GroupedQueryAttention (its conversion runs the learner's, graded), the autograd
     # Functions of notebooks 12 and 14 (with the helper only they use)
     methods = {name: nbs for name, nbs in mine.items() if "." in name.split(":")[1]}
     assert methods == {
@@ -128,6 +129,8 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
         "attention_ref.multihead:MultiHeadAttention.forward": {4},
         "attention_ref.encoder:FeedForward.forward": {6},
         "attention_ref.encoder:EncoderLayer.forward": {6},
+        "attention_ref.gpt:GroupedQueryAttention.forward": {11},
+        "attention_ref.gpt:GroupedQueryAttention.attend": {11},
         "attention_ref.flash:FlashAttention.forward": {12},
         "attention_ref.flash:FlashAttention.backward": {12},
         "attention_ref.triton_attention:TritonFlashAttention.forward": {14},

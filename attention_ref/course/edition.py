@@ -92,6 +92,9 @@ WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
         # feed-forward part built of PyTorch's modules alone
         (6, f"{PACKAGE}.encoder", "FeedForward.forward"),
         (6, f"{PACKAGE}.encoder", "EncoderLayer.forward"),
+        # notebook 11's conversion to grouped-query attention, graded, runs the learner's
+        (11, f"{PACKAGE}.gpt", "GroupedQueryAttention.forward"),
+        (11, f"{PACKAGE}.gpt", "GroupedQueryAttention.attend"),
         # autograd Functions that only the learner's own run in the kernel
         (12, f"{PACKAGE}.flash", "FlashAttention.forward"),
         (12, f"{PACKAGE}.flash", "FlashAttention.backward"),
