@@ -112,8 +112,8 @@ def with_weights_of(reference: nn.Module, cls, *args, **kwargs) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         module = cls(*args, **kwargs)
     if not isinstance(module, nn.Module):
-        raise TypeError(f"{getattr(cls, '__name__', cls)}(...) built a {type(module).__name__}, "
-                        "not an nn.Module")  # fmt: skip
+        built = type(module).__name__
+        raise TypeError(f"{getattr(cls, '__name__', cls)}(...) built a {built}, not an nn.Module")
     first = next(iter(reference.parameters()), None)
     if first is not None:
         module = module.to(device=first.device, dtype=first.dtype)

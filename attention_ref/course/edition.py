@@ -35,7 +35,7 @@ the checker computes it, called back from the kernel, and a demonstration callin
 the learner's own function of that name. Kept are the few later references a notebook
 builds on (:data:`BUILT_ON`), the few of its own functions that :data:`KEPT_OWN` lists with
 their reasons, and its own classes' methods (the reference modules that demonstrations and
-checks build).
+checks build), but those :data:`WITHHELD_OWN_METHODS` lists.
 """
 
 from __future__ import annotations
@@ -302,7 +302,9 @@ def own_references(source: Path | None = None) -> Own:
         # modules (a reference part inside the learner's module, a reference model trained),
         # and a correct class of the learner's, whose parts may differ, cannot stand in for
         # its method (the catalog's correct alternatives broke demonstrations of notebooks
-        # 03-07 and 11 that way), but where nothing builds them (WITHHELD_OWN_METHODS).
+        # 03-07 and 11 that way), but where nothing in the graded kernel runs them
+        # (WITHHELD_OWN_METHODS: the demonstrations run the learner's class, given the
+        # reference's weights).
         key = (notebook, module, qual)
         if ("." not in qual or key in WITHHELD_OWN_METHODS) and key not in KEPT_OWN:
             owners = table.setdefault(module, {})
