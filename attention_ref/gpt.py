@@ -32,6 +32,7 @@ from .attention import sdpa
 from .encoder import FeedForward
 from .kv_cache import cached_self_attention
 from .multihead import MultiHeadAttention, check_mha_inputs, merge_heads, split_heads
+from .weights import with_weights_of
 
 
 def causal_mask_like(T: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -237,9 +238,23 @@ class GPT(nn.Module):
         logits = self.head(x)
         return (logits, weights) if return_weights else logits
 
+    @property
+    def can_cache(self) -> bool:
+        """Whether every block has a cached ``step`` (a learner's ``GPTBlock`` put in by
+        :func:`with_blocks_of` has none): :meth:`step` needs it."""
+        return all(callable(getattr(block, "step", None)) for block in self.blocks)
+
     def step(self, ids_new: torch.Tensor, caches: list) -> torch.Tensor:
         """Logits ``(B, t, vocab)`` of the new tokens ``(B, t)`` only, every layer's keys
         and values appended to ``caches`` (one cache per block)."""
+        if not self.can_cache:
+            kinds = sorted(
+                {type(b).__name__ for b in self.blocks if not callable(getattr(b, "step", None))}
+            )
+            raise TypeError(
+                f"this GPT's blocks ({', '.join(kinds)}) have no cached step(x_new, cache): "
+                "generate without the cache (use_cache=False)"
+            )
         x = self.embed(ids_new, len(caches[0]))
         for block, cache in zip(self.blocks, caches, strict=True):
             x = block.step(x, cache)
@@ -252,6 +267,26 @@ class GPT(nn.Module):
             if isinstance(block.attn, MultiHeadAttention):
                 block.attn = GroupedQueryAttention.from_mha(block.attn, n_kv_heads)
         return new
+
+
+def with_blocks_of(model: GPT, block: type[nn.Module]) -> GPT:
+    """``model`` with each of its blocks replaced, in place, by a module of the class
+    ``block`` (the learner's ``GPTBlock(d_model, n_heads, d_ff, dropout)``) holding that
+    block's weights (:func:`~attention_ref.weights.with_weights_of`): the same model,
+    computed by the learner's code. Such blocks have no cached ``step``, so ``model`` then
+    generates without the cache (:attr:`GPT.can_cache`). Returns ``model``."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a GPT; got {type(model).__name__}")
+    for i, old in enumerate(model.blocks):
+        if not isinstance(old.attn, MultiHeadAttention):
+            raise ValueError(
+                f"block {i} has {type(old.attn).__name__} attention; a GPTBlock of the "
+                "notebook's has MultiHeadAttention: put the blocks in before to_gqa"
+            )
+        d_model, n_heads = old.attn.d_model, old.attn.n_heads
+        d_ff, dropout = old.ff.linear1.out_features, old.dropout.p
+        model.blocks[i] = with_weights_of(old, block, d_model, n_heads, d_ff, dropout)
+    return model
 
 
 # Notebook 11 (and code written against earlier versions) imports the sampler, the

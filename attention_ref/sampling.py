@@ -67,12 +67,16 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
-    use_cache: bool = True,
+    use_cache: bool | None = None,
 ) -> torch.Tensor:
     """Append ``n_tokens`` sampled tokens to ``prompt (B, T0)``; returns ``(B, T0 +
     n_tokens)``. Without the cache every step recomputes the whole prefix; with it each
-    step runs only the newest token (same tokens, fewer operations)."""
+    step runs only the newest token (same tokens, fewer operations). ``use_cache=None``
+    uses it when the model can (:attr:`~attention_ref.gpt.GPT.can_cache`: not when its
+    blocks are the learner's)."""
     require_tensor("prompt", prompt, floating=False)
+    if use_cache is None:
+        use_cache = getattr(model, "can_cache", True)
     ids = prompt
     caches = None
     if use_cache:

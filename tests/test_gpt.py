@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from attention_ref import MultiHeadAttention
 from attention_ref.apps.language_model import (
@@ -24,7 +25,13 @@ from attention_ref.apps.language_model import (
 from attention_ref.checks.nb11 import next_token_distribution
 from attention_ref.data.grammar import make_grammar_data
 from attention_ref.data.vocab import BOS_ID, PAD_ID
-from attention_ref.gpt import GPT, GroupedQueryAttention, kv_cache_bytes_per_token
+from attention_ref.gpt import (
+    GPT,
+    GPTBlock,
+    GroupedQueryAttention,
+    kv_cache_bytes_per_token,
+    with_blocks_of,
+)
 from attention_ref.sampling import generate, sample_next_token
 
 
@@ -70,6 +77,33 @@ def test_kv_cache_gives_the_same_logits_and_tokens(n_kv):
     greedy_a = generate(model, prompt, 12, temperature=0, use_cache=True)
     greedy_b = generate(model, prompt, 12, temperature=0, use_cache=False)
     assert torch.equal(greedy_a, greedy_b)
+
+
+def test_with_blocks_of_builds_the_same_model_of_the_learners_blocks_without_a_cache():
+    """Graded, notebook 11's GPT is built of the learner's GPTBlock, which has no cached
+    step: the same logits, and generation recomputes the prefix (the same tokens)."""
+
+    class Mine(GPTBlock):
+        step = None  # the learner's block: forward only
+
+    model = small()
+    prompt = torch.randint(0, 50, (2, 3))
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        before = model(ids)
+    cached = generate(model, prompt, 8, temperature=0)
+    assert model.can_cache
+    assert with_blocks_of(model, Mine) is model
+    assert all(type(b) is Mine for b in model.blocks) and not model.can_cache
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), before)
+    assert torch.equal(generate(model, prompt, 8, temperature=0), cached)  # use_cache=None
+    with pytest.raises(TypeError, match="no cached step.*use_cache=False"):
+        generate(model, prompt, 8, use_cache=True)
+    with pytest.raises(TypeError, match="must be a GPT"):
+        with_blocks_of(nn.Linear(2, 2), Mine)
+    with pytest.raises(ValueError, match="before to_gqa"):
+        with_blocks_of(small().to_gqa(2), Mine)
 
 
 def test_gqa_equals_mha_when_the_counts_match():

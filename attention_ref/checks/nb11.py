@@ -141,6 +141,7 @@ BLOCK_MISTAKES = [
     kind="module",
     forbidden=lambda: [
         (ref.GPTBlock.forward, "the reference attention_ref.gpt.GPTBlock"),
+        (ref.GPTBlock.step, "the reference GPTBlock.step (its cached forward)"),
         *BUILTIN_ATTENTION,
     ],
     summary="a pre-norm GPT block with causal multi-head self-attention",

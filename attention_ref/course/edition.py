@@ -95,6 +95,10 @@ WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
         # notebook 11's conversion to grouped-query attention, graded, runs the learner's
         (11, f"{PACKAGE}.gpt", "GroupedQueryAttention.forward"),
         (11, f"{PACKAGE}.gpt", "GroupedQueryAttention.attend"),
+        # notebook 11's GPT, graded, is built of the learner's blocks (gpt.with_blocks_of),
+        # which have no cached step: it generates without the cache
+        (11, f"{PACKAGE}.gpt", "GPTBlock.forward"),
+        (11, f"{PACKAGE}.gpt", "GPTBlock.step"),
         # autograd Functions that only the learner's own run in the kernel
         (12, f"{PACKAGE}.flash", "FlashAttention.forward"),
         (12, f"{PACKAGE}.flash", "FlashAttention.backward"),
