@@ -122,7 +122,8 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
     # and 06's FeedForward and EncoderLayer (their demonstrations run the learner's with the
     # reference's weights; the layer's check builds its part of PyTorch's modules), 11's
     # GroupedQueryAttention (its conversion runs the learner's, graded) and GPTBlock (the GPT
-    # is built of the learner's blocks, graded, and generates without the cache), the autograd
+    # is built of the learner's blocks, graded, and generates without the cache), 13's RMSNorm
+    # and SwiGLU (its models are built of the learner's, graded), the autograd
     # Functions of notebooks 12 and 14 (with the helper only they use)
     methods = {name: nbs for name, nbs in mine.items() if "." in name.split(":")[1]}
     assert methods == {
@@ -134,6 +135,8 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
         "attention_ref.gpt:GroupedQueryAttention.attend": {11},
         "attention_ref.gpt:GPTBlock.forward": {11},
         "attention_ref.gpt:GPTBlock.step": {11},
+        "attention_ref.modern:RMSNorm.forward": {13},
+        "attention_ref.modern:SwiGLU.forward": {13},
         "attention_ref.flash:FlashAttention.forward": {12},
         "attention_ref.flash:FlashAttention.backward": {12},
         "attention_ref.triton_attention:TritonFlashAttention.forward": {14},

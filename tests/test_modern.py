@@ -21,6 +21,7 @@ from attention_ref.modern import (
     SwiGLU,
     count_parameters,
     swiglu_hidden,
+    with_parts_of,
 )
 from attention_ref.sampling import generate
 
@@ -215,3 +216,51 @@ def test_the_benchmark_line_lists_each_seed_of_each_model():
     assert "gpt_ce_over_floor=1.0026/1.0031" in line
     assert "modern_grammatical=0.988/0.975" in line
     assert "modern_steps=1300/1200" in line and "gpt_params=128064" in line
+
+
+def test_with_parts_of_builds_the_same_model_of_the_learners_norm_and_feed_forward():
+    """Graded, notebook 13's models are built of the learner's RMSNorm and SwiGLU: the same
+    logits, the cached generation included; a class that fails leaves the model whole."""
+
+    class MyNorm(RMSNorm):
+        pass
+
+    class MyFF(SwiGLU):
+        def __init__(self, d_model, d_ff=None):
+            super().__init__(d_model, d_ff)
+
+    class Blank(nn.Module):
+        def __init__(self, *args, **kwargs):
+            raise NotImplementedError
+
+    torch.manual_seed(0)
+    model = ModernGPT(50, 16, 4, 2, 2, 24, max_len=20, eps=1e-5).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        before = model(ids)
+    tokens = generate(model, ids[:, :2], 6, temperature=0)
+    with pytest.raises(NotImplementedError):
+        with_parts_of(model, norm=MyNorm, ff=Blank)
+    assert not any(type(m) in (MyNorm, Blank) for m in model.modules())  # nothing swapped
+    assert with_parts_of(model, norm=MyNorm, ff=MyFF) is model
+    kinds = [type(m) for m in model.modules()]
+    assert RMSNorm not in kinds and SwiGLU not in kinds
+    assert kinds.count(MyNorm) == 5 and kinds.count(MyFF) == 2  # 2 per block, the final one
+    assert all(m.eps == 1e-5 for m in model.modules() if type(m) is MyNorm)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), before)
+    assert torch.equal(generate(model, ids[:, :2], 6, temperature=0), tokens)
+    with pytest.raises(ValueError, match="biases or dropout"):
+        with_parts_of(nn.Sequential(SwiGLU(8, 12, bias=True)), ff=MyFF)
+    # a copy of the module imported afresh (as after a hidden test) holds other classes
+    import importlib.util
+
+    import attention_ref.modern as first
+
+    spec = importlib.util.find_spec("attention_ref.modern")
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    other = nn.Sequential(fresh.RMSNorm(8), fresh.SwiGLU(8, 12))
+    assert type(other[0]) is not first.RMSNorm
+    with_parts_of(other, norm=MyNorm, ff=MyFF)
+    assert [type(m) for m in other] == [MyNorm, MyFF]

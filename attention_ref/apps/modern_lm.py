@@ -231,15 +231,21 @@ def compare_blocks(
     seeds: Sequence[int] = (0, 1),
     samples: int = 200,
     device=None,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
     **config: Any,
 ) -> list[Run]:
     """Notebook 11's GPT and the modern model, each trained for ``seconds`` on every seed
-    (the same data, the same batches for both), measured by :func:`measure`."""
+    (the same data, the same batches for both), measured by :func:`measure`. ``prepare``,
+    if given, is applied to each model as it is built (notebook 13, graded, puts in the
+    learner's parts)."""
     runs = []
     for seed in seeds:
         for name, make in BLOCKS.items():
             seed_everything(seed)
-            model = make(len(data.vocab)).to(device or "cpu")
+            model = make(len(data.vocab))
+            if prepare is not None:
+                model = prepare(model)
+            model = model.to(device or "cpu")
             hist = fit_for(model, data, seconds, seed=seed, **config)
             runs.append(measure(name, model, data, hist, seed, samples))
     return runs
