@@ -32,7 +32,7 @@ from .attention import sdpa
 from .encoder import FeedForward
 from .kv_cache import cached_self_attention
 from .multihead import MultiHeadAttention, check_mha_inputs, merge_heads, split_heads
-from .weights import with_weights_of
+from .weights import is_a, with_weights_of
 
 
 def causal_mask_like(T: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -275,10 +275,10 @@ def with_blocks_of(model: GPT, block: type[nn.Module]) -> GPT:
     block's weights (:func:`~attention_ref.weights.with_weights_of`): the same model,
     computed by the learner's code. Such blocks have no cached ``step``, so ``model`` then
     generates without the cache (:attr:`GPT.can_cache`). Returns ``model``."""
-    if not isinstance(model, GPT):
+    if not is_a(model, GPT):
         raise TypeError(f"model must be a GPT; got {type(model).__name__}")
     for i, old in enumerate(model.blocks):
-        if not isinstance(old.attn, MultiHeadAttention):
+        if not is_a(old.attn, MultiHeadAttention):
             raise ValueError(
                 f"block {i} has {type(old.attn).__name__} attention; a GPTBlock of the "
                 "notebook's has MultiHeadAttention: put the blocks in before to_gqa"

@@ -24,6 +24,7 @@ from attention_ref.modern import (
     with_parts_of,
 )
 from attention_ref.sampling import generate
+from attention_ref.weights import is_a
 
 
 def test_rms_norm_equals_pytorchs_with_the_same_epsilon():
@@ -264,3 +265,5 @@ def test_with_parts_of_builds_the_same_model_of_the_learners_norm_and_feed_forwa
     assert type(other[0]) is not first.RMSNorm
     with_parts_of(other, norm=MyNorm, ff=MyFF)
     assert [type(m) for m in other] == [MyNorm, MyFF]
+    # and a class of the learner's that subclasses the course's is one of them too
+    assert is_a(MyNorm(4), fresh.RMSNorm) and not is_a(MyFF(4), fresh.RMSNorm)
