@@ -238,19 +238,21 @@ class GPT(nn.Module):
         logits = self.head(x)
         return (logits, weights) if return_weights else logits
 
+    def _uncached(self) -> list[nn.Module]:
+        """The blocks without a cached ``step`` (a learner's ``GPTBlock``, put in by
+        :func:`with_blocks_of`)."""
+        return [b for b in self.blocks if not callable(getattr(b, "step", None))]
+
     @property
     def can_cache(self) -> bool:
-        """Whether every block has a cached ``step`` (a learner's ``GPTBlock`` put in by
-        :func:`with_blocks_of` has none): :meth:`step` needs it."""
-        return all(callable(getattr(block, "step", None)) for block in self.blocks)
+        """Whether every block has a cached ``step``, which :meth:`step` needs."""
+        return not self._uncached()
 
     def step(self, ids_new: torch.Tensor, caches: list) -> torch.Tensor:
         """Logits ``(B, t, vocab)`` of the new tokens ``(B, t)`` only, every layer's keys
         and values appended to ``caches`` (one cache per block)."""
-        if not self.can_cache:
-            kinds = sorted(
-                {type(b).__name__ for b in self.blocks if not callable(getattr(b, "step", None))}
-            )
+        if uncached := self._uncached():
+            kinds = sorted({type(b).__name__ for b in uncached})
             raise TypeError(
                 f"this GPT's blocks ({', '.join(kinds)}) have no cached step(x_new, cache): "
                 "generate without the cache (use_cache=False)"
