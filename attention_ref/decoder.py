@@ -26,6 +26,7 @@ from torch import nn
 from ._validate import require_tensor
 from .encoder import FeedForward
 from .multihead import MultiHeadAttention
+from .weights import is_a, with_weights_of
 
 
 def _check_layer_inputs(y: torch.Tensor, memory: torch.Tensor, d_model: int) -> None:
@@ -205,3 +206,38 @@ class Decoder(nn.Module):
             self_ws.append(w_self)
             cross_ws.append(w_cross)
         return self.final_norm(y), self_ws, cross_ws
+
+
+def with_layers_of(model: nn.Module, layer: type[nn.Module]) -> nn.Module:
+    """``model`` with every :class:`DecoderLayer` in it replaced, in place, by a module of
+    the class ``layer`` (the learner's ``DecoderLayer(d_model, n_heads, d_ff, dropout,
+    norm_first)``) holding that layer's weights
+    (:func:`~attention_ref.weights.with_weights_of`): the same model, computed by the
+    learner's layers. As the notebook's check grades the layer, its attention and
+    feed-forward parts (earlier notebooks' exercises) are copies of the course's. Returns
+    ``model``, or its replacement when ``model`` is itself a ``DecoderLayer``.
+
+    Raises:
+        TypeError: if ``model`` is not an ``nn.Module``.
+        ValueError: as ``with_weights_of``, when the learner's layer has other parameters.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
+
+    def replacement(old: DecoderLayer) -> nn.Module:
+        d_ff, dropout = old.ff.linear1.out_features, old.dropout1.p
+        sizes = (old.d_model, old.n_heads, d_ff, dropout, old.norm_first)
+        return with_weights_of(old, layer, *sizes, keep=("self_attn", "cross_attn", "ff"))
+
+    if is_a(model, DecoderLayer):
+        return replacement(model)
+    found = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if is_a(child, DecoderLayer)
+    ]
+    new = [replacement(child) for _, _, child in found]  # all built before any goes in
+    for (parent, name, _), module in zip(found, new, strict=True):
+        setattr(parent, name, module)
+    return model

@@ -6,6 +6,8 @@ check accepts also runs the cells after it."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
@@ -103,17 +105,25 @@ def is_a(module: object, cls: type) -> bool:
     return any(k is cls or (k.__module__, k.__qualname__) == name for k in type(module).__mro__)
 
 
-def with_weights_of(reference: nn.Module, cls, *args, **kwargs) -> nn.Module:
+def with_weights_of(
+    reference: nn.Module, cls, *args, keep: tuple[str, ...] = (), **kwargs
+) -> nn.Module:
     """``cls(*args, **kwargs)`` (the learner's class) holding ``reference``'s weights
     (:func:`load_weights`), on its device, in its dtype and in its mode (training or eval):
     the learner's module standing in for the course's, with the same numbers.
+
+    ``keep`` names submodules (earlier exercises' parts, such as a decoder layer's
+    ``self_attn``) that the new module gets as copies of the reference's, in place of its
+    own, before the weights are loaded: as a check grades a module, with a bug in an
+    earlier part counted there only, and parts the learner named otherwise still fitting.
 
     The learner's own initial weights, which are replaced, are drawn from a forked random
     state: the caller's seeded draws that follow are the same however ``cls`` draws them.
 
     Raises:
         TypeError: if ``reference`` is not an ``nn.Module`` or ``cls(...)`` does not build one.
-        ValueError: as :func:`load_weights`, when their parameters do not match by name.
+        ValueError: as :func:`load_weights`, when their parameters do not match by name, or
+            if ``reference`` has no submodule of a name in ``keep``.
     """
     if not isinstance(reference, nn.Module):
         raise TypeError(f"reference must be an nn.Module; got {type(reference).__name__}")
@@ -122,6 +132,11 @@ def with_weights_of(reference: nn.Module, cls, *args, **kwargs) -> nn.Module:
     if not isinstance(module, nn.Module):
         built = type(module).__name__
         raise TypeError(f"{getattr(cls, '__name__', cls)}(...) built a {built}, not an nn.Module")
+    for name in keep:
+        part = getattr(reference, name, None)
+        if not isinstance(part, nn.Module):
+            raise ValueError(f"the reference has no submodule {name!r} to keep")
+        setattr(module, name, copy.deepcopy(part))
     first = next(iter(reference.parameters()), None)
     if first is not None:
         module = module.to(device=first.device, dtype=first.dtype)

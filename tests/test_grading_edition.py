@@ -120,7 +120,9 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
     # A class's methods stay (the reference modules are built in the kernel), but those
     # that nothing in the kernel runs: notebook 03's SelfAttention, 04's MultiHeadAttention
     # and 06's FeedForward and EncoderLayer (their demonstrations run the learner's with the
-    # reference's weights; the layer's check builds its part of PyTorch's modules), 11's
+    # reference's weights; the layer's check builds its part of PyTorch's modules), 07's
+    # DecoderLayer, Decoder, Transformer and TransformerCore (its demonstrations run the
+    # learner's; the Transformer's check has the checker compute its decoder layers), 11's
     # GroupedQueryAttention (its conversion runs the learner's, graded) and GPTBlock (the GPT
     # is built of the learner's blocks, graded, and generates without the cache), 13's RMSNorm
     # and SwiGLU (its models are built of the learner's, graded), the autograd
@@ -131,6 +133,12 @@ def test_a_grading_edition_holds_no_answer_of_its_notebook_or_a_later_one(editio
         "attention_ref.multihead:MultiHeadAttention.forward": {4},
         "attention_ref.encoder:FeedForward.forward": {6},
         "attention_ref.encoder:EncoderLayer.forward": {6},
+        "attention_ref.decoder:DecoderLayer.forward": {7},
+        "attention_ref.decoder:Decoder.forward": {7},
+        "attention_ref.transformer:Transformer.encode": {7},
+        "attention_ref.transformer:Transformer.decode": {7},
+        "attention_ref.transformer:Transformer.forward": {7},
+        "attention_ref.transformer:TransformerCore.forward": {7},
         "attention_ref.gpt:GroupedQueryAttention.forward": {11},
         "attention_ref.gpt:GroupedQueryAttention.attend": {11},
         "attention_ref.gpt:GPTBlock.forward": {11},

@@ -124,6 +124,7 @@ TRUST_MODULES = (
     "no_exec",
     "agent",
     "remote",
+    "computed",
     "wire",
     "cell",
     "inert",

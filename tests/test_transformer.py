@@ -16,7 +16,7 @@ from attention_ref import (
     shift_right,
     teacher_forcing_loss,
 )
-from attention_ref.decoder import Decoder
+from attention_ref.decoder import Decoder, with_layers_of
 from attention_ref.training import masked_cross_entropy
 from attention_ref.transformer import (
     BOS,
@@ -26,6 +26,7 @@ from attention_ref.transformer import (
     make_reversal_data,
     target_self_mask,
 )
+from attention_ref.weights import with_weights_of
 
 D, H, F = 16, 4, 32
 
@@ -344,3 +345,60 @@ def test_decoder_layer_drops_both_attention_maps_in_training(norm_first):
         theirs.eval()
         expected = theirs(y, memory, tgt_mask=~_causal(5))
     torch.testing.assert_close(ours(y, memory, _causal(5))[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_with_layers_of_puts_the_learners_layers_in_holding_the_same_weights():
+    class Mine(DecoderLayer):  # a learner's class: another class, the same computation
+        pass
+
+    torch.manual_seed(0)
+    model = Transformer(11, 13, d_model=D, n_heads=H, n_layers=2, d_ff=F, norm_first=True)
+    model.eval()
+    src, tgt_in = torch.tensor([[3, 4, 5, PAD]]), torch.tensor([[BOS, 6, 7]])
+    before = model(src, tgt_in)
+    old = list(model.decoder_layers)
+    assert with_layers_of(model, Mine) is model
+    assert all(type(layer) is Mine for layer in model.decoder_layers)
+    assert all(new is not o for new, o in zip(model.decoder_layers, old, strict=True))
+    assert not model.decoder_layers[0].training  # the replaced layer's mode
+    torch.testing.assert_close(model(src, tgt_in), before, rtol=0, atol=0)
+    # a layer on its own is given back replaced
+    layer = DecoderLayer(D, H, F, dropout=0.1, norm_first=True)
+    mine = with_layers_of(layer, Mine)
+    assert type(mine) is Mine and mine.norm_first and mine.dropout1.p == 0.1
+    with pytest.raises(TypeError, match="nn.Module"):
+        with_layers_of("a model", Mine)
+
+
+def test_with_layers_of_leaves_the_model_whole_when_the_learners_layer_does_not_fit():
+    class Stub(nn.Module):  # a stub left in the exercise: no parameters of the spec
+        def __init__(self, *args):
+            super().__init__()
+
+    model = Transformer(11, 13, d_model=D, n_heads=H, n_layers=2, d_ff=F)
+    with pytest.raises(ValueError):
+        with_layers_of(model, Stub)
+    assert all(type(layer) is DecoderLayer for layer in model.decoder_layers)
+
+
+def test_with_layers_of_keeps_the_courses_earlier_parts_as_the_check_grades_the_layer():
+    class OwnAttention(nn.Module):  # an earlier exercise written again, named otherwise
+        def __init__(self, d_model):
+            super().__init__()
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    class OwnParts(DecoderLayer):
+        def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+            super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+            self.self_attn = OwnAttention(d_model)  # the check puts the course's in
+            self.cross_attn = OwnAttention(d_model)
+
+    torch.manual_seed(0)
+    layer = DecoderLayer(D, H, F).double().eval()
+    mine = with_layers_of(layer, OwnParts)
+    assert type(mine) is OwnParts and type(mine.self_attn) is type(layer.self_attn)
+    assert mine.self_attn is not layer.self_attn  # a copy: the reference is left alone
+    y, memory = torch.randn(2, 3, D, dtype=torch.float64), torch.randn(2, 4, D, dtype=torch.float64)
+    torch.testing.assert_close(mine(y, memory)[0], layer(y, memory)[0], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no submodule 'missing' to keep"):
+        with_weights_of(layer, OwnParts, D, H, F, keep=("missing",))

@@ -949,3 +949,30 @@ def test_a_stand_in_claims_only_classes_written_in_python():
     inert = stand_in(_ClaimsTensor())
     with pytest.raises(TypeError, match="not a plain tensor or array"):
         inert.allclose(torch.ones(1))
+
+
+# ----------------------------------------------------------------------------- parts computed here
+def test_a_reference_part_the_checker_computes_holds_its_parts_and_computes_with_them():
+    from attention_ref.checks import nb07
+    from attention_ref.decoder import DecoderLayer
+    from attention_ref.trust.computed import ComputedInChecker
+
+    part = nb07._decoder_layer_in_checker(8, 2, 16, 0.0, True)  # as a graded kernel gets it
+    assert isinstance(part, ComputedInChecker) and part.norm_first and part.d_model == 8
+    ref = DecoderLayer(8, 2, 16, norm_first=True)
+    ref.load_state_dict(part.state_dict())  # the same parameters, by name
+    part, ref = part.double().eval(), ref.double().eval()
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randn(2, 3, 8, generator=gen, dtype=torch.float64)
+    memory = torch.randn(2, 4, 8, generator=gen, dtype=torch.float64)
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()
+    got, expected = part(y, memory, causal, memory_mask=None), ref(y, memory, causal)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    with torch.no_grad():  # it computes with the weights it holds at the call
+        part.norm1.weight.mul_(2)
+    assert not torch.equal(part(y, memory)[0], ref(y, memory)[0])
+    # the sizes come from a kernel: none that would fill the checker's memory
+    with pytest.raises(ValueError, match="d_model must be an int from 1 to"):
+        nb07._decoder_layer_in_checker(10**6, 2, 16)
+    with pytest.raises(TypeError):
+        nb07._decoder_layer_in_checker(8, 2)

@@ -11,6 +11,8 @@ and dropout, the Transformer's ``encode``/``decode``, causality and padding inva
 
 from __future__ import annotations
 
+import copy
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -22,6 +24,8 @@ from .. import decoder as ref_dec
 from .. import encoder as ref_enc
 from .. import multihead as ref_mha
 from .. import transformer as ref_tf
+from ..trust import remote as _remote
+from ..trust.computed import ComputedInChecker
 from . import _models as M
 from ._core import Context, Mistake, exercise
 from .mistakes import named
@@ -465,11 +469,64 @@ def _tf_forbidden():
     ]
 
 
+#: The largest d_model, n_heads or d_ff of a decoder layer that a graded kernel may have the
+#: checker build (the check's own are below 130; a kernel's __init__ chooses the sizes).
+LAYER_SIZE_LIMIT = 1024
+
+
+def _decoder_layer_in_checker(*args, **kwargs) -> nn.Module:
+    """``ref_dec.DecoderLayer(*args, **kwargs)`` as a graded kernel gets it: its parts, whose
+    parameters live in the kernel, and every call computed here by the reference
+    (:class:`ComputedInChecker`): notebook 07's graded kernel has no ``DecoderLayer.forward``
+    of the course's to run."""
+    bound = inspect.signature(ref_dec.DecoderLayer).bind(*args, **kwargs)  # a TypeError as
+    for name in ("d_model", "n_heads", "d_ff"):  # the class's own, for a wrong call
+        v = bound.arguments.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= LAYER_SIZE_LIMIT:
+            raise ValueError(
+                f"DecoderLayer's {name} must be an int from 1 to {LAYER_SIZE_LIMIT} in a "
+                f"check; got {v!r}"
+            )
+    part = ref_dec.DecoderLayer(*bound.args, **bound.kwargs)
+    layer = copy.deepcopy(part)  # the checker's own copy, which computes
+
+    def compute(state: dict, training: bool, call_args: tuple, call_kwargs: dict):
+        floats = [t.dtype for t in state.values() if t.is_floating_point()]
+        layer.to(floats[0] if floats else torch.float32).train(bool(training))
+        layer.load_state_dict(state)
+        with torch.no_grad():
+            return layer(*call_args, **call_kwargs)
+
+    return ComputedInChecker(part, compute)
+
+
+def _reference_layer(candidate):
+    """The reference ``DecoderLayer`` class as the check puts it in the learner's
+    Transformer: the class itself, or in a graded kernel one computed by the checker."""
+    if _remote.is_remote(candidate):
+        return _decoder_layer_in_checker
+    return ref_dec.DecoderLayer
+
+
+def _layers_computed_in_checker(mod) -> None:
+    """In a graded kernel, each reference ``DecoderLayer`` in ``mod.decoder_layers`` (built
+    while the learner's ``__init__`` ran, with the reference class under its name) replaced
+    by one of the same sizes that the checker computes, before anything calls it."""
+    layers = getattr(mod, "decoder_layers", None)
+    if not _remote.is_remote(mod) or not isinstance(layers, nn.ModuleList):
+        return
+    for i, layer in enumerate(layers):
+        if isinstance(layer, ref_dec.DecoderLayer):
+            sizes = (layer.d_model, layer.n_heads, layer.ff.linear1.out_features)
+            layers[i] = _decoder_layer_in_checker(*sizes, dropout_p(layer), layer.norm_first)
+
+
 def _tf_prepare(ctx, mod, c: TfCase, case) -> None:
     """Before loading weights: ``pad_id`` is stored, ``tgt_embed`` follows the course's
     initialisation, and the decoder layers are replaced by the reference ``DecoderLayer``
     (the previous exercise; with the learner's dropout and ``norm_first``), so a bug in the
-    learner's layer costs points once."""
+    learner's layer costs points once. In a graded kernel each is computed by the checker
+    (:func:`_decoder_layer_in_checker`)."""
     _, _, D, H, L, Fd = c.sizes
     pad = getattr(mod, "pad_id", None)
     if isinstance(pad, bool) or not isinstance(pad, int) or pad != c.pad_id:
@@ -505,7 +562,7 @@ def _tf_prepare(ctx, mod, c: TfCase, case) -> None:
         nf = getattr(layer, "norm_first", None)
         nf = nf if isinstance(nf, bool) else bool(c.norm_first)
         p = dropout_p(layer) if isinstance(layer, nn.Module) else 0.0
-        layers[i] = ref_dec.DecoderLayer(D, H, Fd, p, nf)
+        layers[i] = _reference_layer(mod)(D, H, Fd, p, nf)
 
 
 def _tf_build(cls, ctx, c: TfCase, i: int, dtype, case) -> tuple[ref_tf.Transformer, nn.Module]:
@@ -595,6 +652,7 @@ def _check_tf_defaults(cls, ctx: Context) -> None:
             case,
             sample=sample,
             earlier={"DecoderLayer": ref_dec.DecoderLayer},
+            prepare=_layers_computed_in_checker,
         )
         shapes = _visible_parameters(mod)
         shapes.update({f"buffer {n}": tuple(b.shape) for n, b in mod.named_buffers()})

@@ -66,6 +66,7 @@ def build_module(
     *,
     sample: tuple | None = None,
     earlier: dict | None = None,
+    prepare=None,
 ) -> nn.Module:
     """Instantiate the learner's class (guarded) and make sure it is an nn.Module.
 
@@ -79,6 +80,9 @@ def build_module(
     so a stub left in an earlier exercise (``raise NotImplementedError()`` in its
     ``__init__``) costs its points there only; the check then puts reference parts in
     place of the learner's anyway (:func:`substitute`).
+
+    ``prepare(module)``, if given, runs on the built module before that first call (a check
+    that puts reference parts in).
     """
     parts = reference_functions(cls, **earlier) if earlier else nullcontext()
     with parts:
@@ -90,6 +94,8 @@ def build_module(
             hint="subclass torch.nn.Module and call super().__init__() first in __init__.",
             mistake="wrong_type",
         )
+    if prepare is not None:
+        prepare(mod)
     if sample is not None and _lazy(mod):
         dtypes = {a.dtype for a in sample if isinstance(a, torch.Tensor) and a.is_floating_point()}
         if len(dtypes) == 1:

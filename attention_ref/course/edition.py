@@ -92,6 +92,16 @@ WITHHELD_OWN_METHODS: frozenset[tuple[int, str, str]] = frozenset(
         # feed-forward part built of PyTorch's modules alone
         (6, f"{PACKAGE}.encoder", "FeedForward.forward"),
         (6, f"{PACKAGE}.encoder", "EncoderLayer.forward"),
+        # notebook 07's demonstrations, graded, run the learner's DecoderLayer and
+        # Transformer with the reference's weights (weights.with_weights_of); the
+        # Transformer's check puts in decoder layers that the checker computes
+        # (trust.computed)
+        (7, f"{PACKAGE}.decoder", "DecoderLayer.forward"),
+        (7, f"{PACKAGE}.decoder", "Decoder.forward"),
+        (7, f"{PACKAGE}.transformer", "Transformer.encode"),
+        (7, f"{PACKAGE}.transformer", "Transformer.decode"),
+        (7, f"{PACKAGE}.transformer", "Transformer.forward"),
+        (7, f"{PACKAGE}.transformer", "TransformerCore.forward"),
         # notebook 11's conversion to grouped-query attention, graded, runs the learner's
         (11, f"{PACKAGE}.gpt", "GroupedQueryAttention.forward"),
         (11, f"{PACKAGE}.gpt", "GroupedQueryAttention.attend"),

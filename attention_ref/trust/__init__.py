@@ -40,7 +40,9 @@ What a graded notebook goes through, in order (nbgrader_config.py wires it up):
    :mod:`.agent` connects to the checker and serves it. The checker (:func:`.checker.judge`)
    runs the check on a stand-in for the learner's function or class (:mod:`.remote`), whose
    calls go to the kernel over :mod:`.wire` and run there under the per-call limit and the
-   tripwire. A test cell of plain asserts runs in the checker (:mod:`.cell`); the kernel
+   tripwire; a reference part the check puts in the learner's module has its calls computed
+   back in the checker (:mod:`.computed`). A test cell of plain asserts runs in the checker
+   (:mod:`.cell`); the kernel
    runs a stub that serves it. The checker keeps the verdicts in its own record.
 7. After the cell, :func:`.trusted.apply_record` replaces its outputs with the checker's
    record (its feedback, and an error when not a pass), so nbgrader's scoring gives exactly

@@ -419,10 +419,12 @@ _STOP = object()
 
 #: The files whose functions the learner's code may reach while graded: of the trust
 #: machinery, the wire and this agent (a check's objects used by reference) and the kernels
-#: that raise in place of PyTorch's fused attention (fused_removal); of the checks, the time
-#: limit's handler (_core). Any other file of attention_ref/checks/ or attention_ref/trust/
-#: (the checks' models of the answers, the checker's side) fires the tripwire.
-_ALLOWED_TRUST_FILES = ("agent", "wire", "remote", "fused_removal", "__init__")
+#: that raise in place of PyTorch's fused attention (fused_removal), the reference parts a
+#: check puts in the learner's module, which the checker computes (computed); of the checks,
+#: the time limit's handler (_core). Any other file of attention_ref/checks/ or
+#: attention_ref/trust/ (the checks' models of the answers, the checker's side) fires the
+#: tripwire.
+_ALLOWED_TRUST_FILES = ("agent", "wire", "remote", "fused_removal", "computed", "__init__")
 _ALLOWED_CHECK_FILES = ("_core", "__init__")
 
 
