@@ -972,6 +972,9 @@ def test_a_reference_part_the_checker_computes_holds_its_parts_and_computes_with
         part.norm1.weight.mul_(2)
     assert not torch.equal(part(y, memory)[0], ref(y, memory)[0])
     # the sizes come from a kernel: none that would fill the checker's memory
+    big = torch.zeros(1, 2049, 8, dtype=torch.float64)  # 2 heads x 2049 x 4098 weights
+    with pytest.raises(ValueError, match="larger than a check's decoder layer computes"):
+        part(big, memory=big)
     with pytest.raises(ValueError, match="d_model must be an int from 1 to"):
         nb07._decoder_layer_in_checker(10**6, 2, 16)
     with pytest.raises(TypeError):

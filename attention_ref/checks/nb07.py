@@ -471,7 +471,29 @@ def _tf_forbidden():
 
 #: The largest d_model, n_heads or d_ff of a decoder layer that a graded kernel may have the
 #: checker build (the check's own are below 130; a kernel's __init__ chooses the sizes).
-LAYER_SIZE_LIMIT = 1024
+LAYER_SIZE_LIMIT = 512
+#: The most decoder layers a graded kernel's Transformer may have the checker build.
+LAYERS_LIMIT = 16
+#: The most attention weights, B * n_heads * T * (T + S), that one call of such a layer may
+#: have the checker compute (the check's own calls need a few thousand; a kernel chooses the
+#: shapes it calls with).
+WORK_LIMIT = 1 << 22
+
+
+def _bounded_call(n_heads: int, call_args: tuple, call_kwargs: dict) -> None:
+    """Refuse a call whose attention maps would be larger than :data:`WORK_LIMIT` (other
+    bad inputs are refused by the reference's own checks)."""
+    given = dict(zip(("y", "memory"), call_args, strict=False)) | call_kwargs
+    y, memory = given.get("y"), given.get("memory")
+    tensors = isinstance(y, torch.Tensor) and isinstance(memory, torch.Tensor)
+    if not tensors or y.dim() != 3 or memory.dim() != 3:
+        return
+    (B, T, _), S = y.shape, memory.shape[1]
+    if B * n_heads * T * (T + S) > WORK_LIMIT:
+        raise ValueError(
+            f"y {tuple(y.shape)} and memory {tuple(memory.shape)} are larger than a check's "
+            "decoder layer computes"
+        )
 
 
 def _decoder_layer_in_checker(*args, **kwargs) -> nn.Module:
@@ -491,6 +513,7 @@ def _decoder_layer_in_checker(*args, **kwargs) -> nn.Module:
     layer = copy.deepcopy(part)  # the checker's own copy, which computes
 
     def compute(state: dict, training: bool, call_args: tuple, call_kwargs: dict):
+        _bounded_call(layer.n_heads, call_args, call_kwargs)
         floats = [t.dtype for t in state.values() if t.is_floating_point()]
         layer.to(floats[0] if floats else torch.float32).train(bool(training))
         layer.load_state_dict(state)
@@ -508,13 +531,20 @@ def _reference_layer(candidate):
     return ref_dec.DecoderLayer
 
 
-def _layers_computed_in_checker(mod) -> None:
+def _layers_computed_in_checker(ctx: Context, mod, case: str) -> None:
     """In a graded kernel, each reference ``DecoderLayer`` in ``mod.decoder_layers`` (built
     while the learner's ``__init__`` ran, with the reference class under its name) replaced
     by one of the same sizes that the checker computes, before anything calls it."""
     layers = getattr(mod, "decoder_layers", None)
     if not _remote.is_remote(mod) or not isinstance(layers, nn.ModuleList):
         return
+    if len(layers) > LAYERS_LIMIT:
+        ctx.fail(
+            f"self.decoder_layers has {len(layers)} layers; a check builds at most "
+            f"{LAYERS_LIMIT}: check n_layers's default (2).",
+            case=case,
+            mistake="wrong_default",
+        )
     for i, layer in enumerate(layers):
         if isinstance(layer, ref_dec.DecoderLayer):
             sizes = (layer.d_model, layer.n_heads, layer.ff.linear1.out_features)
@@ -652,7 +682,7 @@ def _check_tf_defaults(cls, ctx: Context) -> None:
             case,
             sample=sample,
             earlier={"DecoderLayer": ref_dec.DecoderLayer},
-            prepare=_layers_computed_in_checker,
+            prepare=lambda m: _layers_computed_in_checker(ctx, m, case),
         )
         shapes = _visible_parameters(mod)
         shapes.update({f"buffer {n}": tuple(b.shape) for n, b in mod.named_buffers()})
