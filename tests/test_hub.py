@@ -36,12 +36,14 @@ homes, exchange and processes are removed afterwards, also when a step fails.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import re
 import shutil
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import hub as hubkit
@@ -457,6 +459,38 @@ def test_each_users_server_and_kernel_run_as_that_user(hub):
     _assert_runs_as_its_users(hub, each_student(hub, lambda s: _identity(hub, s)))
     uid, _, module = _identity(hub, hub.instructor)
     assert uid == hub.instructor.uid and module.endswith("attention_ref/__init__.py"), module
+
+
+def test_code_run_through_the_hub_outlives_its_websocket_closing(hub, monkeypatch):
+    """A kernel's websocket closed before the reply (as one has on a loaded machine): the
+    client reconnects to the same session, gets what the server kept meanwhile, and the code
+    ran once. Here the first websocket is closed 2 s into a 6 s run."""
+    acct = hub.students[0]
+    session = uuid.uuid4().hex
+    mark = acct.home / f"ran-{session}"  # a file in the student's home counts the runs
+    code = (
+        "import json, time\n"
+        f"open({str(mark)!r}, 'a').write('x')\n"
+        "time.sleep(6)\n"
+        f"print(json.dumps(len(open({str(mark)!r}).read())))"
+    )
+    kid = hub.kernel(acct)
+    connect, closed = hub._connect, []
+
+    async def closing_the_first(*args):
+        conn = await connect(*args)
+        if not closed:
+            closed.append(time.time())
+            asyncio.get_running_loop().call_later(2, conn.close)
+        return conn
+
+    monkeypatch.setattr(hub, "_connect", closing_the_first)
+    t0 = time.time()
+    assert hub.run_json(acct, code, 120, session) == 1, "the code ran again after the reconnect"
+    assert time.time() - t0 > 6 and closed, "the websocket was not closed during the run"
+    log = hub.log.read_text(errors="replace")
+    assert f"Restoring connection for {kid}:{session}" in log, "no reconnect to the session"
+    mark.unlink()
 
 
 @pytest.mark.later

@@ -136,6 +136,40 @@ class Account:
 
 
 @dataclass
+class _Reply:
+    """What a kernel sends back for one execute request (``msg_id``)."""
+
+    msg_id: str
+    out: list[str] = field(default_factory=list)
+    error: str | None = None
+    replied: bool = False
+    idle: bool = False
+    seen: bool = False  # anything in reply to the request came back
+
+    @property
+    def done(self) -> bool:
+        return self.replied and self.idle
+
+    def take(self, raw) -> None:
+        """Fold in one websocket message; messages for other requests are passed over."""
+        if raw is None or isinstance(raw, bytes):
+            return
+        msg = json.loads(raw)
+        if msg.get("parent_header", {}).get("msg_id") != self.msg_id:
+            return
+        self.seen = True
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            self.out.append(content["text"])
+        elif kind == "error":
+            self.error = "\n".join(content["traceback"])
+        elif kind == "execute_reply":
+            self.replied = True
+        elif kind == "status" and content["execution_state"] == "idle":
+            self.idle = True
+
+
+@dataclass
 class Hub:
     base: Path
     exchange: Path
@@ -236,88 +270,116 @@ class Hub:
             "id"
         ]
 
-    def run(self, acct: Account, code: str, timeout: float = 600) -> str:
+    def run(
+        self, acct: Account, code: str, timeout: float = 600, session: str | None = None
+    ) -> str:
         """Execute ``code`` in ``acct``'s own kernel (through the hub's proxy); return its
-        stdout. A Python error in the code raises RuntimeError with the traceback."""
+        stdout. A Python error in the code raises RuntimeError with the traceback.
+        ``session``: the websocket session's id (a new one by default)."""
         kid = self.kernel(acct)
-        return asyncio.run(self._execute(acct, kid, code, timeout))
+        return asyncio.run(self._execute(acct, kid, code, timeout, session or uuid.uuid4().hex))
 
-    def run_json(self, acct: Account, code: str, timeout: float = 600):
+    def run_json(self, acct: Account, code: str, timeout: float = 600, session: str | None = None):
         """Execute ``code``, which must ``print(json.dumps(result))`` as its last line."""
-        out = self.run(acct, code, timeout)
+        out = self.run(acct, code, timeout, session)
         return json.loads(out.strip().splitlines()[-1])
 
-    async def _execute(self, acct: Account, kid: str, code: str, timeout: float) -> str:
+    async def _execute(
+        self, acct: Account, kid: str, code: str, timeout: float, session: str
+    ) -> str:
+        """Send ``code`` once and collect its output and reply.
+
+        The connection names the websocket ``session``. A loaded machine (CI runs notebooks
+        beside this) has closed a kernel's websocket before the reply; jupyter_server keeps a
+        session's messages while its websocket is away and sends them again to a websocket
+        of the same session, so this reconnects (at most ``RECONNECTS`` times) and reads on.
+        The request is sent again only when nothing in reply to it came back, on either
+        connection: the kernel never saw it.
+        """
+        msg_id = uuid.uuid4().hex
+        request = json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "username": acct.name,
+                    "session": session,
+                    "msg_type": "execute_request",
+                    "version": "5.3",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "content": {
+                    "code": code,
+                    "silent": False,
+                    "store_history": False,
+                    "user_expressions": {},
+                    "allow_stdin": False,
+                    "stop_on_error": True,
+                },
+                "channel": "shell",
+                "buffers": [],
+            }
+        )
+        reply = _Reply(msg_id)
+        deadline = time.time() + timeout
+        closed = []  # when each websocket closed before the reply: for the error message
+        while not reply.done:
+            if len(closed) > self.RECONNECTS:
+                raise RuntimeError(
+                    f"{acct.name}'s kernel websocket closed {len(closed)} times before the "
+                    f"reply (at {closed} s); hub log:\n{self.tail()}"
+                )
+            conn = await self._connect(acct, kid, session, deadline)
+            try:
+                # After a reconnect, what the server kept for this session comes first.
+                send_at, sent = time.time() + (5 if closed else 0), False
+                while not reply.done:
+                    now = time.time()
+                    if not (reply.seen or sent) and now >= send_at:
+                        conn.write_message(request)
+                        sent = True
+                    left = deadline - now
+                    if left <= 0:
+                        raise TimeoutError(f"code in {acct.name}'s kernel ran past {timeout} s")
+                    waiting = reply.seen or sent
+                    try:
+                        raw = await asyncio.wait_for(
+                            conn.read_message(), left if waiting else min(left, send_at - now)
+                        )
+                    except TimeoutError:
+                        if waiting:
+                            raise TimeoutError(
+                                f"code in {acct.name}'s kernel ran past {timeout} s"
+                            ) from None
+                        continue
+                    if raw is None:
+                        closed.append(round(timeout - (deadline - time.time()), 1))
+                        break
+                    reply.take(raw)
+            finally:
+                conn.close()
+        if reply.error:
+            raise RuntimeError(f"in {acct.name}'s kernel:\n{''.join(reply.out)}\n{reply.error}")
+        return "".join(reply.out)
+
+    RECONNECTS = 3
+
+    async def _connect(self, acct: Account, kid: str, session: str, deadline: float):
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 
         ws_url = self.url.replace("http://", "ws://")
-        ws_url += f"/user/{acct.name}/api/kernels/{kid}/channels"
-        # The handshake waits for the kernel's first reply, which a loaded machine (CI runs
-        # notebooks beside this) can take longer than tornado's default 20 s to give.
-        wait = min(timeout, 180)
+        ws_url += f"/user/{acct.name}/api/kernels/{kid}/channels?session_id={session}"
+        # The handshake waits for the kernel's first reply, which a loaded machine can take
+        # longer than tornado's default 20 s to give.
+        wait = max(1.0, min(deadline - time.time(), 180))
         req = HTTPRequest(
             ws_url,
             headers={"Authorization": f"token {acct.token}"},
             connect_timeout=wait,
             request_timeout=wait,
         )
-        conn = await websocket_connect(req)
-        msg_id = uuid.uuid4().hex
-        conn.write_message(
-            json.dumps(
-                {
-                    "header": {
-                        "msg_id": msg_id,
-                        "username": acct.name,
-                        "session": uuid.uuid4().hex,
-                        "msg_type": "execute_request",
-                        "version": "5.3",
-                    },
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": {
-                        "code": code,
-                        "silent": False,
-                        "store_history": False,
-                        "user_expressions": {},
-                        "allow_stdin": False,
-                        "stop_on_error": True,
-                    },
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
-        )
-        out, error, replied, idle = [], None, False, False
-        deadline = time.time() + timeout
-        try:
-            while not (replied and idle):
-                left = deadline - time.time()
-                if left <= 0:
-                    raise TimeoutError(f"code in {acct.name}'s kernel ran past {timeout} s")
-                raw = await asyncio.wait_for(conn.read_message(), left)
-                if raw is None:
-                    raise RuntimeError(f"{acct.name}'s kernel websocket closed")
-                if isinstance(raw, bytes):
-                    continue
-                msg = json.loads(raw)
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind, content = msg["msg_type"], msg["content"]
-                if kind == "stream":
-                    out.append(content["text"])
-                elif kind == "error":
-                    error = "\n".join(content["traceback"])
-                elif kind == "execute_reply":
-                    replied = True
-                elif kind == "status" and content["execution_state"] == "idle":
-                    idle = True
-        finally:
-            conn.close()
-        if error:
-            raise RuntimeError(f"in {acct.name}'s kernel:\n{''.join(out)}\n{error}")
-        return "".join(out)
+        return await websocket_connect(req)
 
     def tail(self, n: int = 60) -> str:
         if self.log and self.log.exists():
