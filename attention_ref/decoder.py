@@ -210,8 +210,8 @@ class Decoder(nn.Module):
 
 def with_layers_of(model: nn.Module, layer: type[nn.Module]) -> nn.Module:
     """``model`` with every :class:`DecoderLayer` in it replaced, in place, by a module of
-    the class ``layer`` (the learner's ``DecoderLayer(d_model, n_heads, d_ff, dropout,
-    norm_first)``) holding that layer's weights
+    the class ``layer`` (the learner's ``DecoderLayer(d_model, n_heads, d_ff,
+    dropout=..., norm_first=...)``) holding that layer's weights
     (:func:`~attention_ref.weights.with_weights_of`): the same model, computed by the
     learner's layers. As the notebook's check grades the layer, its attention and
     feed-forward parts (earlier notebooks' exercises) are copies of the course's. Returns
@@ -225,9 +225,16 @@ def with_layers_of(model: nn.Module, layer: type[nn.Module]) -> nn.Module:
         raise TypeError(f"model must be an nn.Module; got {type(model).__name__}")
 
     def replacement(old: DecoderLayer) -> nn.Module:
-        d_ff, dropout = old.ff.linear1.out_features, old.dropout1.p
-        sizes = (old.d_model, old.n_heads, d_ff, dropout, old.norm_first)
-        return with_weights_of(old, layer, *sizes, keep=("self_attn", "cross_attn", "ff"))
+        sizes = (old.d_model, old.n_heads, old.ff.linear1.out_features)
+        # dropout and norm_first by keyword, as the check builds the learner's layer
+        return with_weights_of(
+            old,
+            layer,
+            *sizes,
+            dropout=old.dropout1.p,
+            norm_first=old.norm_first,
+            keep=("self_attn", "cross_attn", "ff"),
+        )
 
     if is_a(model, DecoderLayer):
         return replacement(model)

@@ -370,9 +370,19 @@ def test_with_layers_of_puts_the_learners_layers_in_holding_the_same_weights():
         with_layers_of("a model", Mine)
 
 
+def test_with_layers_of_builds_the_learners_layer_as_the_check_does_dropout_by_keyword():
+    class KeywordsOnly(DecoderLayer):  # the spec's defaults, given only by keyword
+        def __init__(self, d_model, n_heads, d_ff, *, dropout=0.1, norm_first=False):
+            super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+
+    layer = DecoderLayer(D, H, F, dropout=0.2, norm_first=True)
+    mine = with_layers_of(layer, KeywordsOnly)
+    assert type(mine) is KeywordsOnly and mine.norm_first and mine.dropout1.p == 0.2
+
+
 def test_with_layers_of_leaves_the_model_whole_when_the_learners_layer_does_not_fit():
     class Stub(nn.Module):  # a stub left in the exercise: no parameters of the spec
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             super().__init__()
 
     model = Transformer(11, 13, d_model=D, n_heads=H, n_layers=2, d_ff=F)

@@ -222,13 +222,7 @@ def test_a_check_the_cell_does_not_make_is_refused_and_nothing_runs():
         calls.append(1)
         return sdpa(*args, **kwargs)
 
-    checker, kernel = socket.socketpair()
-    seen: list = []
-    t = threading.Thread(target=_kernel, args=(kernel, "sdpa", spy, seen))
-    t.start()
-    with checker:
-        verdict = judge(checker, Expected("softmax_np"))
-    t.join(30)
+    verdict, seen = _judged("sdpa", spy, "softmax_np")
     assert not verdict["passed"] and "check_not_in_source" in verdict["message"]
     assert seen and not seen[0]["passed"] and calls == []
 
@@ -250,6 +244,19 @@ def test_the_kernel_cannot_choose_how_it_is_checked():
     assert verdict["passed"], verdict
     # the thorough run makes more cases than the visible one (check("sdpa") makes 18)
     assert verdict["cases"] > 18, verdict
+
+
+def _judged(exercise, candidate, expected: str, join: float = 30) -> tuple[dict, list]:
+    """(the checker's verdict on ``expected``, what the kernel got) for a kernel (a thread
+    of this process) that asks to check ``candidate`` for ``exercise``."""
+    checker, kernel = socket.socketpair()
+    seen: list = []
+    t = threading.Thread(target=_kernel, args=(kernel, exercise, candidate, seen))
+    t.start()
+    with checker:
+        verdict = judge(checker, Expected(expected))
+    t.join(join)
+    return verdict, seen
 
 
 def _forger_of_softmax_np():
@@ -881,13 +888,7 @@ def test_a_forbidden_call_is_caught_however_it_is_made_and_whatever_the_learner_
     reference_used whatever the learner's code returned; PyTorch's fused attention is
     stopped in every spelling (a call from C, as partial makes it, fires no profile
     event)."""
-    checker, kernel = socket.socketpair()
-    seen: list = []
-    t = threading.Thread(target=_kernel, args=(kernel, "sdpa", BORROWERS[how], seen))
-    t.start()
-    with checker:
-        verdict = judge(checker, Expected("sdpa"))
-    t.join(60)
+    verdict, _ = _judged("sdpa", BORROWERS[how], "sdpa", join=60)
     assert not verdict["passed"] and "reference_used" in verdict["message"], (how, verdict)
 
 
@@ -975,7 +976,45 @@ def test_a_reference_part_the_checker_computes_holds_its_parts_and_computes_with
     big = torch.zeros(1, 2049, 8, dtype=torch.float64)  # 2 heads x 2049 x 4098 weights
     with pytest.raises(ValueError, match="larger than a check's decoder layer computes"):
         part(big, memory=big)
+    rows = torch.zeros(140_000, 1, 8, dtype=torch.float64)  # few weights, 280,000 rows of 16
+    with pytest.raises(ValueError, match="larger than a check's decoder layer computes"):
+        part(rows, memory=rows)
+    with pytest.raises(ValueError, match="float64 weights, one dtype; got torch.float16"):
+        part.half()(y.half(), memory.half())
     with pytest.raises(ValueError, match="d_model must be an int from 1 to"):
         nb07._decoder_layer_in_checker(10**6, 2, 16)
     with pytest.raises(TypeError):
         nb07._decoder_layer_in_checker(8, 2)
+
+
+def test_a_refusal_of_a_part_the_checker_computes_reaches_the_learner_as_the_self_check_names_it():
+    """A learner's Transformer that passes a float mask to the course's decoder layers: the
+    layer, computed in the checker, refuses it; the graded verdict names that error, its
+    type and message, as the self-check does (it once said only "raised Exception: ")."""
+    import nbformat
+
+    from attention_ref.checks import CheckFailure, run_check
+
+    from course_tools import SOLUTIONS, answer_cells, strip_solution_markers
+
+    nb = nbformat.read(
+        SOLUTIONS / "07_decoder_and_transformer" / "07_decoder_and_transformer.ipynb", 4
+    )
+    answers = answer_cells(nb)
+    source = "\n".join(
+        [nb.cells[1].source]
+        + [strip_solution_markers(answers[k].source) for k in ("decoder_layer", "transformer")]
+    )
+    mask = "& (tgt_in != self.pad_id)[:, None, None, :]"
+    assert mask in source
+    source = source.replace(mask, mask + "\n        self_mask = self_mask.float()")
+    namespace: dict = {"__name__": "learner"}
+    exec(compile(source, "<answer>", "exec"), namespace)  # noqa: S102 - the course's own
+    float_mask = namespace["Transformer"]
+    with pytest.raises(CheckFailure) as self_check:
+        run_check("transformer", float_mask)
+    named = "TypeError: self_mask must be a boolean tensor"
+    assert named in str(self_check.value)
+    verdict, _ = _judged("transformer", float_mask, "transformer", join=60)
+    assert not verdict["passed"] and named in verdict["message"], verdict
+    assert "code_raised" in verdict["message"], verdict

@@ -474,22 +474,24 @@ def _tf_forbidden():
 LAYER_SIZE_LIMIT = 512
 #: The most decoder layers a graded kernel's Transformer may have the checker build.
 LAYERS_LIMIT = 16
-#: The most attention weights, B * n_heads * T * (T + S), that one call of such a layer may
-#: have the checker compute (the check's own calls need a few thousand; a kernel chooses the
-#: shapes it calls with).
+#: The most that one call of such a layer may have the checker compute: attention weights,
+#: B * n_heads * T * (T + S), and rows times width, B * (T + S) * max(d_model, d_ff), each
+#: (the check's own calls need a few thousand; a kernel chooses the shapes it calls with).
 WORK_LIMIT = 1 << 22
 
 
-def _bounded_call(n_heads: int, call_args: tuple, call_kwargs: dict) -> None:
-    """Refuse a call whose attention maps would be larger than :data:`WORK_LIMIT` (other
-    bad inputs are refused by the reference's own checks)."""
+def _bounded_call(layer: nn.Module, call_args: tuple, call_kwargs: dict) -> None:
+    """Refuse a call of the decoder ``layer`` whose attention maps or linear layers would
+    be larger than :data:`WORK_LIMIT` (other bad inputs are refused by the reference's own
+    checks)."""
     given = dict(zip(("y", "memory"), call_args, strict=False)) | call_kwargs
     y, memory = given.get("y"), given.get("memory")
     tensors = isinstance(y, torch.Tensor) and isinstance(memory, torch.Tensor)
     if not tensors or y.dim() != 3 or memory.dim() != 3:
         return
     (B, T, _), S = y.shape, memory.shape[1]
-    if B * n_heads * T * (T + S) > WORK_LIMIT:
+    width = max(layer.d_model, layer.ff.linear1.out_features)
+    if max(B * layer.n_heads * T * (T + S), B * (T + S) * width) > WORK_LIMIT:
         raise ValueError(
             f"y {tuple(y.shape)} and memory {tuple(memory.shape)} are larger than a check's "
             "decoder layer computes"
@@ -513,9 +515,14 @@ def _decoder_layer_in_checker(*args, **kwargs) -> nn.Module:
     layer = copy.deepcopy(part)  # the checker's own copy, which computes
 
     def compute(state: dict, training: bool, call_args: tuple, call_kwargs: dict):
-        _bounded_call(layer.n_heads, call_args, call_kwargs)
-        floats = [t.dtype for t in state.values() if t.is_floating_point()]
-        layer.to(floats[0] if floats else torch.float32).train(bool(training))
+        _bounded_call(layer, call_args, call_kwargs)
+        floats = {t.dtype for t in state.values() if t.is_floating_point()}
+        if not floats <= {torch.float32, torch.float64} or len(floats) > 1:
+            raise ValueError(
+                "a check's decoder layer holds float32 or float64 weights, one dtype; got "
+                + ", ".join(sorted(str(f) for f in floats))
+            )
+        layer.to(floats.pop() if floats else torch.float32).train(bool(training))
         layer.load_state_dict(state)
         with torch.no_grad():
             return layer(*call_args, **call_kwargs)
@@ -541,14 +548,24 @@ def _layers_computed_in_checker(ctx: Context, mod, case: str) -> None:
     if len(layers) > LAYERS_LIMIT:
         ctx.fail(
             f"self.decoder_layers has {len(layers)} layers; a check builds at most "
-            f"{LAYERS_LIMIT}: check n_layers's default (2).",
+            f"{LAYERS_LIMIT}: build n_layers of them (its default is 2).",
             case=case,
             mistake="wrong_default",
         )
     for i, layer in enumerate(layers):
         if isinstance(layer, ref_dec.DecoderLayer):
             sizes = (layer.d_model, layer.n_heads, layer.ff.linear1.out_features)
-            layers[i] = _decoder_layer_in_checker(*sizes, dropout_p(layer), layer.norm_first)
+            try:
+                layers[i] = _decoder_layer_in_checker(
+                    *sizes, dropout_p(layer), bool(layer.norm_first)
+                )
+            except ValueError as err:  # sizes or a dropout the check never builds
+                ctx.fail(
+                    f"self.decoder_layers[{i}] is DecoderLayer{sizes}, which a check does not "
+                    f"build: {err}. Build each layer with the d_model, n_heads, d_ff and "
+                    "dropout your Transformer was given.",
+                    case=case,
+                )
 
 
 def _tf_prepare(ctx, mod, c: TfCase, case) -> None:

@@ -181,18 +181,23 @@ class Link:
             else ["memory"]
             for w in self.watchers
         ]
-        value, modified, extra = self.request(
-            op,
-            target,
-            args=tuple(args),
-            kwargs=dict(kwargs),
-            limit=limit,
-            exercise=self.exercise,
-            tripwire=tripwire,
-            **({"forbid": list(self.forbid)} if self.forbid is not None else {}),
-            rng=torch.get_rng_state(),
-            watch=watch,
-        )
+        try:
+            value, modified, extra = self.request(
+                op,
+                target,
+                args=tuple(args),
+                kwargs=dict(kwargs),
+                limit=limit,
+                exercise=self.exercise,
+                tripwire=tripwire,
+                **({"forbid": list(self.forbid)} if self.forbid is not None else {}),
+                rng=torch.get_rng_state(),
+                watch=watch,
+            )
+        except KernelError as err:
+            self._name_the_callback_error(err)
+            raise
+
         if isinstance(extra, dict):
             if isinstance(extra.get("rng"), torch.Tensor):
                 torch.set_rng_state(extra["rng"])
@@ -373,6 +378,21 @@ class Link:
         t = RemoteTensor.make(x, self, key, bool(node.get("fn")))
         self.tensors[key] = t
         return t
+
+    def _name_the_callback_error(self, err: KernelError) -> None:
+        """The learner's call failed because a callable of the check's raised here (the
+        reference's own refusal of a bad input, say): the kernel knows only that, so the
+        feedback takes this error's type and message, as the self-check shows them. An
+        error that is not about the learner's input (the check's deadline, a broken link)
+        is raised instead."""
+        if err.info.get("kind") != "callback" or self.pending is None:
+            return
+        pending, self.pending = self.pending, None
+        if not isinstance(pending, Exception) or isinstance(pending, wire.WireError):
+            raise pending from None
+        err.info.setdefault("type", type(pending).__name__)
+        with contextlib.suppress(Exception):  # an exception whose str() raises
+            err.info.setdefault("message", str(pending))
 
     def raise_pending(self) -> None:
         if self.pending is not None:
