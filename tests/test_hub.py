@@ -474,7 +474,6 @@ def test_code_run_through_the_hub_outlives_its_websocket_closing(hub, monkeypatc
         "time.sleep(6)\n"
         f"print(json.dumps(len(open({str(mark)!r}).read())))"
     )
-    kid = hub.kernel(acct)
     connect, closed = hub._connect, []
 
     async def closing_the_first(*args):
@@ -489,8 +488,30 @@ def test_code_run_through_the_hub_outlives_its_websocket_closing(hub, monkeypatc
     assert hub.run_json(acct, code, 120, session) == 1, "the code ran again after the reconnect"
     assert time.time() - t0 > 6 and closed, "the websocket was not closed during the run"
     log = hub.log.read_text(errors="replace")
+    kid = hub.kernel(acct)  # the kernel that ran it
     assert f"Restoring connection for {kid}:{session}" in log, "no reconnect to the session"
     mark.unlink()
+
+
+def test_a_kernel_that_answers_nothing_is_replaced_and_the_code_runs_once(hub, monkeypatch):
+    """Two websockets closed with nothing in reply (a kernel that never answered, as one did
+    on a loaded machine): the kernel is shut down and a new one runs the code. Here the
+    first two websockets drop the request and close after 1 s."""
+    acct = hub.students[1]
+    old = hub.kernel(acct)
+    connect, dropped = hub._connect, []
+
+    async def dropping_the_first_two(*args):
+        conn = await connect(*args)
+        if len(dropped) < 2:
+            dropped.append(conn)
+            conn.write_message = lambda *a, **k: None  # the request never reaches the kernel
+            asyncio.get_running_loop().call_later(1, conn.close)
+        return conn
+
+    monkeypatch.setattr(hub, "_connect", dropping_the_first_two)
+    assert hub.run_json(acct, "import json\nprint(json.dumps(6 * 7))", 120) == 42
+    assert len(dropped) == 2 and hub.kernel(acct) != old, "the silent kernel was kept"
 
 
 @pytest.mark.later

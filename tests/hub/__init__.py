@@ -135,6 +135,11 @@ class Account:
     token: str = ""
 
 
+class UnresponsiveKernelError(RuntimeError):
+    """A kernel's websocket closed twice with no answer to the request: the kernel never
+    ran it."""
+
+
 @dataclass
 class _Reply:
     """What a kernel sends back for one execute request (``msg_id``)."""
@@ -276,8 +281,19 @@ class Hub:
         """Execute ``code`` in ``acct``'s own kernel (through the hub's proxy); return its
         stdout. A Python error in the code raises RuntimeError with the traceback.
         ``session``: the websocket session's id (a new one by default)."""
-        kid = self.kernel(acct)
-        return asyncio.run(self._execute(acct, kid, code, timeout, session or uuid.uuid4().hex))
+        for attempt in range(2):
+            kid = self.kernel(acct)
+            try:
+                return asyncio.run(
+                    self._execute(acct, kid, code, timeout, session or uuid.uuid4().hex)
+                )
+            except UnresponsiveKernelError:
+                # A kernel that never answered (seen on a loaded machine: no reply to
+                # kernel_info for minutes) never ran the code: a new kernel runs it.
+                if attempt:
+                    raise
+                self.api("DELETE", f"/user/{acct.name}/api/kernels/{kid}", acct.token)
+        raise AssertionError("unreachable")
 
     def run_json(self, acct: Account, code: str, timeout: float = 600, session: str | None = None):
         """Execute ``code``, which must ``print(json.dumps(result))`` as its last line."""
@@ -324,6 +340,11 @@ class Hub:
         deadline = time.time() + timeout
         closed = []  # when each websocket closed before the reply: for the error message
         while not reply.done:
+            if len(closed) >= 2 and not reply.seen:
+                raise UnresponsiveKernelError(
+                    f"{acct.name}'s kernel {kid} answered nothing in {closed[-1]} s; hub "
+                    f"log:\n{self.tail()}"
+                )
             if len(closed) > self.RECONNECTS:
                 raise RuntimeError(
                     f"{acct.name}'s kernel websocket closed {len(closed)} times before the "
